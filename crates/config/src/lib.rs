@@ -1,0 +1,473 @@
+//! `kayra.yaml`: every key of platform contract §2, its defaults, the
+//! environment overrides, and the checks that stop a process at startup.
+//!
+//! Unknown keys are refused by serde (`deny_unknown_fields` on every
+//! struct), so a typo never silently falls back to a default. Durations are
+//! strings (`500ms`, `5s`, `1h`) parsed with `humantime`.
+//!
+//! # Layout
+//! - this file: the typed tree, [`Config::load`], overrides, validation.
+//! - [`step`]: the reconciler's HTTP step types (`reconciler.mode.<mode>`).
+//! - [`duration`]: the string-duration wrapper.
+
+pub mod duration;
+pub mod step;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+use thiserror::Error;
+
+pub use duration::Duration;
+pub use step::{HeaderValue, Step, WaitCondition};
+
+/// Default for `reconciler.max_concurrent_reconciles`
+/// (seed: `catalog.DefaultMaxConcurrentReconciles`).
+pub const DEFAULT_MAX_CONCURRENT_RECONCILES: usize = 30;
+/// Default for `reconciler.async_ack_timeout` (seed: `catalog.AsyncStepAckTimeout`).
+pub const ASYNC_STEP_ACK_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
+/// Default for `reconciler.wait_poll_interval` (seed: `catalog.WaitPollInterval`).
+pub const WAIT_POLL_INTERVAL: std::time::Duration = std::time::Duration::from_secs(5);
+/// A step without `timeout` gets this.
+pub const DEFAULT_STEP_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// Why a configuration was refused.
+#[derive(Debug, Error)]
+pub enum Error {
+    /// The file could not be read.
+    #[error("read config {path}: {source}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The YAML is malformed, has an unknown key or a bad value.
+    #[error("config {path}: {message}")]
+    Parse { path: String, message: String },
+    /// A value parsed but breaks a rule; `key` is its dotted path.
+    #[error("config: {key}: {message}")]
+    Invalid { key: String, message: String },
+}
+
+/// The whole of `kayra.yaml`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    pub platform: String,
+    pub region: String,
+    pub server: ServerConfig,
+    pub database: DatabaseConfig,
+    pub auth: AuthConfig,
+    pub logging: LoggingConfig,
+    pub reconciler: ReconcilerConfig,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            platform: "dev".into(),
+            region: "local".into(),
+            server: ServerConfig::default(),
+            database: DatabaseConfig::default(),
+            auth: AuthConfig::default(),
+            logging: LoggingConfig::default(),
+            reconciler: ReconcilerConfig::default(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ServerConfig {
+    pub listen: String,
+    pub max_body_bytes: usize,
+    pub tls: Option<ServerTls>,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        Self { listen: "127.0.0.1:8080".into(), max_body_bytes: 1_048_576, tls: None }
+    }
+}
+
+/// HTTPS for `kayra serve`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServerTls {
+    pub cert_file: PathBuf,
+    pub key_file: PathBuf,
+}
+
+/// Exactly one of `local` / `etcd`; with no `database` key at all, `local`
+/// with its defaults.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DatabaseConfig {
+    pub local: Option<LocalConfig>,
+    pub etcd: Option<EtcdConfig>,
+}
+
+impl Default for DatabaseConfig {
+    fn default() -> Self {
+        Self { local: Some(LocalConfig::default()), etcd: None }
+    }
+}
+
+/// The file-backed development store.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LocalConfig {
+    pub path: PathBuf,
+    /// How often Watch polls the change log.
+    pub poll_interval: Duration,
+}
+
+impl Default for LocalConfig {
+    fn default() -> Self {
+        Self { path: PathBuf::from(".kayra/kayra.db"), poll_interval: Duration::from_millis(200) }
+    }
+}
+
+/// The production store.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct EtcdConfig {
+    pub endpoints: Vec<String>,
+    /// Every key lives under it.
+    pub prefix: String,
+    /// Session lease TTL of the job locker.
+    pub lock_ttl: Duration,
+    /// TryLock retry interval while blocked on a job lock.
+    pub lock_retry_interval: Duration,
+    pub tls: Option<EtcdTls>,
+    /// etcd authentication; the password comes from `KAYRA_ETCD_PASSWORD`.
+    pub username: Option<String>,
+}
+
+impl Default for EtcdConfig {
+    fn default() -> Self {
+        Self {
+            endpoints: vec!["http://127.0.0.1:2379".into()],
+            prefix: "/kayra".into(),
+            lock_ttl: Duration::from_secs(10),
+            lock_retry_interval: Duration::from_millis(250),
+            tls: None,
+            username: None,
+        }
+    }
+}
+
+/// Client TLS towards etcd.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EtcdTls {
+    pub ca_file: PathBuf,
+    pub cert_file: Option<PathBuf>,
+    pub key_file: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AuthConfig {
+    /// `KAYRA_BOOTSTRAP_TOKEN` overrides; empty disables bootstrap.
+    pub bootstrap_token: String,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    #[default]
+    Text,
+    Json,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LoggingConfig {
+    pub format: LogFormat,
+}
+
+/// Everything `kayra reconciler` reads.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ReconcilerConfig {
+    /// `/healthz`, `/readyz`, `/metrics`.
+    pub listen: String,
+    pub max_concurrent_reconciles: usize,
+    /// Used for registrations with no mode of their own.
+    pub default_mode: String,
+    pub async_ack_timeout: Duration,
+    pub wait_poll_interval: Duration,
+    /// Mode name → HTTP step pipeline.
+    pub mode: BTreeMap<String, Vec<Step>>,
+}
+
+impl Default for ReconcilerConfig {
+    fn default() -> Self {
+        Self {
+            listen: "127.0.0.1:8081".into(),
+            max_concurrent_reconciles: DEFAULT_MAX_CONCURRENT_RECONCILES,
+            default_mode: String::new(),
+            async_ack_timeout: Duration(ASYNC_STEP_ACK_TIMEOUT),
+            wait_poll_interval: Duration(WAIT_POLL_INTERVAL),
+            mode: BTreeMap::new(),
+        }
+    }
+}
+
+impl ReconcilerConfig {
+    /// The mode a registration reconciles with: its own, else `default_mode`.
+    /// `None` when neither is set: reconcile must fail (seed, "Reconcile").
+    pub fn resolve_mode<'a>(&'a self, registration_mode: &'a str) -> Option<&'a str> {
+        [registration_mode, self.default_mode.as_str()].into_iter().find(|m| !m.is_empty())
+    }
+}
+
+/// Environment overrides, passed in so tests never touch the process env.
+#[derive(Debug, Clone, Default)]
+pub struct Env {
+    pub platform: Option<String>,
+    pub region: Option<String>,
+    pub bootstrap_token: Option<String>,
+}
+
+impl Env {
+    /// `INFRAPI_APP_PLATFORM`, `INFRAPI_APP_REGION`, `KAYRA_BOOTSTRAP_TOKEN`.
+    pub fn from_process() -> Self {
+        let var = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
+        Self {
+            platform: var("INFRAPI_APP_PLATFORM"),
+            region: var("INFRAPI_APP_REGION"),
+            bootstrap_token: var("KAYRA_BOOTSTRAP_TOKEN"),
+        }
+    }
+}
+
+impl Config {
+    /// Loads `path`, or `./kayra.yaml` when present, or the defaults; then
+    /// applies `env` and validates.
+    pub fn load(path: Option<&Path>, env: &Env) -> Result<Self, Error> {
+        let default_path = Path::new("kayra.yaml");
+        let path = match path {
+            Some(p) => Some(p),
+            None if default_path.exists() => Some(default_path),
+            None => None,
+        };
+        let mut config = match path {
+            Some(p) => {
+                let text = std::fs::read_to_string(p)
+                    .map_err(|source| Error::Read { path: p.to_path_buf(), source })?;
+                Self::parse(&text, &p.display().to_string())?
+            }
+            None => Self::default(),
+        };
+        config.apply_env(env);
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Parses YAML text; `origin` names it in errors. No env, no validation.
+    pub fn parse(text: &str, origin: &str) -> Result<Self, Error> {
+        if text.trim().is_empty() {
+            return Ok(Self::default());
+        }
+        // serde_path_to_error names the full dotted key of a bad value, which
+        // serde_norway alone only does for some errors.
+        serde_path_to_error::deserialize(serde_norway::Deserializer::from_str(text)).map_err(|e| {
+            let key = e.path().to_string();
+            let inner = e.into_inner().to_string();
+            let message = if key.is_empty() || key == "." || inner.starts_with(&key) { inner } else { format!("{key}: {inner}") };
+            Error::Parse { path: origin.to_string(), message }
+        })
+    }
+
+    pub fn apply_env(&mut self, env: &Env) {
+        if let Some(p) = &env.platform {
+            self.platform = p.clone();
+        }
+        if let Some(r) = &env.region {
+            self.region = r.clone();
+        }
+        if let Some(t) = &env.bootstrap_token {
+            self.auth.bootstrap_token = t.clone();
+        }
+    }
+
+    /// Checks the rules serde cannot express.
+    pub fn validate(&self) -> Result<(), Error> {
+        let invalid = |key: &str, message: &str| Error::Invalid { key: key.into(), message: message.into() };
+        if self.platform.is_empty() {
+            return Err(invalid("platform", "must not be empty"));
+        }
+        if self.region.is_empty() {
+            return Err(invalid("region", "must not be empty"));
+        }
+        match (&self.database.local, &self.database.etcd) {
+            (Some(_), Some(_)) => {
+                return Err(invalid("database", "set exactly one of database.local and database.etcd, not both"));
+            }
+            (None, None) => return Err(invalid("database", "set exactly one of database.local and database.etcd")),
+            (None, Some(etcd)) => {
+                if etcd.endpoints.is_empty() {
+                    return Err(invalid("database.etcd.endpoints", "must list at least one endpoint"));
+                }
+                if etcd.lock_ttl.0 < std::time::Duration::from_secs(1) {
+                    return Err(invalid("database.etcd.lock_ttl", "must be at least 1s"));
+                }
+                if etcd.lock_retry_interval.0.is_zero() {
+                    return Err(invalid("database.etcd.lock_retry_interval", "must be greater than zero"));
+                }
+            }
+            (Some(local), None) => {
+                if local.poll_interval.0.is_zero() {
+                    return Err(invalid("database.local.poll_interval", "must be greater than zero"));
+                }
+            }
+        }
+        if self.server.max_body_bytes == 0 {
+            return Err(invalid("server.max_body_bytes", "must be greater than zero"));
+        }
+        if self.reconciler.max_concurrent_reconciles == 0 {
+            return Err(invalid("reconciler.max_concurrent_reconciles", "must be at least 1"));
+        }
+        if self.reconciler.wait_poll_interval.0.is_zero() {
+            return Err(invalid("reconciler.wait_poll_interval", "must be greater than zero"));
+        }
+        for (mode, steps) in &self.reconciler.mode {
+            for (index, step) in steps.iter().enumerate() {
+                step.validate().map_err(|(field, message)| Error::Invalid {
+                    key: format!("reconciler.mode.{mode}[{index}].{field}"),
+                    message,
+                })?;
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn err(text: &str) -> String {
+        let r = Config::parse(text, "test.yaml").and_then(|c| c.validate().map(|_| c));
+        r.expect_err("config should be refused").to_string()
+    }
+
+    #[test]
+    fn defaults_work_without_a_file() {
+        let c = Config::load(Some(Path::new("/nonexistent/kayra.yaml")), &Env::default());
+        assert!(c.is_err(), "an explicit missing file is an error");
+        let c = Config::parse("", "empty").unwrap();
+        c.validate().unwrap();
+        assert_eq!(c.platform, "dev");
+        assert_eq!(c.region, "local");
+        assert_eq!(c.server.listen, "127.0.0.1:8080");
+        assert_eq!(c.database.local.as_ref().unwrap().path, PathBuf::from(".kayra/kayra.db"));
+        assert_eq!(c.reconciler.max_concurrent_reconciles, 30);
+        assert_eq!(c.reconciler.async_ack_timeout.0, ASYNC_STEP_ACK_TIMEOUT);
+        assert_eq!(c.reconciler.wait_poll_interval.0, WAIT_POLL_INTERVAL);
+    }
+
+    #[test]
+    fn full_contract_example_parses() {
+        let text = r#"
+platform: dev
+region: local
+server:
+  listen: 127.0.0.1:8080
+  max_body_bytes: 1048576
+  tls: {cert_file: server.pem, key_file: server-key.pem}
+database:
+  etcd:
+    endpoints: ["http://127.0.0.1:2379"]
+    prefix: /kayra
+    lock_ttl: 10s
+    lock_retry_interval: 250ms
+    tls: {ca_file: ca.pem, cert_file: client.pem, key_file: client-key.pem}
+    username: kayra
+auth:
+  bootstrap_token: ""
+logging:
+  format: json
+reconciler:
+  listen: 127.0.0.1:8081
+  max_concurrent_reconciles: 30
+  default_mode: trigger
+  async_ack_timeout: 2s
+  wait_poll_interval: 5s
+  mode:
+    api:
+      - method: post
+        endpoint: "https://x/{{ .Subscription.Namespace }}"
+        data: {sync_id: "{{ .Subscription.ExpectedSyncID }}", n: 3}
+        headers:
+          Authorization: {type: Bearer, value: "tok"}
+          X-Plain: "v"
+        timeout: "3600s"
+        async: true
+      - method: GET
+        endpoint: "https://x/status"
+        outputs: {PipelineID: ".id"}
+        wait:
+          - key: .status
+            successes: [done]
+            failures: [failed]
+"#;
+        let c = Config::parse(text, "t").unwrap();
+        c.validate().unwrap();
+        assert_eq!(c.logging.format, LogFormat::Json);
+        let etcd = c.database.etcd.as_ref().unwrap();
+        assert_eq!(etcd.lock_retry_interval.0, std::time::Duration::from_millis(250));
+        let steps = &c.reconciler.mode["api"];
+        assert!(steps[0].is_async);
+        assert_eq!(steps[0].timeout.unwrap().0, std::time::Duration::from_secs(3600));
+        assert_eq!(steps[0].data.as_ref().unwrap()["n"], 3);
+        assert_eq!(steps[1].wait[0].failures, vec!["failed"]);
+    }
+
+    #[test]
+    fn unknown_keys_are_named() {
+        assert!(err("servr: {}").contains("servr"));
+        assert!(err("server:\n  lisen: x\n").contains("lisen"));
+        assert!(err("reconciler:\n  mode:\n    api:\n      - method: get\n        endpoint: x\n        retries: 3\n").contains("retries"));
+    }
+
+    #[test]
+    fn bad_durations_are_named() {
+        let e = err("reconciler:\n  wait_poll_interval: soon\n");
+        assert!(e.contains("wait_poll_interval"), "{e}");
+        let e = err("database:\n  local:\n    poll_interval: 5 parsecs\n");
+        assert!(e.contains("poll_interval"), "{e}");
+    }
+
+    #[test]
+    fn exactly_one_database() {
+        assert!(err("database: {}").contains("exactly one"));
+        assert!(err("database:\n  local: {}\n  etcd: {}\n").contains("not both"));
+    }
+
+    #[test]
+    fn bad_step_names_mode_index_and_field() {
+        let e = err("reconciler:\n  mode:\n    api:\n      - method: get\n        endpoint: x\n      - method: fetch\n        endpoint: x\n");
+        assert!(e.contains("reconciler.mode.api[1].method"), "{e}");
+    }
+
+    #[test]
+    fn env_overrides_file() {
+        let mut c = Config::parse("platform: p1\nregion: r1\n", "t").unwrap();
+        c.apply_env(&Env { platform: Some("p2".into()), region: None, bootstrap_token: Some("t".into()) });
+        assert_eq!((c.platform.as_str(), c.region.as_str()), ("p2", "r1"));
+        assert_eq!(c.auth.bootstrap_token, "t");
+    }
+
+    #[test]
+    fn mode_resolution() {
+        let mut r = ReconcilerConfig::default();
+        assert_eq!(r.resolve_mode(""), None);
+        r.default_mode = "trigger".into();
+        assert_eq!(r.resolve_mode(""), Some("trigger"));
+        assert_eq!(r.resolve_mode("api"), Some("api"));
+    }
+}

@@ -1,0 +1,18 @@
+//! kayra's resource types and the rules every value must satisfy.
+//!
+//! Everything here is plain data: no I/O, no async. The server, the
+//! reconciler and the CLI share these types, so a field name is spelled in
+//! exactly one place.
+//!
+//! # Layout
+//! - [`resources`]: the stored records (namespaces, API registrations,
+//!   subscriptions, users, tokens, roles, bindings) and their wire forms.
+//! - [`names`]: DNS label / subdomain validation of resource names.
+
+pub mod names;
+pub mod resources;
+
+pub use resources::*;
+
+/// The API group of kayra's own catalog API.
+pub const CATALOG_API: &str = "catalog.example.com";
