@@ -1,0 +1,1 @@
+//! Users, tokens, roles and bindings.

@@ -1,0 +1,61 @@
+//! The key layout. Names are validated DNS labels / subdomains before they
+//! get here, so they never contain `/` and keys cannot collide.
+//!
+//! Namespaces, users, roles and bindings are shared by every deployment on
+//! one store; registrations and subscriptions live under their deployment's
+//! `<platform>/<region>`, so a deployment only ever sees its own.
+
+pub const NAMESPACES: &str = "/namespaces/";
+pub const USERS: &str = "/users/";
+pub const TOKENS: &str = "/tokens/";
+pub const ROLES: &str = "/roles/";
+pub const CLUSTER_ROLE_BINDINGS: &str = "/clusterrolebindings/";
+pub const ROLE_BINDINGS: &str = "/rolebindings/";
+
+pub fn namespace(name: &str) -> String {
+    format!("{NAMESPACES}{name}")
+}
+pub fn user(name: &str) -> String {
+    format!("{USERS}{name}")
+}
+/// Tokens are keyed by the hex SHA-256 of the token, so authentication is one read.
+pub fn token(hash: &str) -> String {
+    format!("{TOKENS}{hash}")
+}
+pub fn role(name: &str) -> String {
+    format!("{ROLES}{name}")
+}
+pub fn cluster_role_binding(name: &str) -> String {
+    format!("{CLUSTER_ROLE_BINDINGS}{name}")
+}
+pub fn role_bindings(namespace: &str) -> String {
+    format!("{ROLE_BINDINGS}{namespace}/")
+}
+pub fn role_binding(namespace: &str, name: &str) -> String {
+    format!("{ROLE_BINDINGS}{namespace}/{name}")
+}
+/// Every registration of one deployment.
+pub fn registrations(platform: &str, region: &str) -> String {
+    format!("/apiregistrations/{platform}/{region}/")
+}
+pub fn registration(platform: &str, region: &str, name: &str) -> String {
+    format!("/apiregistrations/{platform}/{region}/{name}")
+}
+/// Every subscription of one deployment.
+pub fn subscriptions(platform: &str, region: &str) -> String {
+    format!("/subscriptions/{platform}/{region}/")
+}
+/// One namespace's subscriptions in one deployment.
+pub fn namespace_subscriptions(platform: &str, region: &str, namespace: &str) -> String {
+    format!("/subscriptions/{platform}/{region}/{namespace}/")
+}
+pub fn subscription(platform: &str, region: &str, namespace: &str, api: &str) -> String {
+    format!("/subscriptions/{platform}/{region}/{namespace}/{api}")
+}
+
+/// The reconciler's record of the last failed attempt on a subscription:
+/// which (subscription revision, registration revision) it was made
+/// against, so no reconciler process attempts that exact state again.
+pub fn attempt(platform: &str, region: &str, namespace: &str, api: &str) -> String {
+    format!("/reconcileattempts/{platform}/{region}/{namespace}/{api}")
+}

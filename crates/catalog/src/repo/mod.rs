@@ -1,0 +1,178 @@
+//! `Repository`: typed reads and compare-and-swap writes over the store.
+//!
+//! Records are JSON values under a fixed key layout (see [`keys`]). Every
+//! read returns the record with its revision ([`Versioned`]); every
+//! read-modify-write goes through [`Repository::modify`], a CAS loop that
+//! re-reads and re-applies on conflict, so concurrent writers never lose an
+//! update. Writes that would not change anything are skipped, which is what
+//! makes the reconciler's writes idempotent (it never loops on its own
+//! writes).
+//!
+//! # Layout
+//! - this file: `Repository`, `Versioned`, `Error`, the generic typed ops.
+//! - [`keys`]: the key layout, one function per resource.
+//! - [`tenancy`]: namespaces, API registrations, subscriptions.
+//! - [`auth`]: users, tokens, roles, bindings.
+
+pub mod auth;
+pub mod keys;
+pub mod tenancy;
+
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use thiserror::Error;
+
+use kayra_store::{Revision, Store};
+
+/// Why a repository operation failed.
+#[derive(Debug, Error)]
+pub enum Error {
+    /// The record does not exist.
+    #[error("{0} not found")]
+    NotFound(String),
+    /// The record exists already, or changed under a conditional write.
+    #[error("{0}")]
+    Conflict(String),
+    /// A stored value does not decode: the store holds something kayra did not write.
+    #[error("stored record {key:?} is unreadable: {message}")]
+    Corrupt { key: String, message: String },
+    /// The store failed.
+    #[error(transparent)]
+    Store(#[from] kayra_store::Error),
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// A record and the revision of its last write (its CAS token).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Versioned<T> {
+    pub value: T,
+    pub revision: Revision,
+}
+
+/// One page of a typed listing.
+#[derive(Debug, Clone)]
+pub struct Page<T> {
+    pub items: Vec<Versioned<T>>,
+    /// The key to continue after, when more remain.
+    pub next: Option<String>,
+}
+
+/// What [`Repository::modify`]'s closure decided.
+pub enum Change<E> {
+    /// Write the modified value.
+    Write,
+    /// Leave the record as it is (nothing to change).
+    Keep,
+    /// Abort with this error.
+    Abort(E),
+}
+
+/// The typed repository of one deployment (platform + region).
+#[derive(Debug, Clone)]
+pub struct Repository {
+    store: Store,
+    platform: String,
+    region: String,
+}
+
+impl Repository {
+    pub fn new(store: Store, platform: impl Into<String>, region: impl Into<String>) -> Self {
+        Self { store, platform: platform.into(), region: region.into() }
+    }
+
+    pub fn store(&self) -> &Store {
+        &self.store
+    }
+    pub fn platform(&self) -> &str {
+        &self.platform
+    }
+    pub fn region(&self) -> &str {
+        &self.region
+    }
+
+    /// Reads one record.
+    pub async fn get<T: DeserializeOwned>(&self, key: &str) -> Result<Option<Versioned<T>>> {
+        let (kv, _) = self.store.get(key).await?;
+        kv.map(|kv| decode(&kv)).transpose()
+    }
+
+    /// Reads one page of records under `prefix`, after the key `after`.
+    pub async fn list<T: DeserializeOwned>(&self, prefix: &str, after: Option<&str>, limit: usize) -> Result<Page<T>> {
+        let page = self.store.list(prefix, after, limit).await?;
+        let next = if page.more { page.items.last().map(|kv| kv.key.clone()) } else { None };
+        let items = page.items.iter().map(decode).collect::<Result<Vec<_>>>()?;
+        Ok(Page { items, next })
+    }
+
+    /// Reads every record under `prefix`.
+    pub async fn list_all<T: DeserializeOwned>(&self, prefix: &str) -> Result<(Vec<Versioned<T>>, Revision)> {
+        let (kvs, revision) = self.store.list_all(prefix).await?;
+        Ok((kvs.iter().map(decode).collect::<Result<Vec<_>>>()?, revision))
+    }
+
+    /// Creates a record; `Conflict(what)` when it exists.
+    pub async fn create<T: Serialize>(&self, key: &str, value: &T, what: &str) -> Result<Revision> {
+        match self.store.create(key, encode(value)).await {
+            Err(kayra_store::Error::Conflict(_)) => Err(Error::Conflict(format!("{what} already exists"))),
+            other => Ok(other?),
+        }
+    }
+
+    /// Replaces a record iff it is still at `revision`.
+    pub async fn update<T: Serialize>(&self, key: &str, value: &T, revision: Revision, what: &str) -> Result<Revision> {
+        match self.store.update(key, encode(value), revision).await {
+            Err(kayra_store::Error::Conflict(_)) => Err(Error::Conflict(format!("{what} was changed concurrently"))),
+            Err(kayra_store::Error::NotFound(_)) => Err(Error::NotFound(what.to_string())),
+            other => Ok(other?),
+        }
+    }
+
+    /// Deletes a record (iff at `revision`, when given).
+    pub async fn delete(&self, key: &str, revision: Option<Revision>, what: &str) -> Result<Revision> {
+        match self.store.delete(key, revision).await {
+            Err(kayra_store::Error::Conflict(_)) => Err(Error::Conflict(format!("{what} was changed concurrently"))),
+            Err(kayra_store::Error::NotFound(_)) => Err(Error::NotFound(what.to_string())),
+            other => Ok(other?),
+        }
+    }
+
+    /// Read-modify-write with compare-and-swap, retried on conflict.
+    ///
+    /// `f` sees the current value and decides; `Change::Keep` writes nothing
+    /// (and returns the record as read). Returns `NotFound(what)` when the
+    /// record does not exist.
+    pub async fn modify<T, F>(&self, key: &str, what: &str, mut f: F) -> Result<Versioned<T>>
+    where
+        T: Serialize + DeserializeOwned,
+        F: FnMut(&mut T) -> Change<Error>,
+    {
+        loop {
+            let Some(mut current) = self.get::<T>(key).await? else {
+                return Err(Error::NotFound(what.to_string()));
+            };
+            match f(&mut current.value) {
+                Change::Keep => return Ok(current),
+                Change::Abort(e) => return Err(e),
+                Change::Write => {}
+            }
+            match self.store.update(key, encode(&current.value), current.revision).await {
+                Ok(revision) => return Ok(Versioned { value: current.value, revision }),
+                Err(kayra_store::Error::Conflict(_)) => continue,
+                Err(kayra_store::Error::NotFound(_)) => return Err(Error::NotFound(what.to_string())),
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+}
+
+fn encode<T: Serialize>(value: &T) -> Vec<u8> {
+    // Serializing our own plain structs into JSON cannot fail.
+    serde_json::to_vec(value).unwrap_or_default()
+}
+
+fn decode<T: DeserializeOwned>(kv: &kayra_store::KeyValue) -> Result<Versioned<T>> {
+    serde_json::from_slice(&kv.value)
+        .map(|value| Versioned { value, revision: kv.mod_revision })
+        .map_err(|e| Error::Corrupt { key: kv.key.clone(), message: e.to_string() })
+}

@@ -1,0 +1,57 @@
+//! The reconciler's own HTTP listener (`reconciler.listen`): `/healthz`,
+//! `/readyz` (store reachable and the startup list dispatched) and
+//! `/metrics` in Prometheus text format.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::routing::get;
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use tokio_util::sync::CancellationToken;
+
+#[derive(Clone)]
+struct AdminState {
+    store: kayra_store::Store,
+    ready: Arc<AtomicBool>,
+    metrics: Option<PrometheusHandle>,
+}
+
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    store: kayra_store::Store,
+    ready: Arc<AtomicBool>,
+    cancel: CancellationToken,
+) {
+    let metrics = match PrometheusBuilder::new().install_recorder() {
+        Ok(handle) => Some(handle),
+        Err(e) => {
+            tracing::warn!(error = %e, "metrics recorder not installed");
+            None
+        }
+    };
+    let app = Router::new()
+        .route("/healthz", get(|| async { "ok" }))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(render))
+        .with_state(AdminState { store, ready, metrics });
+    if let Err(e) = axum::serve(listener, app).with_graceful_shutdown(async move { cancel.cancelled().await }).await {
+        tracing::error!(error = %e, "admin listener failed");
+    }
+}
+
+async fn readyz(State(state): State<AdminState>) -> (StatusCode, &'static str) {
+    if !state.ready.load(Ordering::SeqCst) {
+        return (StatusCode::SERVICE_UNAVAILABLE, "starting");
+    }
+    match state.store.revision().await {
+        Ok(_) => (StatusCode::OK, "ok"),
+        Err(_) => (StatusCode::SERVICE_UNAVAILABLE, "store unreachable"),
+    }
+}
+
+async fn render(State(state): State<AdminState>) -> String {
+    state.metrics.map(|h| h.render()).unwrap_or_default()
+}

@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Installs what building and testing kayra needs on a fresh Debian machine:
+# protoc (etcd-client's build compiles etcd's .proto files) and etcd (the
+# production store; the test suite starts private instances of it).
+# Idempotent: does nothing when both are present.
+set -euo pipefail
+
+missing=()
+command -v protoc >/dev/null 2>&1 || missing+=(protobuf-compiler)
+command -v etcd >/dev/null 2>&1 || missing+=(etcd-server etcd-client)
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "setup: installing ${missing[*]}" >&2
+  SUDO=""
+  [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+  # One installer at a time, even when tests start several.
+  exec 9>/tmp/kayra-apt.lock
+  flock 9
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
