@@ -49,10 +49,8 @@ impl Step {
         if self.endpoint.trim().is_empty() {
             return Err(("endpoint".into(), "must not be empty".into()));
         }
-        if let Some(t) = self.timeout {
-            if t.0.is_zero() {
-                return Err(("timeout".into(), "must be greater than zero".into()));
-            }
+        if self.timeout.is_some_and(|t| t.0.is_zero()) {
+            return Err(("timeout".into(), "must be greater than zero".into()));
         }
         for (name, path) in &self.outputs {
             if !path.starts_with('.') {

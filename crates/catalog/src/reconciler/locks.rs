@@ -105,7 +105,12 @@ mod tests {
         let cancel = CancellationToken::new();
         let first = locks.lock("core/a.b", &cancel).await.unwrap();
         let (locks2, cancel2) = (locks.clone(), cancel.clone());
-        let waiter = tokio::spawn(async move { locks2.lock("core/a.b", &cancel2).await.map(|g| g.job.clone()) });
+        let waiter = tokio::spawn(async move {
+            let guard = locks2.lock("core/a.b", &cancel2).await?;
+            let job = guard.job.clone();
+            guard.release().await;
+            Some(job)
+        });
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
         assert!(!waiter.is_finished(), "second lock must block while the first is held");
         // A different job is not blocked.

@@ -1,0 +1,383 @@
+//! The HTTP side: one authenticated client for one server, turning answers
+//! into [`Body`] or [`Error`].
+//!
+//! - Error answers become [`Error::Api`] carrying the server's `message`
+//!   (error shape `{code, reason, message}`); a body of another shape (a
+//!   backend's own error through the gateway) is shown as text.
+//! - Catalog lists are paged through (`continue`) so the caller always sees
+//!   the whole list.
+//! - The token travels only in a header marked sensitive; no message built
+//!   here ever contains it.
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use reqwest::header::{self, HeaderValue};
+use reqwest::{Method, StatusCode, Url};
+use serde_json::Value;
+
+use crate::error::{Error, invalid};
+use crate::output::is_list;
+use crate::request::{Api, Request, Target};
+
+/// How long to wait for a TCP (and TLS) connection.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// Error bodies that are not kayra's shape are shown up to this many characters.
+const MAX_ERROR_TEXT: usize = 1000;
+/// A server that keeps answering `continue` is stopped after this many pages.
+const MAX_PAGES: usize = 10_000;
+
+/// A successful answer's body.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Body {
+    /// No body (204, or an empty 200).
+    Empty,
+    /// A JSON document.
+    Json(Value),
+    /// Anything else, byte for byte (a gateway backend's answer).
+    Raw(Vec<u8>),
+}
+
+/// An authenticated client of one kayra server.
+#[derive(Clone)]
+pub struct Client {
+    http: reqwest::Client,
+    base: Url,
+    authorization: HeaderValue,
+}
+
+impl Client {
+    /// Checks the server URL and the token; does not connect yet.
+    pub fn new(server: &str, token: Option<&str>) -> Result<Client, Error> {
+        let base = parse_server(server)?;
+        let token = token.map(str::trim).filter(|t| !t.is_empty());
+        let Some(token) = token else {
+            return Err(invalid("no token: pass --token or set KAYRA_TOKEN"));
+        };
+        let mut authorization = HeaderValue::from_str(&format!("Bearer {token}"))
+            .map_err(|_| invalid("the token contains characters an HTTP header cannot carry"))?;
+        authorization.set_sensitive(true);
+
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let http = reqwest::Client::builder()
+            .user_agent(concat!("kayra-cli/", env!("CARGO_PKG_VERSION")))
+            .connect_timeout(CONNECT_TIMEOUT)
+            // A redirect would turn a PUT into a GET; say where to point --server instead.
+            .redirect(reqwest::redirect::Policy::none())
+            .build()
+            .map_err(|e| Error::Transport(format!("set up the HTTP client: {}", chain(&e))))?;
+        Ok(Client {
+            http,
+            base,
+            authorization,
+        })
+    }
+
+    /// The server's base URL.
+    pub fn base(&self) -> &Url {
+        &self.base
+    }
+
+    /// Sends one request and returns the answer's body.
+    pub async fn send(&self, request: &Request) -> Result<Body, Error> {
+        self.send_with_query(request, None).await
+    }
+
+    /// Sends a GET, and when the answer is a list with a `continue` token,
+    /// fetches the remaining pages too; the result is one list with every
+    /// item and an empty `continue`.
+    pub async fn get_all(&self, request: &Request) -> Result<Body, Error> {
+        let first = self.send_with_query(request, None).await?;
+        let Body::Json(mut list) = first else {
+            return Ok(first);
+        };
+        if !is_list(&list) {
+            return Ok(Body::Json(list));
+        }
+        let mut seen = HashSet::new();
+        for _ in 0..MAX_PAGES {
+            let token = match list.get("continue").and_then(Value::as_str) {
+                Some(token) if !token.is_empty() => token.to_string(),
+                _ => return Ok(Body::Json(list)),
+            };
+            if !seen.insert(token.clone()) {
+                return Err(Error::Transport(
+                    "the server sent the same continue token twice".into(),
+                ));
+            }
+            let page = match self
+                .send_with_query(request, Some(("continue", &token)))
+                .await?
+            {
+                Body::Json(page) if is_list(&page) => page,
+                _ => {
+                    return Err(Error::Transport(
+                        "a later page of the list was not a list".into(),
+                    ));
+                }
+            };
+            let more = page["items"].as_array().cloned().unwrap_or_default();
+            if let Some(items) = list["items"].as_array_mut() {
+                items.extend(more);
+            }
+            list["continue"] = page
+                .get("continue")
+                .cloned()
+                .unwrap_or_else(|| Value::String(String::new()));
+        }
+        Err(Error::Transport(format!(
+            "the list did not end after {MAX_PAGES} pages"
+        )))
+    }
+
+    /// Turns a short API name into the long one by listing the catalog's
+    /// registrations and matching `short_name`. Other APIs are returned
+    /// unchanged.
+    pub async fn resolve(&self, api: &Api) -> Result<Api, Error> {
+        let Api::Short(short) = api else {
+            return Ok(api.clone());
+        };
+        let target = Target::new("catalog", None, "apiregistrations", None)?;
+        let request = Request {
+            method: Method::GET,
+            path: target.path(),
+            body: None,
+        };
+        let Body::Json(list) = self.get_all(&request).await? else {
+            return Err(Error::Transport(
+                "listing API registrations did not answer JSON".into(),
+            ));
+        };
+        let items = list
+            .get("items")
+            .and_then(Value::as_array)
+            .map(Vec::as_slice)
+            .unwrap_or_default();
+        items
+            .iter()
+            .find(|reg| reg.get("short_name").and_then(Value::as_str) == Some(short))
+            .and_then(|reg| reg.get("name").and_then(Value::as_str))
+            .map(|long| Api::Long(long.to_string()))
+            .ok_or_else(|| {
+                invalid(format!(
+                    "no API registration has the short name {short:?} (see: kayra-cli get catalog apiregistrations)"
+                ))
+            })
+    }
+
+    async fn send_with_query(
+        &self,
+        request: &Request,
+        query: Option<(&str, &str)>,
+    ) -> Result<Body, Error> {
+        let mut url = request.url(&self.base);
+        if let Some((key, value)) = query {
+            url.query_pairs_mut().append_pair(key, value);
+        }
+        let mut builder = self
+            .http
+            .request(request.method.clone(), url)
+            .header(header::AUTHORIZATION, self.authorization.clone())
+            .header(header::ACCEPT, "application/json");
+        if let Some(body) = &request.body {
+            let bytes =
+                serde_json::to_vec(body).map_err(|e| invalid(format!("encode the body: {e}")))?;
+            builder = builder
+                .header(header::CONTENT_TYPE, "application/json")
+                .body(bytes);
+        }
+        let response = builder.send().await.map_err(|e| self.transport(&e))?;
+        let status = response.status();
+        let location = response
+            .headers()
+            .get(header::LOCATION)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string);
+        let bytes = response.bytes().await.map_err(|e| self.transport(&e))?;
+        if status.is_success() {
+            return Ok(body_of(&bytes));
+        }
+        Err(api_error(status, &bytes, location.as_deref()))
+    }
+
+    fn transport(&self, error: &reqwest::Error) -> Error {
+        let what = if error.is_timeout() {
+            "timed out talking to"
+        } else {
+            "cannot reach"
+        };
+        // reqwest's own text only repeats the URL; its sources say what happened.
+        let why = match std::error::Error::source(error) {
+            Some(source) => chain(source),
+            None => error.to_string(),
+        };
+        Error::Transport(format!("{what} {}: {why}", self.base))
+    }
+}
+
+/// Reads `--server`.
+fn parse_server(server: &str) -> Result<Url, Error> {
+    let bad = |why: &str| {
+        invalid(format!(
+            "invalid server URL {server:?}: {why} (set --server or KAYRA_SERVER)"
+        ))
+    };
+    if server.trim().is_empty() {
+        return Err(bad("empty"));
+    }
+    let url = Url::parse(server).map_err(|e| bad(&e.to_string()))?;
+    if !matches!(url.scheme(), "http" | "https")
+        || url.cannot_be_a_base()
+        || url.host_str().is_none()
+    {
+        return Err(bad("expected http://HOST:PORT or https://HOST:PORT"));
+    }
+    Ok(url)
+}
+
+fn body_of(bytes: &[u8]) -> Body {
+    if bytes.iter().all(u8::is_ascii_whitespace) {
+        return Body::Empty;
+    }
+    match serde_json::from_slice(bytes) {
+        Ok(value) => Body::Json(value),
+        Err(_) => Body::Raw(bytes.to_vec()),
+    }
+}
+
+/// An error answer as an [`Error::Api`].
+fn api_error(status: StatusCode, bytes: &[u8], location: Option<&str>) -> Error {
+    let parsed: Option<Value> = serde_json::from_slice(bytes).ok();
+    let field = |key: &str| {
+        parsed
+            .as_ref()
+            .and_then(|v| v.get(key))
+            .and_then(Value::as_str)
+            .map(str::to_string)
+    };
+    let reason = field("reason").unwrap_or_default();
+    let message = match field("message") {
+        Some(message) => message,
+        None => {
+            let text = String::from_utf8_lossy(bytes);
+            let text = text.trim();
+            let mut shown: String = text.chars().take(MAX_ERROR_TEXT).collect();
+            if shown.len() < text.len() {
+                shown.push('…');
+            }
+            match location {
+                Some(to) if status.is_redirection() => {
+                    format!("redirected to {to}: point --server there")
+                }
+                _ => shown,
+            }
+        }
+    };
+    Error::Api {
+        status: status.as_u16(),
+        reason,
+        message,
+    }
+}
+
+/// An error and its sources, `: `-separated, without repeats.
+fn chain(error: &dyn std::error::Error) -> String {
+    let mut parts: Vec<String> = vec![error.to_string()];
+    let mut source = error.source();
+    while let Some(cause) = source {
+        let text = cause.to_string();
+        if !parts.iter().any(|p| p.contains(&text)) {
+            parts.push(text);
+        }
+        source = cause.source();
+    }
+    parts.join(": ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn a_missing_token_is_one_line() {
+        for token in [None, Some(""), Some("  ")] {
+            let err = Client::new("http://localhost:8080", token).err().unwrap();
+            assert_eq!(
+                err.to_string(),
+                "error: no token: pass --token or set KAYRA_TOKEN"
+            );
+            assert_eq!(err.exit_code(), 1);
+        }
+    }
+
+    #[test]
+    fn server_urls() {
+        assert!(Client::new("http://localhost:8080", Some("t")).is_ok());
+        assert!(Client::new("https://kayra.example.com/prefix", Some("t")).is_ok());
+        for bad in ["", "localhost:8080", "ftp://x", "http://", "not a url"] {
+            let err = Client::new(bad, Some("t"))
+                .err()
+                .unwrap_or_else(|| panic!("{bad:?} accepted"));
+            assert!(err.to_string().contains("KAYRA_SERVER"), "{err}");
+            assert_eq!(err.exit_code(), 1);
+        }
+    }
+
+    #[test]
+    fn a_bad_token_is_not_echoed() {
+        let err = Client::new("http://localhost:8080", Some("secret\nvalue"))
+            .err()
+            .unwrap();
+        assert!(!err.to_string().contains("secret"), "{err}");
+    }
+
+    #[test]
+    fn error_bodies() {
+        let body =
+            br#"{"code": 404, "reason": "NotFound", "message": "namespace \"x\" not found"}"#;
+        assert_eq!(
+            api_error(StatusCode::NOT_FOUND, body, None),
+            Error::Api {
+                status: 404,
+                reason: "NotFound".into(),
+                message: "namespace \"x\" not found".into()
+            }
+        );
+        assert_eq!(
+            api_error(StatusCode::BAD_GATEWAY, b"upstream exploded\n", None),
+            Error::Api {
+                status: 502,
+                reason: String::new(),
+                message: "upstream exploded".into()
+            }
+        );
+        let long = "x".repeat(5000);
+        let Error::Api { message, .. } =
+            api_error(StatusCode::INTERNAL_SERVER_ERROR, long.as_bytes(), None)
+        else {
+            panic!()
+        };
+        assert_eq!(message.chars().count(), MAX_ERROR_TEXT + 1);
+        let Error::Api {
+            message, status, ..
+        } = api_error(
+            StatusCode::MOVED_PERMANENTLY,
+            b"",
+            Some("https://kayra.example.com/"),
+        )
+        else {
+            panic!()
+        };
+        assert_eq!(status, 301);
+        assert!(message.contains("https://kayra.example.com/"), "{message}");
+    }
+
+    #[test]
+    fn bodies() {
+        assert_eq!(body_of(b""), Body::Empty);
+        assert_eq!(body_of(b" \n"), Body::Empty);
+        assert_eq!(body_of(br#"{"a": 1}"#), Body::Json(json!({"a": 1})));
+        assert_eq!(body_of(b"plain text"), Body::Raw(b"plain text".to_vec()));
+    }
+}

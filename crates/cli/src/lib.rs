@@ -1,0 +1,222 @@
+//! `kayra-cli`, the client of kayra's catalog API and gateway (platform
+//! contract §9):
+//!
+//! ```text
+//! kayra-cli [--server URL] [--token TOKEN] [-o table|json|yaml] VERB API [-n NAMESPACE] RESOURCE [NAME[/SUBRESOURCE]] [-d DATA]
+//! ```
+//!
+//! The binary (`src/main.rs`) only parses arguments, starts a runtime and
+//! turns [`Error`] into an exit status; everything else is here, so it can
+//! be unit-tested without a server.
+//!
+//! # Layout
+//! - [`args`]: the clap model, `--help` text, durations.
+//! - [`request`]: arguments → method, path, body (pure).
+//! - [`data`]: `-d` as JSON/YAML, `@FILE`, `@-`.
+//! - [`client`]: HTTP, error answers, paging, short-name resolution.
+//! - [`output`]: JSON, YAML and the tables.
+//! - [`watch`]: `--watch` / `--until-synced`.
+//! - [`error`]: the error type and its exit statuses.
+
+pub mod args;
+pub mod client;
+pub mod data;
+pub mod error;
+pub mod output;
+pub mod request;
+pub mod watch;
+
+use std::io::Write;
+
+use clap::CommandFactory;
+use serde_json::Value;
+
+pub use args::Cli;
+use args::{Command, GetArgs, GlobalArgs, TargetArgs, Verb};
+use client::{Body, Client};
+pub use error::Error;
+use output::{Format, is_list, render};
+use request::{Api, Request, Target};
+
+/// Runs one parsed command line to completion.
+pub async fn run(cli: Cli) -> Result<(), Error> {
+    let Cli { global, command } = cli;
+    match command {
+        Command::Completion { shell } => {
+            let mut script = Vec::new();
+            clap_complete::generate(shell, &mut Cli::command(), "kayra-cli", &mut script);
+            emit(&script)
+        }
+        Command::Get(get) => {
+            let watch = (get.watch || get.until_synced).then(|| watch_options(&get));
+            execute(&global, Verb::Get, &get.target, None, watch).await
+        }
+        Command::Create(write) => {
+            execute(
+                &global,
+                Verb::Create,
+                &write.target,
+                write.data.as_deref(),
+                None,
+            )
+            .await
+        }
+        Command::Update(write) => {
+            execute(
+                &global,
+                Verb::Update,
+                &write.target,
+                write.data.as_deref(),
+                None,
+            )
+            .await
+        }
+        Command::Patch(write) => {
+            execute(
+                &global,
+                Verb::Patch,
+                &write.target,
+                write.data.as_deref(),
+                None,
+            )
+            .await
+        }
+        Command::Delete(target) => execute(&global, Verb::Delete, &target, None, None).await,
+    }
+}
+
+fn watch_options(get: &GetArgs) -> watch::Options {
+    watch::Options {
+        interval: get.interval,
+        until_synced: get.until_synced,
+        timeout: get.timeout,
+    }
+}
+
+/// One verb: check everything that can be checked offline, then resolve a
+/// short API name, send, and print.
+async fn execute(
+    global: &GlobalArgs,
+    verb: Verb,
+    args: &TargetArgs,
+    data: Option<&str>,
+    watch: Option<watch::Options>,
+) -> Result<(), Error> {
+    let mut target = Target::new(
+        &args.api,
+        args.namespace.as_deref(),
+        &args.resource,
+        args.name.as_deref(),
+    )?;
+    let data = data
+        .map(|spec| data::load(spec, std::io::stdin().lock()))
+        .transpose()?;
+    let mut request = Request::build(verb, &target, data.clone())?;
+    let client = Client::new(&global.server, global.token.as_deref())?;
+    if let Api::Short(_) = target.api {
+        target.api = client.resolve(&target.api).await?;
+        request = Request::build(verb, &target, data)?;
+    }
+    // Only the catalog's list format is known; a gateway answer is shown as it comes.
+    let page_through = verb == Verb::Get && target.is_collection() && target.is_catalog();
+
+    if let Some(options) = watch {
+        let format = global.output.unwrap_or(Format::Table);
+        let mut last_shown: Option<String> = None;
+        let mut last_warning: Option<String> = None;
+        let fetch = || async {
+            let body = if page_through {
+                client.get_all(&request).await?
+            } else {
+                client.send(&request).await?
+            };
+            match body {
+                Body::Json(value) => Ok(value),
+                _ => Err(Error::Transport(
+                    "the answer is not JSON, so it cannot be watched".into(),
+                )),
+            }
+        };
+        return watch::run(options, fetch, |update| match update {
+            watch::Update::Answer(value) => {
+                last_warning = None;
+                let (text, is_note) = match empty_list_note(value, format, &target) {
+                    Some(note) => (note, true),
+                    None => (render(value, target.view(), format)?, false),
+                };
+                if last_shown.as_deref() != Some(text.as_str()) {
+                    if is_note {
+                        eprint!("{text}");
+                    } else {
+                        emit(text.as_bytes())?;
+                    }
+                    last_shown = Some(text);
+                }
+                Ok(())
+            }
+            watch::Update::Retrying(error) => {
+                let text = error.to_string();
+                if last_warning.as_deref() != Some(text.as_str()) {
+                    eprintln!("{text} (retrying every {:?})", options.interval);
+                    last_warning = Some(text);
+                }
+                Ok(())
+            }
+        })
+        .await;
+    }
+
+    let body = if page_through {
+        client.get_all(&request).await?
+    } else {
+        client.send(&request).await?
+    };
+    match body {
+        Body::Empty => {
+            if verb == Verb::Delete {
+                eprintln!("deleted {}", target.describe());
+            }
+            Ok(())
+        }
+        Body::Raw(bytes) => emit(&bytes),
+        Body::Json(value) => {
+            let format = global.output.unwrap_or(if is_list(&value) {
+                Format::Table
+            } else {
+                Format::Json
+            });
+            if let Some(note) = empty_list_note(&value, format, &target) {
+                eprint!("{note}");
+                return Ok(());
+            }
+            emit(render(&value, target.view(), format)?.as_bytes())
+        }
+    }
+}
+
+/// kubectl's "No resources found": an empty table says so on stderr, so
+/// stdout stays empty for scripts.
+fn empty_list_note(value: &Value, format: Format, target: &Target) -> Option<String> {
+    let empty = value
+        .get("items")
+        .and_then(Value::as_array)
+        .is_some_and(Vec::is_empty);
+    if format != Format::Table || !empty {
+        return None;
+    }
+    Some(match &target.namespace {
+        Some(ns) => format!("No {} found in namespace {ns}.\n", target.resource),
+        None => format!("No {} found.\n", target.resource),
+    })
+}
+
+/// Writes to stdout. A reader that went away (`| head`) is not an error
+/// worth a message: [`Error::StdoutClosed`] ends the command quietly.
+fn emit(bytes: &[u8]) -> Result<(), Error> {
+    let mut out = std::io::stdout().lock();
+    match out.write_all(bytes).and_then(|()| out.flush()) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Err(Error::StdoutClosed),
+        Err(e) => Err(error::invalid(format!("write to stdout: {e}"))),
+    }
+}

@@ -1,0 +1,433 @@
+//! Printing answers: JSON, YAML, or a table that shows what an operator
+//! needs at a glance.
+//!
+//! Tables are chosen by [`View`] (what was asked for), and read the answer
+//! as untyped JSON: a field the CLI does not know about is simply not a
+//! column, a missing one is `<none>`, so an older or newer server never
+//! breaks the client. Columns are separated by three spaces and padded to
+//! the widest cell, the last column is never padded (kubectl's layout,
+//! friendly to `awk` and `column -t`).
+
+use std::fmt::Write as _;
+
+use serde_json::Value;
+
+use crate::error::{Error, invalid};
+use crate::request::View;
+
+/// `-o`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Format {
+    Table,
+    Json,
+    Yaml,
+}
+
+impl Format {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Format::Table => "table",
+            Format::Json => "json",
+            Format::Yaml => "yaml",
+        }
+    }
+}
+
+/// The shown empty value: an empty string or missing field.
+const NONE: &str = "<none>";
+/// Fields that identify an object; a generic table shows them first.
+const IDENTITY_KEYS: [&str; 5] = ["name", "id", "user", "namespace", "api"];
+/// Generic tables show at most this many columns.
+const MAX_GENERIC_COLUMNS: usize = 6;
+
+const SUBSCRIPTION_COLUMNS: &[(&str, &str)] = &[
+    ("API", "api"),
+    ("ACTIVE", "active"),
+    ("STATE", "state"),
+    ("CURRENT", "current_sync_id"),
+    ("EXPECTED", "expected_sync_id"),
+    ("SYNCED", "synced"),
+];
+const REGISTRATION_COLUMNS: &[(&str, &str)] = &[
+    ("NAME", "name"),
+    ("SHORT", "short_name"),
+    ("MODE", "mode"),
+    ("SYNC ID", "sync_id"),
+];
+const NAMESPACE_COLUMNS: &[(&str, &str)] = &[
+    ("NAME", "name"),
+    ("ACTIVE", "active"),
+    ("DESCRIPTION", "description"),
+];
+const SUBSCRIBER_COLUMNS: &[(&str, &str)] = &[
+    ("NAMESPACE", "namespace"),
+    ("ACTIVE", "active"),
+    ("STATE", "state"),
+    ("CURRENT", "current_sync_id"),
+    ("SYNCED", "synced"),
+];
+
+/// Whether an answer is a list (`{"items": [...], ...}`).
+pub fn is_list(value: &Value) -> bool {
+    value.get("items").is_some_and(Value::is_array)
+}
+
+/// The items of a list answer, or the single object as a one-row list.
+fn rows_of(value: &Value) -> Vec<&Value> {
+    match value.get("items").and_then(Value::as_array) {
+        Some(items) => items.iter().collect(),
+        None => vec![value],
+    }
+}
+
+/// Renders an answer in `format`. The text ends with a newline unless empty
+/// (an empty list as a table renders as nothing; the caller says so on
+/// stderr).
+pub fn render(value: &Value, view: View, format: Format) -> Result<String, Error> {
+    match format {
+        Format::Json => {
+            let mut text = serde_json::to_string_pretty(value)
+                .map_err(|e| invalid(format!("render JSON: {e}")))?;
+            text.push('\n');
+            Ok(text)
+        }
+        Format::Yaml => {
+            serde_norway::to_string(value).map_err(|e| invalid(format!("render YAML: {e}")))
+        }
+        Format::Table => Ok(table(value, view)),
+    }
+}
+
+/// Renders an answer as a table.
+pub fn table(value: &Value, view: View) -> String {
+    let columns = match view {
+        View::Subscriptions => SUBSCRIPTION_COLUMNS,
+        View::Registrations => REGISTRATION_COLUMNS,
+        View::Namespaces => NAMESPACE_COLUMNS,
+        View::RegistrationStatus if value.get("subscribers").is_some_and(Value::is_array) => {
+            return status_table(value);
+        }
+        View::RegistrationStatus | View::Generic => return generic_table(value),
+    };
+    let rows = rows_of(value);
+    if rows.is_empty() {
+        return String::new();
+    }
+    let headers = columns
+        .iter()
+        .map(|(header, _)| header.to_string())
+        .collect();
+    let cells = rows
+        .iter()
+        .map(|row| columns.iter().map(|(_, key)| cell(row.get(key))).collect())
+        .collect();
+    layout(headers, cells)
+}
+
+/// A registration's status: one row per subscriber, then `synced/total`.
+fn status_table(status: &Value) -> String {
+    let subscribers: Vec<&Value> = status["subscribers"]
+        .as_array()
+        .map(|s| s.iter().collect())
+        .unwrap_or_default();
+    let mut text = if subscribers.is_empty() {
+        "no subscribers\n".to_string()
+    } else {
+        let headers = SUBSCRIBER_COLUMNS
+            .iter()
+            .map(|(header, _)| header.to_string())
+            .collect();
+        let cells = subscribers
+            .iter()
+            .map(|row| {
+                SUBSCRIBER_COLUMNS
+                    .iter()
+                    .map(|(_, key)| cell(row.get(key)))
+                    .collect()
+            })
+            .collect();
+        layout(headers, cells)
+    };
+    let count = |key: &str| {
+        status
+            .get(key)
+            .map_or_else(|| "?".to_string(), |v| cell(Some(v)))
+    };
+    let _ = writeln!(
+        text,
+        "{}/{} synced to {} ({})",
+        count("synced"),
+        count("total"),
+        cell(status.get("sync_id")),
+        cell(status.get("api"))
+    );
+    text
+}
+
+/// Any other answer: identifying fields (NAME, ID, …) first, then scalar
+/// fields.
+fn generic_table(value: &Value) -> String {
+    let rows = rows_of(value);
+    if rows.is_empty() {
+        return String::new();
+    }
+    if !rows.iter().all(|row| row.is_object()) {
+        let cells = rows.iter().map(|row| vec![cell(Some(row))]).collect();
+        return layout(vec!["VALUE".to_string()], cells);
+    }
+    // Identity first; the rest in key order (which is all a JSON map keeps).
+    let mut keys: Vec<&str> = IDENTITY_KEYS
+        .into_iter()
+        .filter(|key| rows.iter().any(|row| row.get(key).is_some_and(is_tabular)))
+        .collect();
+    for row in &rows {
+        for (key, field) in row.as_object().into_iter().flatten() {
+            if keys.len() < MAX_GENERIC_COLUMNS
+                && is_tabular(field)
+                && !keys.contains(&key.as_str())
+            {
+                keys.push(key);
+            }
+        }
+    }
+    if keys.is_empty() {
+        let cells = rows.iter().map(|row| vec![cell(Some(row))]).collect();
+        return layout(vec!["VALUE".to_string()], cells);
+    }
+    let headers = keys
+        .iter()
+        .map(|key| key.replace('_', " ").to_uppercase())
+        .collect();
+    let cells = rows
+        .iter()
+        .map(|row| keys.iter().map(|key| cell(row.get(*key))).collect())
+        .collect();
+    layout(headers, cells)
+}
+
+/// A field worth a column: a scalar, or a list of scalars.
+fn is_tabular(value: &Value) -> bool {
+    match value {
+        Value::Array(items) => items
+            .iter()
+            .all(|item| !item.is_array() && !item.is_object()),
+        Value::Object(_) => false,
+        _ => true,
+    }
+}
+
+/// One cell's text, on one line.
+fn cell(value: Option<&Value>) -> String {
+    let text = match value {
+        None | Some(Value::Null) => return NONE.to_string(),
+        Some(Value::String(text)) => text.clone(),
+        Some(Value::Array(items)) if items.iter().all(|i| !i.is_array() && !i.is_object()) => items
+            .iter()
+            .map(|item| cell(Some(item)))
+            .collect::<Vec<_>>()
+            .join(","),
+        Some(other @ (Value::Array(_) | Value::Object(_))) => other.to_string(),
+        Some(other) => other.to_string(),
+    };
+    if text.is_empty() {
+        return NONE.to_string();
+    }
+    // A newline or tab inside a cell would break the table's shape.
+    text.chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .collect()
+}
+
+fn layout(headers: Vec<String>, rows: Vec<Vec<String>>) -> String {
+    let mut widths: Vec<usize> = headers.iter().map(|h| h.chars().count()).collect();
+    for row in &rows {
+        for (width, cell) in widths.iter_mut().zip(row) {
+            *width = (*width).max(cell.chars().count());
+        }
+    }
+    let mut text = String::new();
+    for row in std::iter::once(&headers).chain(&rows) {
+        let mut line = String::new();
+        for (i, (cell, width)) in row.iter().zip(&widths).enumerate() {
+            if i + 1 == row.len() {
+                line.push_str(cell);
+            } else {
+                let pad = width - cell.chars().count();
+                line.push_str(cell);
+                line.extend(std::iter::repeat_n(' ', pad + 3));
+            }
+        }
+        text.push_str(line.trim_end());
+        text.push('\n');
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn sub(api: &str, active: bool, state: &str, current: &str, expected: &str) -> Value {
+        json!({"api": api, "namespace": "core", "active": active, "state": state,
+               "current_sync_id": current, "expected_sync_id": expected,
+               "synced": active && current == expected})
+    }
+
+    #[test]
+    fn subscription_list() {
+        let list = json!({"items": [
+            sub("compute.example.com", true, "success", "2026-02-01T00Z", "2026-02-01T00Z"),
+            sub("dev.example.com", false, "init", "", "2026-01-01T00Z"),
+        ], "continue": ""});
+        assert_eq!(
+            table(&list, View::Subscriptions),
+            "\
+API                   ACTIVE   STATE     CURRENT          EXPECTED         SYNCED
+compute.example.com   true     success   2026-02-01T00Z   2026-02-01T00Z   true
+dev.example.com       false    init      <none>           2026-01-01T00Z   false
+"
+        );
+    }
+
+    #[test]
+    fn single_subscription_is_one_row() {
+        let one = sub("compute.example.com", true, "error", "a", "b");
+        let text = table(&one, View::Subscriptions);
+        assert_eq!(text.lines().count(), 2);
+        assert_eq!(
+            text.lines().nth(1).unwrap(),
+            "compute.example.com   true     error   a         b          false"
+        );
+    }
+
+    #[test]
+    fn registrations() {
+        let list = json!({"items": [
+            {"name": "compute.example.com", "short_name": "compute", "mode": "api", "sync_id": "2026-02-01T00Z",
+             "endpoint": "http://127.0.0.1:9000", "description": "", "platform": "dev", "region": "local"},
+            {"name": "dev.example.com", "short_name": "", "mode": "", "sync_id": "x",
+             "endpoint": "", "description": "", "platform": "dev", "region": "local"},
+        ], "continue": ""});
+        assert_eq!(
+            table(&list, View::Registrations),
+            "\
+NAME                  SHORT     MODE     SYNC ID
+compute.example.com   compute   api      2026-02-01T00Z
+dev.example.com       <none>    <none>   x
+"
+        );
+    }
+
+    #[test]
+    fn namespaces() {
+        let list = json!({"items": [
+            {"name": "core", "description": "the core\nteam", "active": true},
+            {"name": "sre", "description": "", "active": false},
+        ], "continue": ""});
+        assert_eq!(
+            table(&list, View::Namespaces),
+            "\
+NAME   ACTIVE   DESCRIPTION
+core   true     the core team
+sre    false    <none>
+"
+        );
+    }
+
+    #[test]
+    fn registration_status() {
+        let status = json!({"api": "compute.example.com", "sync_id": "2026-02-01T00Z",
+            "subscribers": [
+                {"namespace": "core", "active": true, "state": "success", "current_sync_id": "2026-01-01T00Z", "synced": false},
+                {"namespace": "sre", "active": true, "state": "success", "current_sync_id": "2026-02-01T00Z", "synced": true},
+            ], "total": 2, "synced": 1});
+        assert_eq!(
+            table(&status, View::RegistrationStatus),
+            "\
+NAMESPACE   ACTIVE   STATE     CURRENT          SYNCED
+core        true     success   2026-01-01T00Z   false
+sre         true     success   2026-02-01T00Z   true
+1/2 synced to 2026-02-01T00Z (compute.example.com)
+"
+        );
+        let none =
+            json!({"api": "a.b", "sync_id": "1", "subscribers": [], "total": 0, "synced": 0});
+        assert_eq!(
+            table(&none, View::RegistrationStatus),
+            "no subscribers\n0/0 synced to 1 (a.b)\n"
+        );
+    }
+
+    #[test]
+    fn generic_puts_name_first_and_keeps_scalars() {
+        let roles = json!({"items": [
+            {"rules": [{"resources": ["*"]}], "name": "sysadmin", "description": "all"},
+        ], "continue": ""});
+        assert_eq!(
+            table(&roles, View::Generic),
+            "NAME       DESCRIPTION\nsysadmin   all\n"
+        );
+
+        let tokens =
+            json!({"items": [{"id": "t1", "created_at": "2026-01-01T00:00:00Z"}], "continue": ""});
+        assert_eq!(
+            table(&tokens, View::Generic),
+            "ID   CREATED AT\nt1   2026-01-01T00:00:00Z\n"
+        );
+
+        let whoami = json!({"user": "admin", "cluster_roles": ["sysadmin", "viewer"]});
+        assert_eq!(
+            table(&whoami, View::Generic),
+            "USER    CLUSTER ROLES\nadmin   sysadmin,viewer\n"
+        );
+    }
+
+    #[test]
+    fn generic_caps_columns_and_handles_odd_shapes() {
+        let wide = json!({"name": "x", "a": 1, "b": 2, "c": 3, "d": 4, "e": 5, "f": 6, "g": 7});
+        assert_eq!(
+            table(&wide, View::Generic).lines().next().unwrap(),
+            "NAME   A   B   C   D   E"
+        );
+        let scalars = json!({"items": ["a", 1], "continue": ""});
+        assert_eq!(table(&scalars, View::Generic), "VALUE\na\n1\n");
+        let nested = json!({"spec": {"x": 1}});
+        assert_eq!(
+            table(&nested, View::Generic),
+            "VALUE\n{\"spec\":{\"x\":1}}\n"
+        );
+    }
+
+    #[test]
+    fn empty_lists_render_nothing() {
+        let empty = json!({"items": [], "continue": ""});
+        for view in [
+            View::Subscriptions,
+            View::Registrations,
+            View::Namespaces,
+            View::Generic,
+        ] {
+            assert_eq!(table(&empty, view), "");
+        }
+    }
+
+    #[test]
+    fn json_and_yaml_parse_back() {
+        let value = json!({"items": [sub("a.b", true, "success", "1", "1")], "continue": ""});
+        let json = render(&value, View::Subscriptions, Format::Json).unwrap();
+        assert!(json.ends_with('\n'));
+        assert_eq!(serde_json::from_str::<Value>(&json).unwrap(), value);
+        let yaml = render(&value, View::Subscriptions, Format::Yaml).unwrap();
+        assert_eq!(serde_norway::from_str::<Value>(&yaml).unwrap(), value);
+    }
+
+    #[test]
+    fn unicode_cells_align() {
+        let list = json!({"items": [{"name": "ä", "description": "x"}, {"name": "bb", "description": "y"}]});
+        assert_eq!(
+            table(&list, View::Generic),
+            "NAME   DESCRIPTION\nä      x\nbb     y\n"
+        );
+    }
+}

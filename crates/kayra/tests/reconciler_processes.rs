@@ -1,0 +1,268 @@
+//! Black-box tests of `kayra reconciler` as real OS processes sharing one
+//! etcd: several processes run each job once, a killed lock holder is taken
+//! over after the lease TTL, SIGTERM finishes the in-flight reconcile and
+//! exits 0, JSON log lines carry `lock_id` and `sync_id`, and a bad step
+//! stops the process with a message naming mode, step and field.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use kayra_catalog::repo::{Change, Repository, keys};
+use kayra_core::{ApiRegistration, Namespace, Subscription};
+use kayra_store::Store;
+use kayra_testkit::backend::TestBackend;
+use kayra_testkit::{Etcd, eventually, free_port};
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+
+const API: &str = "compute.example.com";
+
+/// A `kayra reconciler` child process with its stderr collected.
+struct Reconciler {
+    child: Child,
+    lines: Arc<Mutex<Vec<String>>>,
+}
+
+impl Reconciler {
+    fn start(config: &Path) -> Self {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_kayra"))
+            .args(["reconciler", "--config"])
+            .arg(config)
+            .env("KAYRA_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start kayra reconciler");
+        let lines = Arc::new(Mutex::new(Vec::new()));
+        let stderr = child.stderr.take().unwrap();
+        let sink = lines.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                sink.lock().unwrap().push(line);
+            }
+        });
+        Self { child, lines }
+    }
+
+    fn signal(&self, signal: Signal) {
+        kill(Pid::from_raw(self.child.id() as i32), signal).unwrap();
+    }
+
+    /// Waits (bounded) for the process to exit and returns its status.
+    fn wait(&mut self, limit: Duration) -> std::process::ExitStatus {
+        let deadline = Instant::now() + limit;
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status;
+            }
+            assert!(Instant::now() < deadline, "reconciler did not exit within {limit:?}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn lines(&self) -> Vec<String> {
+        self.lines.lock().unwrap().clone()
+    }
+}
+
+impl Drop for Reconciler {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+struct World {
+    etcd: Etcd,
+    dir: tempfile::TempDir,
+    repo: Repository,
+    backend: TestBackend,
+}
+
+impl World {
+    async fn new() -> Self {
+        let etcd = Etcd::start().await;
+        let store = Store::new(kayra_store::etcd::EtcdStore::connect(&etcd.config("/kayra")).await.unwrap());
+        let repo = Repository::new(store, "dev", "local");
+        Self { etcd, dir: tempfile::tempdir().unwrap(), repo, backend: TestBackend::start().await }
+    }
+
+    /// Writes a reconciler config whose mode `api` POSTs to `/<behaviour>/<namespace>`.
+    fn config(&self, name: &str, behaviour: &str) -> PathBuf {
+        let yaml = format!(
+            r#"platform: dev
+region: local
+database:
+  etcd:
+    endpoints: ["{endpoint}"]
+    prefix: /kayra
+    lock_ttl: 2s
+    lock_retry_interval: 50ms
+logging:
+  format: json
+reconciler:
+  listen: 127.0.0.1:{port}
+  max_concurrent_reconciles: 8
+  mode:
+    api:
+      - method: post
+        endpoint: "{base}/{behaviour}/{{{{ .Subscription.Namespace }}}}"
+        headers:
+          Authorization: {{type: Bearer, value: "s3cr3t-token-value"}}
+        timeout: 60s
+"#,
+            endpoint = self.etcd.endpoint(),
+            port = free_port(),
+            base = self.backend.base,
+        );
+        let path = self.dir.path().join(format!("{name}.yaml"));
+        std::fs::write(&path, yaml).unwrap();
+        path
+    }
+
+    async fn seed(&self, namespaces: &[&str], sync_id: &str) {
+        let reg = ApiRegistration { name: API.into(), mode: "api".into(), sync_id: sync_id.into(), ..Default::default() };
+        self.repo.create(&keys::registration("dev", "local", API), &reg, "registration").await.unwrap();
+        for ns in namespaces {
+            let n = Namespace { name: ns.to_string(), ..Default::default() };
+            self.repo.create(&keys::namespace(ns), &n, "namespace").await.unwrap();
+            let sub = Subscription::new(*ns, API);
+            self.repo.create(&keys::subscription("dev", "local", ns, API), &sub, "subscription").await.unwrap();
+        }
+    }
+
+    async fn bump(&self, sync_id: &str) {
+        let key = keys::registration("dev", "local", API);
+        self.repo
+            .modify::<ApiRegistration, _>(&key, "registration", |r| {
+                r.sync_id = sync_id.into();
+                Change::Write
+            })
+            .await
+            .unwrap();
+    }
+
+    async fn all_synced(&self, namespaces: &[&str], sync_id: &str) -> bool {
+        for ns in namespaces {
+            match self.repo.get_subscription(ns, API).await.unwrap() {
+                Some(s) if s.value.is_synced(sync_id) => {}
+                _ => return false,
+            }
+        }
+        true
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_processes_run_each_job_once_per_sync_id() {
+    let world = World::new().await;
+    let namespaces: Vec<String> = (0..12).map(|i| format!("t{i}")).collect();
+    let namespaces: Vec<&str> = namespaces.iter().map(String::as_str).collect();
+    world.seed(&namespaces, "s1").await;
+    let procs: Vec<Reconciler> = (0..3).map(|i| Reconciler::start(&world.config(&format!("r{i}"), "slow"))).collect();
+    eventually("all synced to s1", || world.all_synced(&namespaces, "s1")).await;
+    world.bump("s2").await;
+    eventually("all synced to s2", || world.all_synced(&namespaces, "s2")).await;
+    // Give any redundant run a chance to show up before counting.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    for ns in &namespaces {
+        assert_eq!(world.backend.count(&format!("/slow/{ns}")), 2, "{ns}: one run per SyncID across three processes");
+    }
+    assert_json_lines_carry_ids(procs.iter().flat_map(Reconciler::lines));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_lock_holder_is_taken_over_after_the_lease_ttl() {
+    let world = World::new().await;
+    world.seed(&["core"], "s1").await;
+    let mut first = Reconciler::start(&world.config("first", "hold"));
+    world.backend.wait_for("/hold/core", 1).await;
+    // The second process blocks on the job lock the first one holds.
+    let second = Reconciler::start(&world.config("second", "hold"));
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(world.backend.count("/hold/core"), 1, "the second process must wait for the lock");
+    first.signal(Signal::SIGKILL);
+    first.wait(Duration::from_secs(10));
+    let killed_at = Instant::now();
+    world.backend.wait_for("/hold/core", 2).await;
+    let waited = killed_at.elapsed();
+    assert!(waited < Duration::from_secs(15), "takeover took {waited:?}");
+    world.backend.release(2);
+    eventually("synced by the second process", || world.all_synced(&["core"], "s1")).await;
+    drop(second);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_finishes_the_in_flight_reconcile_and_exits_zero() {
+    let world = World::new().await;
+    world.seed(&["core"], "s1").await;
+    let mut proc = Reconciler::start(&world.config("only", "hold"));
+    world.backend.wait_for("/hold/core", 1).await;
+    proc.signal(Signal::SIGTERM);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(proc.child.try_wait().unwrap().is_none(), "must wait for the in-flight reconcile");
+    world.backend.release(1);
+    let status = proc.wait(Duration::from_secs(30));
+    assert!(status.success(), "exit status {status:?}");
+    assert!(world.all_synced(&["core"], "s1").await, "the in-flight reconcile was recorded before exit");
+    let lines = proc.lines();
+    assert!(!lines.iter().any(|l| l.contains("s3cr3t-token-value")), "a token reached the logs");
+    assert_json_lines_carry_ids(lines);
+}
+
+#[test]
+fn bad_step_stops_the_process_naming_mode_step_and_field() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("bad.yaml");
+    std::fs::write(
+        &path,
+        "reconciler:\n  mode:\n    api:\n      - method: get\n        endpoint: http://x/\n      - method: post\n        endpoint: \"http://x/{{ .Subscription.Namespace \"\n",
+    )
+    .unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_kayra"))
+        .args(["reconciler", "--config"])
+        .arg(&path)
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("api") && stderr.contains("[1]") && stderr.contains("endpoint"), "{stderr}");
+}
+
+#[test]
+fn unknown_config_key_stops_serve_naming_the_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("bad.yaml");
+    std::fs::write(&path, "server:\n  listen: 127.0.0.1:0\n  max_body_bytez: 10\n").unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_kayra"))
+        .args(["serve", "--config"])
+        .arg(&path)
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("max_body_bytez"));
+}
+
+/// Platform contract §8: any reconciler line with both `namespace` and
+/// `api`, or with `step`, also has `lock_id` and `sync_id`.
+fn assert_json_lines_carry_ids(lines: impl IntoIterator<Item = String>) {
+    let mut checked = 0;
+    for line in lines {
+        let value: serde_json::Value = serde_json::from_str(&line).unwrap_or_else(|e| panic!("not JSON ({e}): {line}"));
+        for key in ["timestamp", "level", "message"] {
+            assert!(value.get(key).is_some(), "{key} missing: {line}");
+        }
+        let on_path = (value.get("namespace").is_some() && value.get("api").is_some()) || value.get("step").is_some();
+        if on_path {
+            checked += 1;
+            assert!(value.get("lock_id").is_some() && value.get("sync_id").is_some(), "ids missing: {line}");
+        }
+    }
+    assert!(checked > 0, "no reconcile-path line was logged");
+}

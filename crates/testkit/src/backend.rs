@@ -1,0 +1,91 @@
+//! A recording HTTP backend for reconciler tests, on 127.0.0.1:0.
+//!
+//! The first path segment picks the behaviour: `/ok/..` answers 200,
+//! `/fail/..` 500, `/slow/..` 200 after 20ms, `/hold/..` waits for
+//! [`TestBackend::release`] before answering 200. Every call is recorded,
+//! and the highest number of concurrent calls is tracked.
+
+use std::sync::Arc;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use axum::Router;
+use axum::http::{StatusCode, Uri};
+use tokio::sync::Semaphore;
+
+#[derive(Default)]
+struct State {
+    calls: Mutex<Vec<String>>,
+    in_flight: AtomicUsize,
+    max_in_flight: AtomicUsize,
+    gate: Semaphore,
+}
+
+pub struct TestBackend {
+    pub base: String,
+    state: Arc<State>,
+}
+
+impl TestBackend {
+    pub async fn start() -> Self {
+        let state = Arc::new(State { gate: Semaphore::new(0), ..State::default() });
+        let app = Router::new().fallback({
+            let state = state.clone();
+            move |uri: Uri| {
+                let state = state.clone();
+                async move { answer(&state, uri).await }
+            }
+        });
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let base = format!("http://{}", listener.local_addr().unwrap());
+        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+        Self { base, state }
+    }
+
+    /// Every call's path so far.
+    pub fn calls(&self) -> Vec<String> {
+        self.state.calls.lock().unwrap().clone()
+    }
+
+    /// Calls whose path starts with `prefix`.
+    pub fn count(&self, prefix: &str) -> usize {
+        self.calls().iter().filter(|c| c.starts_with(prefix)).count()
+    }
+
+    pub fn max_in_flight(&self) -> usize {
+        self.state.max_in_flight.load(Ordering::SeqCst)
+    }
+
+    /// Lets `n` held calls answer.
+    pub fn release(&self, n: usize) {
+        self.state.gate.add_permits(n);
+    }
+
+    /// Waits until at least `n` calls start with `prefix`.
+    pub async fn wait_for(&self, prefix: &str, n: usize) {
+        crate::eventually(&format!("{n} calls to {prefix}"), || async { self.count(prefix) >= n }).await;
+    }
+}
+
+async fn answer(state: &State, uri: Uri) -> StatusCode {
+    let path = uri.path().to_string();
+    state.calls.lock().unwrap().push(path.clone());
+    let now = state.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+    state.max_in_flight.fetch_max(now, Ordering::SeqCst);
+    let status = match path.split('/').nth(1).unwrap_or("") {
+        "ok" => StatusCode::OK,
+        "fail" => StatusCode::INTERNAL_SERVER_ERROR,
+        "slow" => {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            StatusCode::OK
+        }
+        "hold" => {
+            state.gate.acquire().await.unwrap().forget();
+            StatusCode::OK
+        }
+        _ => StatusCode::NOT_FOUND,
+    };
+    state.in_flight.fetch_sub(1, Ordering::SeqCst);
+    status
+}
