@@ -64,10 +64,7 @@ async fn renders_endpoint_headers_and_nested_json_body() {
     assert_eq!(requests.len(), 1);
     let r = &requests[0];
     assert_eq!(r.method, Method::POST);
-    assert_eq!(
-        r.path,
-        "/api/v1/namespaces/core/sync/2026-02-01T00Z?api=compute.example.com"
-    );
+    assert_eq!(r.path, "/api/v1/namespaces/core/sync/2026-02-01T00Z?api=compute.example.com");
     assert_eq!(r.header("authorization"), Some("Bearer tok-local"));
     assert_eq!(r.header("x-plain"), Some("compute/dev"));
     assert_eq!(r.header("x-literal"), Some("as is"));
@@ -106,11 +103,7 @@ async fn configured_content_type_wins_and_no_data_means_no_body() {
     let requests = server.requests();
     assert_eq!(requests[0].method, Method::PATCH);
     let types: Vec<_> = requests[0].headers.get_all("content-type").iter().collect();
-    assert_eq!(
-        types,
-        ["application/merge-patch+json"],
-        "configured, not doubled"
-    );
+    assert_eq!(types, ["application/merge-patch+json"], "configured, not doubled");
     assert_eq!(requests[0].json(), json!({"a": 1}));
     assert_eq!(requests[1].method, Method::DELETE);
     assert!(requests[1].body.is_empty());
@@ -122,9 +115,7 @@ async fn configured_content_type_wins_and_no_data_means_no_body() {
 #[tokio::test]
 async fn outputs_chain_to_the_next_step_only() {
     let server = TestServer::start(|r, _| match r.path.as_str() {
-        "/first" => {
-            ok(json!({"id": 42, "items": [{"id": "a"}, {"id": "b"}], "ok": true, "name": "n1"}))
-        }
+        "/first" => ok(json!({"id": 42, "items": [{"id": "a"}, {"id": "b"}], "ok": true, "name": "n1"})),
         _ => ok(json!({})),
     })
     .await;
@@ -144,33 +135,15 @@ async fn outputs_chain_to_the_next_step_only() {
     run(&pipelines).await.expect("run");
     let requests = server.requests();
     let paths: Vec<_> = requests.iter().map(|r| r.path.as_str()).collect();
-    assert_eq!(
-        paths,
-        [
-            "/first",
-            "/second/42/b/true/%3Cno%20value%3E",
-            "/third/%3Cno%20value%3E"
-        ]
-    );
-    assert_eq!(
-        requests[1].json(),
-        json!({"name": "n1", "count": "4"}),
-        "Missing was skipped, not set"
-    );
+    assert_eq!(paths, ["/first", "/second/42/b/true/%3Cno%20value%3E", "/third/%3Cno%20value%3E"]);
+    assert_eq!(requests[1].json(), json!({"name": "n1", "count": "4"}), "Missing was skipped, not set");
 }
 
 // ---------------------------------------------------------------- async
 
 #[tokio::test]
 async fn async_step_failure_is_ignored() {
-    let server = TestServer::start(|r, _| {
-        if r.path == "/trigger" {
-            status(500)
-        } else {
-            ok(json!({}))
-        }
-    })
-    .await;
+    let server = TestServer::start(|r, _| if r.path == "/trigger" { status(500) } else { ok(json!({})) }).await;
     let pipelines = compile(
         r#"
 - {method: post, endpoint: "BASE/trigger", async: true, outputs: {X: ".message"}}
@@ -178,15 +151,9 @@ async fn async_step_failure_is_ignored() {
 "#,
         &server.base,
     );
-    run(&pipelines)
-        .await
-        .expect("an async failure does not fail the run");
+    run(&pipelines).await.expect("an async failure does not fail the run");
     assert_eq!(server.calls("/trigger"), 1);
-    assert_eq!(
-        server.calls("/check/%3Cno%20value%3E"),
-        1,
-        "no outputs from a failed async step"
-    );
+    assert_eq!(server.calls("/check/%3Cno%20value%3E"), 1, "no outputs from a failed async step");
 }
 
 #[tokio::test]
@@ -202,14 +169,7 @@ async fn async_transport_error_is_ignored() {
 
 #[tokio::test]
 async fn hanging_async_step_moves_on_after_the_ack_timeout() {
-    let server = TestServer::start(|r, _| {
-        if r.path == "/trigger" {
-            hang()
-        } else {
-            ok(json!({}))
-        }
-    })
-    .await;
+    let server = TestServer::start(|r, _| if r.path == "/trigger" { hang() } else { ok(json!({})) }).await;
     let pipelines = compile(
         r#"
 - {method: post, endpoint: "BASE/trigger", async: true, timeout: 3600s, wait: [{key: .status, successes: [done]}]}
@@ -220,19 +180,9 @@ async fn hanging_async_step_moves_on_after_the_ack_timeout() {
     let started = Instant::now();
     run(&pipelines).await.expect("run");
     let elapsed = started.elapsed();
-    assert!(
-        elapsed >= SETTINGS.async_ack_timeout,
-        "waited for the ack window: {elapsed:?}"
-    );
-    assert!(
-        elapsed < SETTINGS.async_ack_timeout + Duration::from_secs(2),
-        "did not wait for the answer: {elapsed:?}"
-    );
-    assert_eq!(
-        server.calls("/trigger"),
-        1,
-        "sent once; wait is ignored on async steps"
-    );
+    assert!(elapsed >= SETTINGS.async_ack_timeout, "waited for the ack window: {elapsed:?}");
+    assert!(elapsed < SETTINGS.async_ack_timeout + Duration::from_secs(2), "did not wait for the answer: {elapsed:?}");
+    assert_eq!(server.calls("/trigger"), 1, "sent once; wait is ignored on async steps");
     assert_eq!(server.calls("/check"), 1);
 }
 
@@ -258,29 +208,13 @@ async fn quick_async_answer_provides_outputs() {
 
 #[tokio::test]
 async fn non_2xx_aborts_the_rest() {
-    let server = TestServer::start(|r, _| {
-        if r.path == "/one" {
-            status(503)
-        } else {
-            ok(json!({}))
-        }
-    })
-    .await;
+    let server = TestServer::start(|r, _| if r.path == "/one" { status(503) } else { ok(json!({})) }).await;
     let pipelines = compile(
         "- {method: get, endpoint: \"BASE/zero\"}\n- {method: post, endpoint: \"BASE/one\"}\n- {method: get, endpoint: \"BASE/two\"}",
         &server.base,
     );
     let err = run(&pipelines).await.expect_err("503 fails");
-    assert!(
-        matches!(
-            err,
-            PipelineError::Status {
-                step: 1,
-                status: 503
-            }
-        ),
-        "{err:?}"
-    );
+    assert!(matches!(err, PipelineError::Status { step: 1, status: 503 }), "{err:?}");
     assert_eq!(err.to_string(), "step 1: answered HTTP 503");
     assert_eq!(server.calls("/two"), 0, "later steps never called");
 }
@@ -288,52 +222,24 @@ async fn non_2xx_aborts_the_rest() {
 #[tokio::test]
 async fn redirects_are_not_followed() {
     let server = TestServer::start(|r, _| match r.path.as_str() {
-        "/moved" => Reply {
-            status: 302,
-            body: String::new(),
-            delay: Duration::ZERO,
-        },
+        "/moved" => Reply { status: 302, body: String::new(), delay: Duration::ZERO },
         _ => ok(json!({})),
     })
     .await;
-    let err = run(&compile(
-        "- {method: get, endpoint: \"BASE/moved\"}",
-        &server.base,
-    ))
-    .await
-    .expect_err("302");
-    assert!(
-        matches!(
-            err,
-            PipelineError::Status {
-                step: 0,
-                status: 302
-            }
-        ),
-        "{err:?}"
-    );
+    let err = run(&compile("- {method: get, endpoint: \"BASE/moved\"}", &server.base)).await.expect_err("302");
+    assert!(matches!(err, PipelineError::Status { step: 0, status: 302 }), "{err:?}");
 }
 
 #[tokio::test]
 async fn timeout_aborts_the_rest() {
-    let server = TestServer::start(|r, _| {
-        if r.path == "/slow" {
-            hang()
-        } else {
-            ok(json!({}))
-        }
-    })
-    .await;
+    let server = TestServer::start(|r, _| if r.path == "/slow" { hang() } else { ok(json!({})) }).await;
     let pipelines = compile(
         "- {method: get, endpoint: \"BASE/slow\", timeout: 300ms}\n- {method: get, endpoint: \"BASE/next\"}",
         &server.base,
     );
     let started = Instant::now();
     let err = run(&pipelines).await.expect_err("times out");
-    assert!(
-        matches!(err, PipelineError::Timeout { step: 0, .. }),
-        "{err:?}"
-    );
+    assert!(matches!(err, PipelineError::Timeout { step: 0, .. }), "{err:?}");
     assert_eq!(err.to_string(), "step 0: no answer within 300ms");
     assert!(started.elapsed() < Duration::from_secs(5));
     assert_eq!(server.calls("/next"), 0);
@@ -343,33 +249,18 @@ async fn timeout_aborts_the_rest() {
 async fn transport_error_aborts_the_rest() {
     let dead = closed_port().await;
     let server = TestServer::start(|_, _| ok(json!({}))).await;
-    let steps = format!(
-        "- {{method: get, endpoint: \"{dead}/x\"}}\n- {{method: get, endpoint: \"BASE/next\"}}"
-    );
-    let err = run(&compile(&steps, &server.base))
-        .await
-        .expect_err("connection refused");
-    assert!(
-        matches!(err, PipelineError::Transport { step: 0, .. }),
-        "{err:?}"
-    );
+    let steps = format!("- {{method: get, endpoint: \"{dead}/x\"}}\n- {{method: get, endpoint: \"BASE/next\"}}");
+    let err = run(&compile(&steps, &server.base)).await.expect_err("connection refused");
+    assert!(matches!(err, PipelineError::Transport { step: 0, .. }), "{err:?}");
     assert_eq!(server.calls("/next"), 0);
 }
 
 #[tokio::test]
 async fn render_error_aborts_without_a_request() {
     let server = TestServer::start(|_, _| ok(json!({}))).await;
-    let pipelines = compile(
-        "- {method: get, endpoint: \"BASE/{{ range .Subscription.Api }}{{ end }}\"}",
-        &server.base,
-    );
-    let err = run(&pipelines)
-        .await
-        .expect_err("cannot range over a string");
-    assert!(
-        matches!(&err, PipelineError::Render { step: 0, field, .. } if field == "endpoint"),
-        "{err:?}"
-    );
+    let pipelines = compile("- {method: get, endpoint: \"BASE/{{ range .Subscription.Api }}{{ end }}\"}", &server.base);
+    let err = run(&pipelines).await.expect_err("cannot range over a string");
+    assert!(matches!(&err, PipelineError::Render { step: 0, field, .. } if field == "endpoint"), "{err:?}");
     assert!(server.requests().is_empty());
 }
 
@@ -385,18 +276,14 @@ async fn cancellation_stops_between_steps_only() {
         ok(json!({}))
     })
     .await;
-    let pipelines = compile(
-        "- {method: get, endpoint: \"BASE/zero\"}\n- {method: get, endpoint: \"BASE/one\"}",
-        &server.base,
-    );
+    let pipelines =
+        compile("- {method: get, endpoint: \"BASE/zero\"}\n- {method: get, endpoint: \"BASE/one\"}", &server.base);
     let err = run_with(&pipelines, &cancel).await.expect_err("cancelled");
     assert!(matches!(err, PipelineError::Cancelled), "{err:?}");
     assert_eq!(server.calls("/zero"), 1);
     assert_eq!(server.calls("/one"), 0);
 
-    let err = run_with(&pipelines, &cancel)
-        .await
-        .expect_err("cancelled before step 0");
+    let err = run_with(&pipelines, &cancel).await.expect_err("cancelled before step 0");
     assert!(matches!(err, PipelineError::Cancelled));
     assert_eq!(server.calls("/zero"), 1, "nothing started after shutdown");
 }

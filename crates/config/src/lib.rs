@@ -256,8 +256,8 @@ impl Config {
         };
         let mut config = match path {
             Some(p) => {
-                let text = std::fs::read_to_string(p)
-                    .map_err(|source| Error::Read { path: p.to_path_buf(), source })?;
+                let text =
+                    std::fs::read_to_string(p).map_err(|source| Error::Read { path: p.to_path_buf(), source })?;
                 Self::parse(&text, &p.display().to_string())?
             }
             None => Self::default(),
@@ -277,7 +277,8 @@ impl Config {
         serde_path_to_error::deserialize(serde_norway::Deserializer::from_str(text)).map_err(|e| {
             let key = e.path().to_string();
             let inner = e.into_inner().to_string();
-            let message = if key.is_empty() || key == "." || inner.starts_with(&key) { inner } else { format!("{key}: {inner}") };
+            let message =
+                if key.is_empty() || key == "." || inner.starts_with(&key) { inner } else { format!("{key}: {inner}") };
             Error::Parse { path: origin.to_string(), message }
         })
     }
@@ -431,7 +432,10 @@ reconciler:
     fn unknown_keys_are_named() {
         assert!(err("servr: {}").contains("servr"));
         assert!(err("server:\n  lisen: x\n").contains("lisen"));
-        assert!(err("reconciler:\n  mode:\n    api:\n      - method: get\n        endpoint: x\n        retries: 3\n").contains("retries"));
+        assert!(
+            err("reconciler:\n  mode:\n    api:\n      - method: get\n        endpoint: x\n        retries: 3\n")
+                .contains("retries")
+        );
     }
 
     #[test]
@@ -450,7 +454,9 @@ reconciler:
 
     #[test]
     fn bad_step_names_mode_index_and_field() {
-        let e = err("reconciler:\n  mode:\n    api:\n      - method: get\n        endpoint: x\n      - method: fetch\n        endpoint: x\n");
+        let e = err(
+            "reconciler:\n  mode:\n    api:\n      - method: get\n        endpoint: x\n      - method: fetch\n        endpoint: x\n",
+        );
         assert!(e.contains("reconciler.mode.api[1].method"), "{e}");
     }
 

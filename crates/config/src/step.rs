@@ -44,7 +44,10 @@ impl Step {
     /// Shape checks; the error is `(field, message)`.
     pub fn validate(&self) -> Result<(), (String, String)> {
         if !METHODS.contains(&self.method_upper().as_str()) {
-            return Err(("method".into(), format!("unsupported method {:?}; use one of get, post, put, patch, delete, head", self.method)));
+            return Err((
+                "method".into(),
+                format!("unsupported method {:?}; use one of get, post, put, patch, delete, head", self.method),
+            ));
         }
         if self.endpoint.trim().is_empty() {
             return Err(("endpoint".into(), "must not be empty".into()));

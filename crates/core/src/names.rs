@@ -16,7 +16,8 @@ pub enum Error {
     Invalid { kind: &'static str, name: String, rule: &'static str },
 }
 
-const LABEL_RULE: &str = "must be a DNS label: lowercase letters, digits and '-', starting and ending with a letter or digit";
+const LABEL_RULE: &str =
+    "must be a DNS label: lowercase letters, digits and '-', starting and ending with a letter or digit";
 const SUBDOMAIN_RULE: &str = "must be a DNS subdomain with at least one dot: dot-separated DNS labels";
 
 fn is_label(s: &str) -> bool {

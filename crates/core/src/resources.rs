@@ -6,6 +6,7 @@
 use serde::{Deserialize, Serialize};
 
 /// A tenant. Cluster-scoped, shared by every deployment on one store.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
 pub struct Namespace {
     pub name: String,
@@ -17,6 +18,7 @@ pub struct Namespace {
 }
 
 /// An API registered by an operator, scoped to one platform/region.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
 pub struct ApiRegistration {
     /// The long name, e.g. `compute.example.com`.
@@ -43,6 +45,7 @@ pub struct ApiRegistration {
 }
 
 /// How the last sync of a subscription went (seed, "State").
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(rename_all = "lowercase")]
 pub enum SubscriptionState {
@@ -69,6 +72,7 @@ impl SubscriptionState {
 ///
 /// `active`, `state` and `current_sync_id` are computed: only the reconciler
 /// moves them.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
 pub struct Subscription {
     pub namespace: String,
@@ -110,6 +114,7 @@ impl Subscription {
 }
 
 /// A subscription as every API response shows it (seed, "Subscriptions").
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SubscriptionView {
     pub api: String,
@@ -124,6 +129,7 @@ pub struct SubscriptionView {
 }
 
 /// A person or robot that holds tokens.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
 pub struct User {
     pub name: String,
@@ -132,6 +138,7 @@ pub struct User {
 }
 
 /// A bearer token as stored: only its hash, never the token itself.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TokenRecord {
     pub id: String,
@@ -142,6 +149,7 @@ pub struct TokenRecord {
 }
 
 /// One RBAC rule. `"*"` in a list matches anything; otherwise exact match.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Rule {
     /// Omitted means every API.
@@ -156,6 +164,7 @@ fn every() -> Vec<String> {
 }
 
 /// A named set of rules. Cluster-scoped.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
 pub struct Role {
     pub name: String,
@@ -164,6 +173,7 @@ pub struct Role {
 }
 
 /// Grants a role to a user everywhere.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
 pub struct ClusterRoleBinding {
     pub name: String,
@@ -172,6 +182,7 @@ pub struct ClusterRoleBinding {
 }
 
 /// Grants a role to a user for gateway requests into one namespace.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
 pub struct RoleBinding {
     pub name: String,

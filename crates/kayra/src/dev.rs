@@ -55,7 +55,9 @@ pub async fn run(common: Common) -> anyhow::Result<()> {
     println!("kayra dev: API server  {url}");
     println!("kayra dev: store       {}", local.path.display());
     println!("kayra dev: admin token {token}   (kept in {TOKEN_FILE})");
-    println!("kayra dev: try         KAYRA_SERVER={url} KAYRA_TOKEN=$(cat {TOKEN_FILE}) kayra-cli get catalog namespaces");
+    println!(
+        "kayra dev: try         KAYRA_SERVER={url} KAYRA_TOKEN=$(cat {TOKEN_FILE}) kayra-cli get catalog namespaces"
+    );
     println!("kayra dev: Ctrl-C stops both processes");
 
     let cancel = crate::signal::shutdown_token();

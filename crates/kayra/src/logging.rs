@@ -42,7 +42,10 @@ where
 {
     fn format_event(&self, ctx: &FmtContext<'_, S, N>, mut writer: Writer<'_>, event: &Event<'_>) -> fmt::Result {
         let mut map = Map::new();
-        map.insert("timestamp".into(), humantime::format_rfc3339_micros(std::time::SystemTime::now()).to_string().into());
+        map.insert(
+            "timestamp".into(),
+            humantime::format_rfc3339_micros(std::time::SystemTime::now()).to_string().into(),
+        );
         map.insert("level".into(), event.metadata().level().as_str().to_ascii_lowercase().into());
         map.insert("target".into(), event.metadata().target().into());
         if let Some(scope) = ctx.event_scope() {

@@ -68,9 +68,10 @@ async fn dev_runs_the_seed_example_to_synced() {
     let reg = json!({"name": "compute.example.com", "short_name": "compute", "mode": "api"});
     assert_eq!(send(reqwest::Method::POST, "/apiregistrations", Some(reg)).await.unwrap().status(), 201);
     // The seed's curl example, as written.
-    let sub = send(reqwest::Method::POST, "/namespaces/core/subscriptions", Some(json!({"api": "compute.example.com"})))
-        .await
-        .unwrap();
+    let sub =
+        send(reqwest::Method::POST, "/namespaces/core/subscriptions", Some(json!({"api": "compute.example.com"})))
+            .await
+            .unwrap();
     assert_eq!(sub.status(), 201);
     let sub: Value = sub.json().await.unwrap();
     assert_eq!(sub["active"], false);

@@ -125,7 +125,8 @@ reconciler:
     }
 
     async fn seed(&self, namespaces: &[&str], sync_id: &str) {
-        let reg = ApiRegistration { name: API.into(), mode: "api".into(), sync_id: sync_id.into(), ..Default::default() };
+        let reg =
+            ApiRegistration { name: API.into(), mode: "api".into(), sync_id: sync_id.into(), ..Default::default() };
         self.repo.create(&keys::registration("dev", "local", API), &reg, "registration").await.unwrap();
         for ns in namespaces {
             let n = Namespace { name: ns.to_string(), ..Default::default() };

@@ -1,35 +1,360 @@
-//! placeholder (being written): etcd backend.
-use crate::{Backend, Error, KeyValue, ListPage, Result, Revision, WatchStream};
+//! The etcd v3 backend: kayra's production store.
+//!
+//! # Keys
+//! Every record lives under one root, `database.etcd.prefix` (trailing `/`
+//! ignored), so several installations can share a cluster. API keys are
+//! `/`-rooted and relative to it: prefix `/kayra` and key `/namespaces/a`
+//! is the etcd key `/kayra/namespaces/a`. A key without its leading `/` is
+//! read as if it had one, so it can never escape the root or glue onto it
+//! (`/kayra` + `x` must not become `/kayrax`). For the same reason the
+//! listing prefix `""` ranges over `<root>/`, never over `/kayra2/...`.
+//!
+//! # Writes
+//! Every conditional write is one etcd transaction, so the check and the
+//! write are atomic and cost one round trip. Update and delete compare
+//! `create_revision > 0` as well as `mod_revision`, because etcd reports a
+//! missing key's `mod_revision` as 0 and a CAS on 0 would otherwise create
+//! the key. Their `else` branch reads the key at the same revision, which
+//! tells `NotFound` from `Conflict` without a second, racy read.
+//!
+//! # Watch
+//! etcd's native watch, wrapped so that it survives reconnects and
+//! compactions; see [`watcher`](self::watcher).
+//!
+//! # Job locks
+//! One leased session per store and one etcd mutex per job, driven as a
+//! non-blocking TryLock; see [`EtcdJobLocker`].
+//!
+//! # Errors
+//! Every transport or server failure becomes [`Error::Unavailable`] with
+//! etcd's text: the caller cannot fix it, but a retry may succeed.
+//!
+//! # Layout
+//! - this file: connecting, the key space, get/list/create/update/delete.
+//! - `etcd/watcher.rs`: the never-ending watch stream.
+//! - `etcd/locker.rs`: the session lease and the per-job mutexes.
 
-pub struct EtcdStore;
+mod locker;
+mod watcher;
 
-impl EtcdStore {
-    pub async fn connect(_cfg: &kayra_config::EtcdConfig) -> Result<Self> {
-        Err(Error::Unavailable("etcd backend not built yet".into()))
+pub use locker::EtcdJobLocker;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use etcd_client::{
+    Certificate, Client, Compare, CompareOp, ConnectOptions, GetOptions, Identity, ResponseHeader, TlsOptions, Txn,
+    TxnOp, TxnOpResponse, TxnResponse,
+};
+use kayra_config::EtcdConfig;
+use tokio_util::sync::CancellationToken;
+
+use crate::{Backend, Error, JobLocker, KeyValue, ListPage, Result, Revision, WatchStream};
+
+/// The environment variable holding the password of `database.etcd.username`.
+pub const PASSWORD_ENV: &str = "KAYRA_ETCD_PASSWORD";
+
+/// How long establishing a connection to an endpoint may take.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// HTTP/2 pings on open streams, so a watch or keep-alive on a dead
+/// connection fails instead of hanging. etcd refuses pings more often than
+/// every 5s (`--grpc-keepalive-min-time`) and pings on idle connections.
+const KEEP_ALIVE_INTERVAL: Duration = Duration::from_secs(10);
+const KEEP_ALIVE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The etcd backend. Use it through [`crate::Store`].
+pub struct EtcdStore {
+    keys: Keyspace,
+    locker: Arc<EtcdJobLocker>,
+    /// Cancelled when the store is dropped: ends its watch streams.
+    shutdown: CancellationToken,
+}
+
+impl std::fmt::Debug for EtcdStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EtcdStore").field("root", &self.keys.root).finish_non_exhaustive()
     }
 }
 
-#[async_trait::async_trait]
+impl EtcdStore {
+    /// Connects to `cfg.endpoints`. With `cfg.username`, the password is read
+    /// from [`PASSWORD_ENV`] and must be set.
+    pub async fn connect(cfg: &EtcdConfig) -> Result<Self> {
+        let password = match &cfg.username {
+            Some(user) => Some(std::env::var(PASSWORD_ENV).map_err(|_| {
+                Error::Unavailable(format!("database.etcd.username is {user:?} but {PASSWORD_ENV} is not set"))
+            })?),
+            None => None,
+        };
+        Self::connect_with_password(cfg, password.as_deref()).await
+    }
+
+    /// Like [`EtcdStore::connect`], with the password passed in rather than
+    /// read from the environment (tests, embedders). It is used only when
+    /// `cfg.username` is set.
+    pub async fn connect_with_password(cfg: &EtcdConfig, password: Option<&str>) -> Result<Self> {
+        if cfg.endpoints.is_empty() {
+            return Err(Error::Unavailable("database.etcd.endpoints is empty".into()));
+        }
+        let mut options = ConnectOptions::new()
+            .with_connect_timeout(CONNECT_TIMEOUT)
+            .with_keep_alive(KEEP_ALIVE_INTERVAL, KEEP_ALIVE_TIMEOUT)
+            .with_keep_alive_while_idle(false);
+        if let Some(user) = &cfg.username {
+            // Auth tokens expire (5 min with etcd's default simple tokens);
+            // a control plane runs for months.
+            options = options.with_user(user, password.unwrap_or_default()).with_auto_token_refresh(true);
+        }
+        if let Some(tls) = &cfg.tls {
+            options = options.with_tls(tls_options(tls)?);
+        }
+        let client = Client::connect(&cfg.endpoints, Some(options)).await.map_err(unavailable)?;
+        let keys = Keyspace { client, root: cfg.prefix.trim_end_matches('/').to_string() };
+        let locker = Arc::new(EtcdJobLocker::new(keys.clone(), cfg.lock_ttl.0, cfg.lock_retry_interval.0));
+        Ok(Self { keys, locker, shutdown: CancellationToken::new() })
+    }
+
+    /// The job locker of this store (also reachable as [`Backend::job_locker`]).
+    pub fn locker(&self) -> &Arc<EtcdJobLocker> {
+        &self.locker
+    }
+}
+
+impl Drop for EtcdStore {
+    fn drop(&mut self) {
+        self.shutdown.cancel();
+    }
+}
+
+fn tls_options(tls: &kayra_config::EtcdTls) -> Result<TlsOptions> {
+    let read = |path: &std::path::Path| {
+        std::fs::read(path).map_err(|e| Error::Unavailable(format!("read {}: {e}", path.display())))
+    };
+    let mut options = TlsOptions::new().ca_certificate(Certificate::from_pem(read(&tls.ca_file)?));
+    match (&tls.cert_file, &tls.key_file) {
+        (Some(cert), Some(key)) => options = options.identity(Identity::from_pem(read(cert)?, read(key)?)),
+        (None, None) => {}
+        _ => {
+            return Err(Error::Unavailable(
+                "database.etcd.tls: cert_file and key_file must be given together".into(),
+            ));
+        }
+    }
+    Ok(options)
+}
+
+/// An etcd client bound to kayra's root: maps API keys to etcd keys and back.
+#[derive(Clone)]
+pub(crate) struct Keyspace {
+    client: Client,
+    /// The configured prefix without its trailing `/`; may be empty.
+    root: String,
+}
+
+impl Keyspace {
+    /// The etcd key of `key`.
+    fn full(&self, key: &str) -> String {
+        format!("{}/{}", self.root, key.strip_prefix('/').unwrap_or(key))
+    }
+
+    /// The API key of an etcd key, `None` when it is outside the root.
+    fn relative(&self, full: &[u8]) -> Option<String> {
+        let rest = full.strip_prefix(self.root.as_bytes())?;
+        rest.starts_with(b"/").then(|| String::from_utf8_lossy(rest).into_owned())
+    }
+
+    /// The half-open etcd key range `[start, end)` of every key under `prefix`.
+    fn range(&self, prefix: &str) -> (Vec<u8>, Vec<u8>) {
+        let start = self.full(prefix).into_bytes();
+        let end = prefix_end(&start);
+        (start, end)
+    }
+
+    fn record(&self, kv: &etcd_client::KeyValue) -> Option<KeyValue> {
+        Some(KeyValue {
+            key: self.relative(kv.key())?,
+            value: kv.value().to_vec(),
+            create_revision: kv.create_revision(),
+            mod_revision: kv.mod_revision(),
+        })
+    }
+
+    async fn txn(&self, txn: Txn) -> Result<TxnResponse> {
+        self.client.kv_client().txn(txn).await.map_err(unavailable)
+    }
+
+    /// Every key in `[start, end)` at one revision, read page by page.
+    async fn snapshot(&self, start: &[u8], end: &[u8]) -> Result<(Vec<KeyValue>, Revision)> {
+        const PAGE: i64 = 1000;
+        let mut items = Vec::new();
+        let mut from = start.to_vec();
+        let mut at = None;
+        loop {
+            let mut options = GetOptions::new().with_range(end.to_vec()).with_limit(PAGE);
+            if let Some(revision) = at {
+                options = options.with_revision(revision);
+            }
+            let resp = self.client.kv_client().get(from.clone(), Some(options)).await.map_err(unavailable)?;
+            let revision = *at.get_or_insert(revision_of(resp.header())?);
+            items.extend(resp.kvs().iter().filter_map(|kv| self.record(kv)));
+            match resp.kvs().last() {
+                Some(last) if resp.more() => from = successor(last.key()),
+                _ => return Ok((items, revision)),
+            }
+        }
+    }
+}
+
+/// The smallest key after every key starting with `prefix`; `[0]` (etcd's
+/// "to the end of the key space") when there is none.
+fn prefix_end(prefix: &[u8]) -> Vec<u8> {
+    let mut end = prefix.to_vec();
+    while let Some(last) = end.pop() {
+        if last < u8::MAX {
+            end.push(last + 1);
+            return end;
+        }
+    }
+    vec![0]
+}
+
+/// The smallest key strictly after `key`.
+fn successor(key: &[u8]) -> Vec<u8> {
+    let mut next = key.to_vec();
+    next.push(0);
+    next
+}
+
+fn unavailable(e: etcd_client::Error) -> Error {
+    Error::Unavailable(e.to_string())
+}
+
+fn revision_of(header: Option<&ResponseHeader>) -> Result<Revision> {
+    header.map(ResponseHeader::revision).ok_or_else(|| Error::Unavailable("etcd answered without a header".into()))
+}
+
+/// Whether the `else` branch of a failed conditional write found the key.
+fn else_branch_found_key(resp: &TxnResponse) -> bool {
+    resp.op_responses().first().is_some_and(|op| matches!(op, TxnOpResponse::Get(get) if !get.kvs().is_empty()))
+}
+
+#[async_trait]
 impl Backend for EtcdStore {
-    async fn get(&self, _key: &str) -> Result<(Option<KeyValue>, Revision)> {
-        unimplemented!()
+    async fn get(&self, key: &str) -> Result<(Option<KeyValue>, Revision)> {
+        let resp = self.keys.client.kv_client().get(self.keys.full(key), None).await.map_err(unavailable)?;
+        Ok((resp.kvs().first().and_then(|kv| self.keys.record(kv)), revision_of(resp.header())?))
     }
-    async fn list(&self, _prefix: &str, _start_after: Option<&str>, _limit: usize) -> Result<ListPage> {
-        unimplemented!()
+
+    async fn list(&self, prefix: &str, start_after: Option<&str>, limit: usize) -> Result<ListPage> {
+        let (mut start, end) = self.keys.range(prefix);
+        if let Some(after) = start_after {
+            start = start.max(successor(self.keys.full(after).as_bytes()));
+        }
+        if end != [0] && start >= end {
+            // Nothing can follow `start_after` under `prefix`.
+            return Ok(ListPage { items: Vec::new(), more: false, revision: self.revision().await? });
+        }
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let options = GetOptions::new().with_range(end).with_limit(limit);
+        let resp = self.keys.client.kv_client().get(start, Some(options)).await.map_err(unavailable)?;
+        Ok(ListPage {
+            items: resp.kvs().iter().filter_map(|kv| self.keys.record(kv)).collect(),
+            more: resp.more(),
+            revision: revision_of(resp.header())?,
+        })
     }
-    async fn create(&self, _key: &str, _value: Vec<u8>) -> Result<Revision> {
-        unimplemented!()
+
+    async fn create(&self, key: &str, value: Vec<u8>) -> Result<Revision> {
+        let full = self.keys.full(key);
+        let txn = Txn::new()
+            .when([Compare::create_revision(full.clone(), CompareOp::Equal, 0)])
+            .and_then([TxnOp::put(full, value, None)]);
+        let resp = self.keys.txn(txn).await?;
+        if !resp.succeeded() {
+            return Err(Error::Conflict(key.to_string()));
+        }
+        revision_of(resp.header())
     }
-    async fn update(&self, _key: &str, _value: Vec<u8>, _expected: Revision) -> Result<Revision> {
-        unimplemented!()
+
+    async fn update(&self, key: &str, value: Vec<u8>, expected: Revision) -> Result<Revision> {
+        let full = self.keys.full(key);
+        let txn = Txn::new()
+            .when([
+                Compare::create_revision(full.clone(), CompareOp::Greater, 0),
+                Compare::mod_revision(full.clone(), CompareOp::Equal, expected),
+            ])
+            .and_then([TxnOp::put(full.clone(), value, None)])
+            .or_else([TxnOp::get(full, None)]);
+        let resp = self.keys.txn(txn).await?;
+        match (resp.succeeded(), else_branch_found_key(&resp)) {
+            (true, _) => revision_of(resp.header()),
+            (false, true) => Err(Error::Conflict(key.to_string())),
+            (false, false) => Err(Error::NotFound(key.to_string())),
+        }
     }
-    async fn delete(&self, _key: &str, _expected: Option<Revision>) -> Result<Revision> {
-        unimplemented!()
+
+    async fn delete(&self, key: &str, expected: Option<Revision>) -> Result<Revision> {
+        let full = self.keys.full(key);
+        let mut compares = vec![Compare::create_revision(full.clone(), CompareOp::Greater, 0)];
+        if let Some(expected) = expected {
+            compares.push(Compare::mod_revision(full.clone(), CompareOp::Equal, expected));
+        }
+        let txn = Txn::new().when(compares).and_then([TxnOp::delete(full.clone(), None)]).or_else([TxnOp::get(full, None)]);
+        let resp = self.keys.txn(txn).await?;
+        match (resp.succeeded(), else_branch_found_key(&resp)) {
+            (true, _) => revision_of(resp.header()),
+            (false, true) => Err(Error::Conflict(key.to_string())),
+            (false, false) => Err(Error::NotFound(key.to_string())),
+        }
     }
-    async fn watch(&self, _prefix: &str, _from: Revision) -> Result<WatchStream> {
-        unimplemented!()
+
+    async fn watch(&self, prefix: &str, from: Revision) -> Result<WatchStream> {
+        watcher::watch(self.keys.clone(), prefix, from, self.shutdown.child_token()).await
     }
+
     async fn revision(&self) -> Result<Revision> {
-        unimplemented!()
+        // Any read carries the store revision in its header; a count of one
+        // key is the cheapest linearizable read there is.
+        let options = GetOptions::new().with_count_only();
+        let resp = self.keys.client.kv_client().get(self.keys.root.clone(), Some(options)).await.map_err(unavailable)?;
+        revision_of(resp.header())
+    }
+
+    fn job_locker(&self) -> Option<Arc<dyn JobLocker>> {
+        Some(self.locker.clone())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    async fn keyspace(root: &str) -> Keyspace {
+        // Connecting is lazy: no etcd is needed to build a client.
+        let client = Client::connect(["http://127.0.0.1:1"], None).await.expect("lazy client");
+        Keyspace { client, root: root.into() }
+    }
+
+    #[tokio::test]
+    async fn keys_are_joined_under_the_root_with_one_slash() {
+        let ks = keyspace("/kayra").await;
+        assert_eq!(ks.full("/namespaces/a"), "/kayra/namespaces/a");
+        assert_eq!(ks.full("namespaces/a"), "/kayra/namespaces/a");
+        assert_eq!(ks.full(""), "/kayra/");
+        assert_eq!(ks.relative(b"/kayra/namespaces/a").as_deref(), Some("/namespaces/a"));
+        assert_eq!(ks.relative(b"/kayra2/namespaces/a"), None);
+        assert_eq!(ks.range(""), (b"/kayra/".to_vec(), b"/kayra0".to_vec()));
+        let bare = keyspace("").await;
+        assert_eq!(bare.full("/a"), "/a");
+        assert_eq!(bare.relative(b"/a").as_deref(), Some("/a"));
+    }
+
+    #[test]
+    fn prefix_end_increments_the_last_incrementable_byte() {
+        assert_eq!(prefix_end(b"/a/"), b"/a0".to_vec());
+        assert_eq!(prefix_end(b"a\xff"), b"b".to_vec());
+        assert_eq!(prefix_end(b"\xff\xff"), vec![0]);
+        assert_eq!(successor(b"a"), b"a\0".to_vec());
     }
 }

@@ -1,1 +1,326 @@
-//! placeholder
+//! The conformance suite every [`Store`] backend passes (garage's
+//! `db/test.rs` shape): one set of cases written against the public API
+//! only, run against each backend by `tests/conformance.rs`.
+//!
+//! Each case is a `pub async fn(&Store)` that panics on a violation. Cases
+//! write only under their own key prefix, so they can share one store and
+//! run in any order ([`run_all`] runs them one after the other). Waits are
+//! bounded by [`WAIT`], a generous limit meant for loaded CI machines, never
+//! by a sleep that hopes the backend has caught up.
+//!
+//! The suite is compiled into the library (it depends on nothing but the
+//! store API) so that other crates can run it against a store they
+//! configured, and so that a backend cannot drift from it unnoticed.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use futures::StreamExt;
+
+use crate::{Error, Event, Revision, Store, WatchStream};
+
+/// The longest any single wait in the suite may take.
+pub const WAIT: Duration = Duration::from_secs(20);
+
+/// Every case, in order, on one store.
+pub async fn run_all(store: &Store) {
+    get_missing(store).await;
+    create_then_conflict(store).await;
+    update_compare_and_swap(store).await;
+    delete_conditional(store).await;
+    list_sorted_and_paginated(store).await;
+    watch_orders_puts_and_deletes(store).await;
+    watch_replays_history_from_a_past_revision(store).await;
+    list_then_watch_loses_nothing(store).await;
+    revision_moves_only_on_writes(store).await;
+}
+
+/// A missing key reads as `None`, at the store's current revision.
+pub async fn get_missing(store: &Store) {
+    let before = store.revision().await.expect("revision");
+    let (kv, revision) = store.get("/conformance/get_missing/nope").await.expect("get");
+    assert_eq!(kv, None);
+    assert!(revision >= before, "get reports the revision it read at ({revision} < {before})");
+}
+
+/// Create stores a record whose revisions are the write's; a second
+/// create of the same key is a `Conflict` and changes nothing.
+pub async fn create_then_conflict(store: &Store) {
+    let key = "/conformance/create/a";
+    let rev = store.create(key, b"one".to_vec()).await.expect("create");
+    let (kv, read_at) = store.get(key).await.expect("get");
+    let kv = kv.expect("created key is readable");
+    assert_eq!(kv.key, key);
+    assert_eq!(kv.value, b"one");
+    assert_eq!((kv.create_revision, kv.mod_revision), (rev, rev));
+    assert!(read_at >= rev);
+
+    let err = store.create(key, b"two".to_vec()).await.expect_err("second create");
+    assert!(matches!(err, Error::Conflict(ref k) if k == key), "want Conflict({key:?}), got {err:?}");
+    assert_eq!(store.get(key).await.expect("get").0.expect("still there").value, b"one");
+}
+
+/// Update succeeds only at the expected revision, keeps `create_revision`,
+/// tells a stale revision (`Conflict`) from a missing key (`NotFound`).
+pub async fn update_compare_and_swap(store: &Store) {
+    let key = "/conformance/update/a";
+    let created = store.create(key, b"v1".to_vec()).await.expect("create");
+    let updated = store.update(key, b"v2".to_vec(), created).await.expect("update at the current revision");
+    assert!(updated > created);
+    let kv = store.get(key).await.expect("get").0.expect("present");
+    assert_eq!((kv.value.as_slice(), kv.create_revision, kv.mod_revision), (&b"v2"[..], created, updated));
+
+    let err = store.update(key, b"v3".to_vec(), created).await.expect_err("update at a stale revision");
+    assert!(matches!(err, Error::Conflict(ref k) if k == key), "want Conflict, got {err:?}");
+    assert_eq!(store.get(key).await.expect("get").0.expect("present").value, b"v2");
+
+    let missing = "/conformance/update/missing";
+    for expected in [0, updated] {
+        let err = store.update(missing, b"x".to_vec(), expected).await.expect_err("update of a missing key");
+        assert!(matches!(err, Error::NotFound(ref k) if k == missing), "want NotFound, got {err:?}");
+    }
+    assert_eq!(store.get(missing).await.expect("get").0, None, "a failed update must not create the key");
+}
+
+/// Delete with an expected revision is a compare-and-swap; without one it
+/// is unconditional; a missing key is `NotFound` either way.
+pub async fn delete_conditional(store: &Store) {
+    let key = "/conformance/delete/a";
+    let created = store.create(key, b"v1".to_vec()).await.expect("create");
+    let updated = store.update(key, b"v2".to_vec(), created).await.expect("update");
+
+    let err = store.delete(key, Some(created)).await.expect_err("delete at a stale revision");
+    assert!(matches!(err, Error::Conflict(ref k) if k == key), "want Conflict, got {err:?}");
+    assert!(store.get(key).await.expect("get").0.is_some(), "a failed delete keeps the key");
+
+    let deleted = store.delete(key, Some(updated)).await.expect("delete at the current revision");
+    assert!(deleted > updated);
+    assert_eq!(store.get(key).await.expect("get").0, None);
+    for expected in [None, Some(updated)] {
+        let err = store.delete(key, expected).await.expect_err("delete of a missing key");
+        assert!(matches!(err, Error::NotFound(ref k) if k == key), "want NotFound, got {err:?}");
+    }
+
+    let other = "/conformance/delete/b";
+    store.create(other, b"x".to_vec()).await.expect("create");
+    store.delete(other, None).await.expect("unconditional delete");
+    assert_eq!(store.get(other).await.expect("get").0, None);
+}
+
+/// Listing returns exactly the keys under the prefix, sorted, and pages
+/// through them with `start_after` / `limit` / `more`.
+pub async fn list_sorted_and_paginated(store: &Store) {
+    let prefix = "/conformance/list/p/";
+    let names = ["d", "a", "c", "e", "b"];
+    for name in names {
+        store.create(&format!("{prefix}{name}"), name.as_bytes().to_vec()).await.expect("create");
+    }
+    // Neighbours that share the prefix's text but not the prefix.
+    store.create("/conformance/list/p", b"parent".to_vec()).await.expect("create");
+    store.create("/conformance/list/pp/a", b"sibling".to_vec()).await.expect("create");
+    store.create("/conformance/list/p0", b"next".to_vec()).await.expect("create");
+    let want: Vec<String> = ["a", "b", "c", "d", "e"].iter().map(|n| format!("{prefix}{n}")).collect();
+
+    let all = store.list(prefix, None, 0).await.expect("list");
+    assert_eq!(keys(&all.items), want);
+    assert!(!all.more);
+    assert_eq!(all.items[0].value, b"a");
+    assert_eq!(all.revision, store.revision().await.expect("revision"));
+
+    let mut seen = Vec::new();
+    let mut after: Option<String> = None;
+    let mut pages = 0;
+    loop {
+        let page = store.list(prefix, after.as_deref(), 2).await.expect("page");
+        pages += 1;
+        assert!(page.items.len() <= 2);
+        seen.extend(keys(&page.items));
+        if !page.more {
+            break;
+        }
+        after = page.items.last().map(|kv| kv.key.clone());
+        assert!(pages < 10, "pagination does not terminate");
+    }
+    assert_eq!((seen, pages), (want.clone(), 3));
+
+    let exact = store.list(prefix, None, 5).await.expect("list");
+    assert_eq!((exact.items.len(), exact.more), (5, false), "`more` is false when the limit is met exactly");
+
+    let mid = store.list(prefix, Some(&format!("{prefix}b")), 0).await.expect("list after b");
+    assert_eq!(keys(&mid.items), want[2..]);
+    let between = store.list(prefix, Some(&format!("{prefix}bb")), 1).await.expect("list after bb");
+    assert_eq!((keys(&between.items), between.more), (vec![want[2].clone()], true));
+    let past = store.list(prefix, Some(&format!("{prefix}z")), 0).await.expect("list after the end");
+    assert!(past.items.is_empty() && !past.more);
+    let empty = store.list("/conformance/list/none/", None, 0).await.expect("empty list");
+    assert!(empty.items.is_empty() && !empty.more);
+}
+
+/// A watch from "now" delivers puts and deletes under its prefix, in
+/// revision order, with the revisions the writes returned.
+pub async fn watch_orders_puts_and_deletes(store: &Store) {
+    let prefix = "/conformance/watch/";
+    let from = store.revision().await.expect("revision") + 1;
+    let mut watch = store.watch(prefix, from).await.expect("watch");
+    let (a, b) = ("/conformance/watch/a", "/conformance/watch/b");
+    let r1 = store.create(a, b"1".to_vec()).await.expect("create a");
+    store.create("/conformance/watchers/x", b"outside".to_vec()).await.expect("create outside");
+    let r2 = store.create(b, b"1".to_vec()).await.expect("create b");
+    let r3 = store.update(a, b"2".to_vec(), r1).await.expect("update a");
+    let r4 = store.delete(b, None).await.expect("delete b");
+    let r5 = store.delete(a, Some(r3)).await.expect("delete a");
+
+    let got = next_events(&mut watch, 5).await;
+    assert_eq!(
+        summary(&got),
+        vec![
+            ("put", a.to_string(), r1, Some(b"1".to_vec())),
+            ("put", b.to_string(), r2, Some(b"1".to_vec())),
+            ("put", a.to_string(), r3, Some(b"2".to_vec())),
+            ("delete", b.to_string(), r4, None),
+            ("delete", a.to_string(), r5, None),
+        ]
+    );
+    if let Event::Put(kv) = &got[2] {
+        assert_eq!(kv.create_revision, r1, "an update event keeps the key's create revision");
+    }
+}
+
+/// A watch from a past revision replays the history since then, deletes
+/// included, and then carries on live.
+pub async fn watch_replays_history_from_a_past_revision(store: &Store) {
+    let (a, b) = ("/conformance/replay/a", "/conformance/replay/b");
+    let r1 = store.create(a, b"1".to_vec()).await.expect("create a");
+    let r2 = store.update(a, b"2".to_vec(), r1).await.expect("update a");
+    let r3 = store.delete(a, None).await.expect("delete a");
+    let r4 = store.create(b, b"1".to_vec()).await.expect("create b");
+
+    let mut watch = store.watch("/conformance/replay/", r2).await.expect("watch from the past");
+    let replayed = next_events(&mut watch, 2).await;
+    assert_eq!(
+        summary(&replayed),
+        vec![("put", a.to_string(), r2, Some(b"2".to_vec())), ("delete", a.to_string(), r3, None),]
+    );
+    let more = next_events(&mut watch, 1).await;
+    assert_eq!(summary(&more), vec![("put", b.to_string(), r4, Some(b"1".to_vec()))]);
+
+    let r5 = store.delete(b, Some(r4)).await.expect("delete b");
+    let live = next_events(&mut watch, 1).await;
+    assert_eq!(summary(&live), vec![("delete", b.to_string(), r5, None)]);
+}
+
+/// The reflector pattern: list, then watch from the list's revision + 1,
+/// while another task keeps writing. Applying the events to the listing
+/// must give exactly the final contents: no write falls between the two.
+pub async fn list_then_watch_loses_nothing(store: &Store) {
+    const WRITES: usize = 60;
+    let prefix = "/conformance/reflect/";
+    for i in 0..5 {
+        store.create(&format!("{prefix}seed{i}"), b"0".to_vec()).await.expect("seed");
+    }
+    let (listed_tx, listed_rx) = tokio::sync::oneshot::channel::<()>();
+    let writer = tokio::spawn({
+        let store = store.clone();
+        async move {
+            let mut listed = Some(listed_rx);
+            for i in 0..WRITES {
+                let key = format!("{prefix}k{:02}", i % 20);
+                match store.get(&key).await.expect("get").0 {
+                    Some(kv) if i % 3 == 0 => store.delete(&key, Some(kv.mod_revision)).await.map(drop),
+                    Some(kv) => store.update(&key, i.to_string().into_bytes(), kv.mod_revision).await.map(drop),
+                    None => store.create(&key, i.to_string().into_bytes()).await.map(drop),
+                }
+                .expect("write");
+                if i == WRITES / 3 {
+                    // Interleave: the listing happens while writes continue.
+                    if let Some(rx) = listed.take() {
+                        let _ = rx.await;
+                    }
+                }
+            }
+            store.create(&format!("{prefix}zz-done"), b"done".to_vec()).await.expect("marker")
+        }
+    });
+
+    let (items, revision) = store.list_all(prefix).await.expect("list");
+    let mut state: BTreeMap<String, Vec<u8>> = items.into_iter().map(|kv| (kv.key, kv.value)).collect();
+    let mut watch = store.watch(prefix, revision + 1).await.expect("watch");
+    let _ = listed_tx.send(());
+    let done = writer.await.expect("writer task");
+
+    let mut last = revision;
+    while !state.contains_key(&format!("{prefix}zz-done")) {
+        let event = next_event(&mut watch).await;
+        assert!(event.revision() > last, "events arrive in revision order, once each ({} after {last})", event.revision());
+        last = event.revision();
+        match event {
+            Event::Put(kv) => state.insert(kv.key, kv.value),
+            Event::Delete { key, .. } => state.remove(&key),
+        };
+    }
+    assert_eq!(last, done);
+    let (now, _) = store.list_all(prefix).await.expect("final list");
+    let want: BTreeMap<String, Vec<u8>> = now.into_iter().map(|kv| (kv.key, kv.value)).collect();
+    assert_eq!(state, want, "listing + events == final contents");
+}
+
+/// The revision moves on every successful write and on nothing else.
+pub async fn revision_moves_only_on_writes(store: &Store) {
+    let key = "/conformance/revision/a";
+    let start = store.revision().await.expect("revision");
+    let created = store.create(key, b"1".to_vec()).await.expect("create");
+    assert!(created > start);
+    assert_eq!(store.revision().await.expect("revision"), created);
+
+    let _ = store.get(key).await.expect("get");
+    let _ = store.get("/conformance/revision/missing").await.expect("get");
+    let _ = store.list("/conformance/revision/", None, 0).await.expect("list");
+    let watch = store.watch("/conformance/revision/", created + 1).await.expect("watch");
+    drop(watch);
+    assert!(store.create(key, b"2".to_vec()).await.is_err());
+    assert!(store.update(key, b"2".to_vec(), created - 1).await.is_err());
+    assert!(store.update("/conformance/revision/missing", b"2".to_vec(), created).await.is_err());
+    assert!(store.delete(key, Some(created - 1)).await.is_err());
+    assert!(store.delete("/conformance/revision/missing", None).await.is_err());
+    assert_eq!(store.revision().await.expect("revision"), created, "reads and failed writes leave the revision alone");
+
+    let updated = store.update(key, b"2".to_vec(), created).await.expect("update");
+    assert!(updated > created);
+    let deleted = store.delete(key, None).await.expect("delete");
+    assert!(deleted > updated);
+    assert_eq!(store.revision().await.expect("revision"), deleted);
+}
+
+/// The next event, or a panic after [`WAIT`].
+pub async fn next_event(watch: &mut WatchStream) -> Event {
+    match tokio::time::timeout(WAIT, watch.next()).await {
+        Ok(Some(event)) => event,
+        Ok(None) => panic!("watch stream ended"),
+        Err(_) => panic!("no watch event within {WAIT:?}"),
+    }
+}
+
+/// The next `n` events.
+pub async fn next_events(watch: &mut WatchStream, n: usize) -> Vec<Event> {
+    let mut events = Vec::with_capacity(n);
+    for _ in 0..n {
+        events.push(next_event(watch).await);
+    }
+    events
+}
+
+fn keys(items: &[crate::KeyValue]) -> Vec<String> {
+    items.iter().map(|kv| kv.key.clone()).collect()
+}
+
+type Summary = (&'static str, String, Revision, Option<Vec<u8>>);
+
+fn summary(events: &[Event]) -> Vec<Summary> {
+    events
+        .iter()
+        .map(|e| match e {
+            Event::Put(kv) => ("put", kv.key.clone(), kv.mod_revision, Some(kv.value.clone())),
+            Event::Delete { key, revision } => ("delete", key.clone(), *revision, None),
+        })
+        .collect()
+}

@@ -14,7 +14,6 @@ use axum::Router;
 use axum::http::{StatusCode, Uri};
 use tokio::sync::Semaphore;
 
-#[derive(Default)]
 struct State {
     calls: Mutex<Vec<String>>,
     in_flight: AtomicUsize,
@@ -29,7 +28,12 @@ pub struct TestBackend {
 
 impl TestBackend {
     pub async fn start() -> Self {
-        let state = Arc::new(State { gate: Semaphore::new(0), ..State::default() });
+        let state = Arc::new(State {
+            calls: Mutex::default(),
+            in_flight: AtomicUsize::new(0),
+            max_in_flight: AtomicUsize::new(0),
+            gate: Semaphore::new(0),
+        });
         let app = Router::new().fallback({
             let state = state.clone();
             move |uri: Uri| {

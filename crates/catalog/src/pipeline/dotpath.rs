@@ -62,21 +62,16 @@ impl DotPath {
                 return Err(invalid("expected '.' or '[' after a field or index"));
             }
         }
-        Ok(Self {
-            source: path.to_string(),
-            segments,
-        })
+        Ok(Self { source: path.to_string(), segments })
     }
 
     /// The value at this path, or `None` when any hop misses (absent field,
     /// index past the end, or a hop into the wrong kind of value).
     pub(crate) fn resolve<'a>(&self, root: &'a Value) -> Option<&'a Value> {
-        self.segments
-            .iter()
-            .try_fold(root, |value, segment| match segment {
-                Segment::Field(name) => value.as_object()?.get(name),
-                Segment::Index(index) => value.as_array()?.get(*index),
-            })
+        self.segments.iter().try_fold(root, |value, segment| match segment {
+            Segment::Field(name) => value.as_object()?.get(name),
+            Segment::Index(index) => value.as_array()?.get(*index),
+        })
     }
 
     /// [`Self::resolve`], rendered with [`value_text`].
@@ -128,16 +123,10 @@ mod tests {
         assert_eq!(at(".status", &body).as_deref(), Some("running"));
         assert_eq!(at(".id", &body).as_deref(), Some("42"));
         assert_eq!(at(".pipeline.ok", &body).as_deref(), Some("true"));
-        assert_eq!(
-            at(".pipeline.web_url", &body).as_deref(),
-            Some("https://x/p/1")
-        );
+        assert_eq!(at(".pipeline.web_url", &body).as_deref(), Some("https://x/p/1"));
         assert_eq!(at(".items[1].id", &body).as_deref(), Some("b"));
         assert_eq!(at(".items[1].tags[0][1]", &body).as_deref(), Some("2"));
-        assert_eq!(
-            at(".pipeline", &body).as_deref(),
-            Some(r#"{"ok":true,"web_url":"https://x/p/1"}"#)
-        );
+        assert_eq!(at(".pipeline", &body).as_deref(), Some(r#"{"ok":true,"web_url":"https://x/p/1"}"#));
     }
 
     #[test]
@@ -160,9 +149,7 @@ mod tests {
 
     #[test]
     fn malformed_paths_are_refused() {
-        for bad in [
-            "", "status", ".a..b", ".a.", ".a[", ".a[x]", ".a[-1]", ".a[]", ".a]b", ".a[0]b", "..a",
-        ] {
+        for bad in ["", "status", ".a..b", ".a.", ".a[", ".a[x]", ".a[-1]", ".a[]", ".a]b", ".a[0]b", "..a"] {
             let err = DotPath::parse(bad).expect_err(bad);
             assert!(err.contains("invalid dot path"), "{bad}: {err}");
         }

@@ -26,11 +26,7 @@ pub struct ValidationError {
 pub enum PipelineError {
     /// A template failed to execute, before any request was made.
     #[error("step {step}: render {field}: {message}")]
-    Render {
-        step: usize,
-        field: String,
-        message: String,
-    },
+    Render { step: usize, field: String, message: String },
     /// The rendered request is unusable: the endpoint is not an http(s) URL,
     /// or a header value contains characters HTTP does not allow.
     #[error("step {step}: invalid request: {message}")]
@@ -57,20 +53,11 @@ pub enum PipelineError {
     TaskFailed { step: usize },
     /// A `wait` condition's value landed in its `failures`.
     #[error("step {step}: wait condition {key} is {value:?}, one of its failures")]
-    WaitFailed {
-        step: usize,
-        key: String,
-        value: String,
-    },
+    WaitFailed { step: usize, key: String, value: String },
     /// The step's `timeout` elapsed before every `wait` condition reached one
     /// of its `successes`; `last` describes what the final answer showed.
     #[error("step {step}: wait unresolved within {} after {attempts} attempts (last: {last})", humantime::format_duration(*timeout))]
-    WaitTimeout {
-        step: usize,
-        timeout: Duration,
-        attempts: u32,
-        last: String,
-    },
+    WaitTimeout { step: usize, timeout: Duration, attempts: u32, last: String },
     /// Shutdown began between two steps; the remaining ones were not run.
     #[error("pipeline cancelled by shutdown between steps")]
     Cancelled,

@@ -65,9 +65,7 @@ impl Prepared {
     /// Sends the request once and reads its answer. No timeout here: the
     /// caller bounds the whole attempt, body included.
     pub(crate) async fn send(&self, client: &reqwest::Client) -> Result<Answer, reqwest::Error> {
-        let mut request = client
-            .request(self.method.clone(), self.url.clone())
-            .headers(self.headers.clone());
+        let mut request = client.request(self.method.clone(), self.url.clone()).headers(self.headers.clone());
         if let Some(body) = &self.body {
             request = request.body(body.clone());
         }
@@ -82,11 +80,7 @@ impl Prepared {
             }
             body.extend_from_slice(&chunk);
         }
-        let json = if too_large {
-            None
-        } else {
-            serde_json::from_slice(&body).ok()
-        };
+        let json = if too_large { None } else { serde_json::from_slice(&body).ok() };
         Ok(Answer { status, json })
     }
 }
@@ -148,10 +142,7 @@ mod tests {
                 Some(&self.0)
             }
         }
-        let e = Outer(std::io::Error::new(
-            std::io::ErrorKind::ConnectionRefused,
-            "connection refused",
-        ));
+        let e = Outer(std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "connection refused"));
         assert_eq!(error_chain(&e), "request failed: connection refused");
     }
 }

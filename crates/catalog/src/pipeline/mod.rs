@@ -104,10 +104,7 @@ impl Default for PipelineSettings {
 
 impl From<&ReconcilerConfig> for PipelineSettings {
     fn from(cfg: &ReconcilerConfig) -> Self {
-        Self {
-            async_ack_timeout: cfg.async_ack_timeout.0,
-            wait_poll_interval: cfg.wait_poll_interval.0,
-        }
+        Self { async_ack_timeout: cfg.async_ack_timeout.0, wait_poll_interval: cfg.wait_poll_interval.0 }
     }
 }
 
@@ -129,13 +126,8 @@ impl Pipelines {
             let mut compiled = Vec::with_capacity(steps.len());
             for (index, step) in steps.iter().enumerate() {
                 let key = |field: &str| format!("reconciler.mode.{mode}[{index}].{field}");
-                let step_compiled =
-                    CompiledStep::compile(index, step).map_err(|(field, message)| {
-                        ValidationError {
-                            key: key(&field),
-                            message,
-                        }
-                    })?;
+                let step_compiled = CompiledStep::compile(index, step)
+                    .map_err(|(field, message)| ValidationError { key: key(&field), message })?;
                 if step.is_async && !step.wait.is_empty() {
                     tracing::warn!(key = %key("wait"), "wait is ignored on an async step");
                 }
@@ -144,19 +136,10 @@ impl Pipelines {
             // An empty list is "no steps configured": the mode keeps the
             // placeholder behaviour (seed, "Reconcile"), so it gets no pipeline.
             if !compiled.is_empty() {
-                modes.insert(
-                    mode.clone(),
-                    Pipeline {
-                        mode: mode.clone(),
-                        steps: compiled,
-                    },
-                );
+                modes.insert(mode.clone(), Pipeline { mode: mode.clone(), steps: compiled });
             }
         }
-        Ok(Self {
-            modes,
-            settings: PipelineSettings::from(cfg),
-        })
+        Ok(Self { modes, settings: PipelineSettings::from(cfg) })
     }
 
     /// The pipeline of `mode`; `None` when the mode has no steps configured,
@@ -245,10 +228,7 @@ impl Pipeline {
 
 impl fmt::Debug for Pipeline {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Pipeline")
-            .field("mode", &self.mode)
-            .field("steps", &self.steps)
-            .finish()
+        f.debug_struct("Pipeline").field("mode", &self.mode).field("steps", &self.steps).finish()
     }
 }
 

@@ -102,12 +102,8 @@ impl CompiledStep {
     pub(crate) fn compile(index: usize, step: &Step) -> Result<Self, (String, String)> {
         step.validate()?;
         let from_template = |e: TemplateError| (e.field, e.message);
-        let method = Method::from_bytes(step.method_upper().as_bytes()).map_err(|_| {
-            (
-                "method".to_string(),
-                format!("unsupported method {:?}", step.method),
-            )
-        })?;
+        let method = Method::from_bytes(step.method_upper().as_bytes())
+            .map_err(|_| ("method".to_string(), format!("unsupported method {:?}", step.method)))?;
         let endpoint = Text::parse("endpoint", &step.endpoint, false).map_err(from_template)?;
         if let Some(literal) = endpoint.literal() {
             check_url(literal).map_err(|message| ("endpoint".to_string(), message))?;
@@ -119,43 +115,27 @@ impl CompiledStep {
             let header = HeaderName::from_bytes(name.as_bytes())
                 .map_err(|_| (field.clone(), "not a valid HTTP header name".to_string()))?;
             if headers.iter().any(|(seen, _)| *seen == header) {
-                return Err((
-                    field,
-                    "configured twice (header names are case-insensitive)".to_string(),
-                ));
+                return Err((field, "configured twice (header names are case-insensitive)".to_string()));
             }
             let template = match value {
                 HeaderConfig::Plain(text) => {
                     HeaderTemplate::Plain(Text::parse(&field, text, true).map_err(from_template)?)
                 }
                 HeaderConfig::Typed(typed) => HeaderTemplate::Typed {
-                    kind: Text::parse(format!("{field}.type"), &typed.kind, true)
-                        .map_err(from_template)?,
-                    value: Text::parse(format!("{field}.value"), &typed.value, true)
-                        .map_err(from_template)?,
+                    kind: Text::parse(format!("{field}.type"), &typed.kind, true).map_err(from_template)?,
+                    value: Text::parse(format!("{field}.value"), &typed.value, true).map_err(from_template)?,
                 },
             };
             headers.push((header, template));
         }
 
-        let data = step
-            .data
-            .as_ref()
-            .map(|d| Data::compile("data", d))
-            .transpose()
-            .map_err(from_template)?;
-        let default_content_type =
-            data.is_some() && !headers.iter().any(|(name, _)| name == CONTENT_TYPE);
+        let data = step.data.as_ref().map(|d| Data::compile("data", d)).transpose().map_err(from_template)?;
+        let default_content_type = data.is_some() && !headers.iter().any(|(name, _)| name == CONTENT_TYPE);
 
         let outputs = step
             .outputs
             .iter()
-            .map(|(name, path)| {
-                Ok((
-                    name.clone(),
-                    DotPath::parse(path).map_err(|m| (format!("outputs.{name}"), m))?,
-                ))
-            })
+            .map(|(name, path)| Ok((name.clone(), DotPath::parse(path).map_err(|m| (format!("outputs.{name}"), m))?)))
             .collect::<Result<_, (String, String)>>()?;
         let wait = step
             .wait
@@ -200,12 +180,7 @@ impl CompiledStep {
 
     /// Renders and runs the step. Never returns early without an
     /// [`Outcome`]: the caller logs every step, win or lose.
-    pub(crate) async fn run(
-        &self,
-        client: &reqwest::Client,
-        scope: Scope,
-        settings: &PipelineSettings,
-    ) -> Outcome {
+    pub(crate) async fn run(&self, client: &reqwest::Client, scope: Scope, settings: &PipelineSettings) -> Outcome {
         let prepared = match self.prepare(&scope) {
             Ok(prepared) => prepared,
             Err((endpoint, error)) => {
@@ -214,11 +189,9 @@ impl CompiledStep {
         };
         drop(scope);
         if self.is_async {
-            self.run_async(client, prepared, settings.async_ack_timeout)
-                .await
+            self.run_async(client, prepared, settings.async_ack_timeout).await
         } else {
-            self.run_awaited(client, prepared, settings.wait_poll_interval)
-                .await
+            self.run_awaited(client, prepared, settings.wait_poll_interval).await
         }
     }
 
@@ -226,24 +199,12 @@ impl CompiledStep {
     /// endpoint to log.
     fn prepare(&self, scope: &Scope) -> Result<Prepared, (String, PipelineError)> {
         let step = self.index;
-        let render_error = |e: TemplateError| PipelineError::Render {
-            step,
-            field: e.field,
-            message: e.message,
-        };
-        let endpoint = self
-            .endpoint
-            .render(scope)
-            .map_err(|e| (self.endpoint_source.clone(), render_error(e)))?;
+        let render_error = |e: TemplateError| PipelineError::Render { step, field: e.field, message: e.message };
+        let endpoint = self.endpoint.render(scope).map_err(|e| (self.endpoint_source.clone(), render_error(e)))?;
         let url = Url::parse(&endpoint)
             .map_err(|e| e.to_string())
             .and_then(|url| check_url(url.as_str()).map(|()| url))
-            .map_err(|message| {
-                (
-                    endpoint.clone(),
-                    PipelineError::InvalidRequest { step, message },
-                )
-            })?;
+            .map_err(|message| (endpoint.clone(), PipelineError::InvalidRequest { step, message }))?;
         let shown = redact(&url);
         let fail = |error: PipelineError| (shown.clone(), error);
 
@@ -251,18 +212,16 @@ impl CompiledStep {
         for (name, template) in &self.headers {
             let text = match template {
                 HeaderTemplate::Plain(value) => value.render(scope),
-                HeaderTemplate::Typed { kind, value } => kind
-                    .render(scope)
-                    .and_then(|k| Ok(format!("{k} {}", value.render(scope)?))),
+                HeaderTemplate::Typed { kind, value } => {
+                    kind.render(scope).and_then(|k| Ok(format!("{k} {}", value.render(scope)?)))
+                }
             }
             .map_err(|e| fail(render_error(e)))?;
             // The error names the header only: its value may be a token.
             let value = HeaderValue::from_str(&text).map_err(|_| {
                 fail(PipelineError::InvalidRequest {
                     step,
-                    message: format!(
-                        "header {name}: rendered value is not a valid HTTP header value"
-                    ),
+                    message: format!("header {name}: rendered value is not a valid HTTP header value"),
                 })
             })?;
             headers.insert(name.clone(), value);
@@ -273,10 +232,7 @@ impl CompiledStep {
             Some(data) => {
                 let json = data.render(scope).map_err(|e| fail(render_error(e)))?;
                 let bytes = serde_json::to_vec(&json).map_err(|_| {
-                    fail(PipelineError::InvalidRequest {
-                        step,
-                        message: "data could not be encoded as JSON".into(),
-                    })
+                    fail(PipelineError::InvalidRequest { step, message: "data could not be encoded as JSON".into() })
                 })?;
                 if self.default_content_type {
                     headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
@@ -284,20 +240,10 @@ impl CompiledStep {
                 Some(bytes::Bytes::from(bytes))
             }
         };
-        Ok(Prepared {
-            method: self.method.clone(),
-            url,
-            headers,
-            body,
-        })
+        Ok(Prepared { method: self.method.clone(), url, headers, body })
     }
 
-    async fn run_awaited(
-        &self,
-        client: &reqwest::Client,
-        prepared: Prepared,
-        poll_interval: Duration,
-    ) -> Outcome {
+    async fn run_awaited(&self, client: &reqwest::Client, prepared: Prepared, poll_interval: Duration) -> Outcome {
         let step = self.index;
         let timeout = self.timeout;
         let endpoint = redact(&prepared.url);
@@ -312,12 +258,7 @@ impl CompiledStep {
                     // Cut off mid-poll, the step failed for want of a
                     // resolved condition, and that is what to report.
                     let error = match last_seen {
-                        Some(last) => PipelineError::WaitTimeout {
-                            step,
-                            timeout,
-                            attempts,
-                            last,
-                        },
+                        Some(last) => PipelineError::WaitTimeout { step, timeout, attempts, last },
                         None => PipelineError::Timeout { step, timeout },
                     };
                     return self.outcome(endpoint, attempts, None, BTreeMap::new(), Err(error));
@@ -330,10 +271,7 @@ impl CompiledStep {
             };
             let status = Some(answer.status);
             if !answer.status.is_success() {
-                let error = PipelineError::Status {
-                    step,
-                    status: answer.status.as_u16(),
-                };
+                let error = PipelineError::Status { step, status: answer.status.as_u16() };
                 return self.outcome(endpoint, attempts, status, BTreeMap::new(), Err(error));
             }
             let outputs = self.extract_outputs(&answer);
@@ -347,12 +285,7 @@ impl CompiledStep {
             };
             let next_poll = Instant::now() + poll_interval;
             if next_poll >= deadline {
-                let error = PipelineError::WaitTimeout {
-                    step,
-                    timeout,
-                    attempts,
-                    last,
-                };
+                let error = PipelineError::WaitTimeout { step, timeout, attempts, last };
                 return self.outcome(endpoint, attempts, status, outputs, Err(error));
             }
             last_seen = Some(last);
@@ -360,49 +293,22 @@ impl CompiledStep {
         }
     }
 
-    async fn run_async(
-        &self,
-        client: &reqwest::Client,
-        prepared: Prepared,
-        ack: Duration,
-    ) -> Outcome {
+    async fn run_async(&self, client: &reqwest::Client, prepared: Prepared, ack: Duration) -> Outcome {
         let step = self.index;
         let endpoint = redact(&prepared.url);
         let client = client.clone();
         let timeout = self.timeout;
         // Owns everything it needs, so it can outlive this step (see the
         // module docs); bounded by the step's own timeout.
-        let mut task =
-            tokio::spawn(
-                async move { tokio::time::timeout(timeout, prepared.send(&client)).await },
-            );
+        let mut task = tokio::spawn(async move { tokio::time::timeout(timeout, prepared.send(&client)).await });
         let (status, outputs, result) = match tokio::time::timeout(ack, &mut task).await {
             // Dropping the handle detaches the task; it is not aborted.
-            Err(_) => (
-                None,
-                BTreeMap::new(),
-                Err(PipelineError::NoAck { step, ack }),
-            ),
-            Ok(Err(_join)) => (
-                None,
-                BTreeMap::new(),
-                Err(PipelineError::TaskFailed { step }),
-            ),
-            Ok(Ok(Err(_elapsed))) => (
-                None,
-                BTreeMap::new(),
-                Err(PipelineError::Timeout { step, timeout }),
-            ),
-            Ok(Ok(Ok(Err(source)))) => (
-                None,
-                BTreeMap::new(),
-                Err(PipelineError::Transport { step, source }),
-            ),
+            Err(_) => (None, BTreeMap::new(), Err(PipelineError::NoAck { step, ack })),
+            Ok(Err(_join)) => (None, BTreeMap::new(), Err(PipelineError::TaskFailed { step })),
+            Ok(Ok(Err(_elapsed))) => (None, BTreeMap::new(), Err(PipelineError::Timeout { step, timeout })),
+            Ok(Ok(Ok(Err(source)))) => (None, BTreeMap::new(), Err(PipelineError::Transport { step, source })),
             Ok(Ok(Ok(Ok(answer)))) if !answer.status.is_success() => {
-                let error = PipelineError::Status {
-                    step,
-                    status: answer.status.as_u16(),
-                };
+                let error = PipelineError::Status { step, status: answer.status.as_u16() };
                 (Some(answer.status), BTreeMap::new(), Err(error))
             }
             Ok(Ok(Ok(Ok(answer)))) => (Some(answer.status), self.extract_outputs(&answer), Ok(())),
@@ -415,10 +321,7 @@ impl CompiledStep {
         let Some(body) = &answer.json else {
             return BTreeMap::new();
         };
-        self.outputs
-            .iter()
-            .filter_map(|(name, path)| Some((name.clone(), path.resolve_text(body)?)))
-            .collect()
+        self.outputs.iter().filter_map(|(name, path)| Some((name.clone(), path.resolve_text(body)?))).collect()
     }
 
     /// Any condition in its failures fails at once, whatever the others say;
@@ -430,21 +333,13 @@ impl CompiledStep {
         let Some(body) = body else {
             return Verdict::NotYet("response body is not JSON".into());
         };
-        let values: Vec<Option<String>> =
-            self.wait.iter().map(|c| c.key.resolve_text(body)).collect();
+        let values: Vec<Option<String>> = self.wait.iter().map(|c| c.key.resolve_text(body)).collect();
         for (condition, value) in self.wait.iter().zip(&values) {
             if let Some(value) = value.as_ref().filter(|v| condition.failures.contains(v)) {
-                return Verdict::Failed {
-                    key: condition.key.to_string(),
-                    value: value.clone(),
-                };
+                return Verdict::Failed { key: condition.key.to_string(), value: value.clone() };
             }
         }
-        let done = self
-            .wait
-            .iter()
-            .zip(&values)
-            .all(|(c, v)| v.as_ref().is_some_and(|v| c.successes.contains(v)));
+        let done = self.wait.iter().zip(&values).all(|(c, v)| v.as_ref().is_some_and(|v| c.successes.contains(v)));
         if done {
             return Verdict::Done;
         }
@@ -469,13 +364,7 @@ impl CompiledStep {
         outputs: BTreeMap<String, String>,
         result: Result<(), PipelineError>,
     ) -> Outcome {
-        Outcome {
-            endpoint,
-            attempts,
-            status,
-            outputs,
-            result,
-        }
+        Outcome { endpoint, attempts, status, outputs, result }
     }
 }
 
@@ -485,9 +374,7 @@ fn check_url(endpoint: &str) -> Result<(), String> {
     match url.scheme() {
         "http" | "https" if url.has_host() => Ok(()),
         "http" | "https" => Err(format!("{endpoint:?} has no host")),
-        other => Err(format!(
-            "{endpoint:?}: unsupported scheme {other:?}; use http or https"
-        )),
+        other => Err(format!("{endpoint:?}: unsupported scheme {other:?}; use http or https")),
     }
 }
 
@@ -498,22 +385,12 @@ impl fmt::Debug for CompiledStep {
             .field("index", &self.index)
             .field("method", &self.method)
             .field("endpoint", &self.endpoint_source)
-            .field(
-                "headers",
-                &self
-                    .headers
-                    .iter()
-                    .map(|(name, _)| name)
-                    .collect::<Vec<_>>(),
-            )
+            .field("headers", &self.headers.iter().map(|(name, _)| name).collect::<Vec<_>>())
             .field("data", &self.data.is_some())
             .field("timeout", &self.timeout)
             .field("async", &self.is_async)
             .field("outputs", &self.outputs)
-            .field(
-                "wait",
-                &self.wait.iter().map(|c| &c.key).collect::<Vec<_>>(),
-            )
+            .field("wait", &self.wait.iter().map(|c| &c.key).collect::<Vec<_>>())
             .finish()
     }
 }

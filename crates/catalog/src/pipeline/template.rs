@@ -25,8 +25,8 @@ use super::SubscriptionContext;
 
 /// Go's builtin functions, which are all `gotmpl` knows too.
 const BUILTIN_FUNCTIONS: [&str; 19] = [
-    "and", "call", "eq", "ge", "gt", "html", "index", "js", "le", "len", "lt", "ne", "not", "or",
-    "print", "printf", "println", "slice", "urlquery",
+    "and", "call", "eq", "ge", "gt", "html", "index", "js", "le", "len", "lt", "ne", "not", "or", "print", "printf",
+    "println", "slice", "urlquery",
 ];
 
 /// A template that failed to parse or to render. `field` is the step-relative
@@ -42,10 +42,7 @@ pub(crate) struct TemplateError {
 pub(crate) struct Scope(gotmpl::Value);
 
 impl Scope {
-    pub(crate) fn new(
-        subscription: &SubscriptionContext,
-        previous_outputs: &BTreeMap<String, String>,
-    ) -> Self {
+    pub(crate) fn new(subscription: &SubscriptionContext, previous_outputs: &BTreeMap<String, String>) -> Self {
         let string = |s: &str| gotmpl::Value::from(s);
         // `lock_id` is deliberately absent: it is a logging concern, not
         // something a backend call should depend on.
@@ -58,20 +55,13 @@ impl Scope {
             ("CurrentSyncID", string(&subscription.current_sync_id)),
             ("ExpectedSyncID", string(&subscription.expected_sync_id)),
         ];
-        let subscription: BTreeMap<String, gotmpl::Value> = fields
-            .into_iter()
-            .map(|(k, v)| (k.to_string(), v))
-            .collect();
-        let outputs: BTreeMap<String, gotmpl::Value> = previous_outputs
-            .iter()
-            .map(|(k, v)| (k.clone(), string(v)))
-            .collect();
+        let subscription: BTreeMap<String, gotmpl::Value> =
+            fields.into_iter().map(|(k, v)| (k.to_string(), v)).collect();
+        let outputs: BTreeMap<String, gotmpl::Value> =
+            previous_outputs.iter().map(|(k, v)| (k.clone(), string(v))).collect();
         let previous = BTreeMap::from([("Outputs".to_string(), gotmpl::Value::from(outputs))]);
         let root = BTreeMap::from([
-            (
-                "Subscription".to_string(),
-                gotmpl::Value::from(subscription),
-            ),
+            ("Subscription".to_string(), gotmpl::Value::from(subscription)),
             ("Previous".to_string(), gotmpl::Value::from(previous)),
         ]);
         Self(gotmpl::Value::from(root))
@@ -96,31 +86,17 @@ enum TextKind {
 
 impl Text {
     /// Parses `source`; `field` names it in errors.
-    pub(crate) fn parse(
-        field: impl Into<String>,
-        source: &str,
-        sensitive: bool,
-    ) -> Result<Self, TemplateError> {
+    pub(crate) fn parse(field: impl Into<String>, source: &str, sensitive: bool) -> Result<Self, TemplateError> {
         let field = field.into();
         if !source.contains("{{") {
-            return Ok(Self {
-                field,
-                sensitive,
-                kind: TextKind::Literal(source.to_string()),
-            });
+            return Ok(Self { field, sensitive, kind: TextKind::Literal(source.to_string()) });
         }
-        let error = |message: String| TemplateError {
-            field: field.clone(),
-            message,
-        };
+        let error = |message: String| TemplateError { field: field.clone(), message };
         // Unnamed, so errors read `template: 1:7: unclosed action`; the
         // caller prefixes the full config key.
-        let template = Template::new("")
-            .parse(source)
-            .map_err(|e| error(e.to_string()))?;
-        let (tree, defines) = Parser::new(source, "{{", "}}")
-            .and_then(Parser::parse)
-            .map_err(|e| error(e.to_string()))?;
+        let template = Template::new("").parse(source).map_err(|e| error(e.to_string()))?;
+        let (tree, defines) =
+            Parser::new(source, "{{", "}}").and_then(Parser::parse).map_err(|e| error(e.to_string()))?;
         let mut undefined = Vec::new();
         undefined_functions(&tree, &mut undefined);
         for define in &defines {
@@ -129,11 +105,7 @@ impl Text {
         if let Some(name) = undefined.first() {
             return Err(error(format!("template: function {name:?} not defined")));
         }
-        Ok(Self {
-            field,
-            sensitive,
-            kind: TextKind::Template(Box::new(template)),
-        })
+        Ok(Self { field, sensitive, kind: TextKind::Template(Box::new(template)) })
     }
 
     /// The string itself when it contains no action.
@@ -150,8 +122,7 @@ impl Text {
             TextKind::Template(t) => t.execute_to_string(&scope.0).map_err(|e| TemplateError {
                 field: self.field.clone(),
                 message: if self.sensitive {
-                    "template execution failed (detail withheld: the field may hold a secret)"
-                        .to_string()
+                    "template execution failed (detail withheld: the field may hold a secret)".to_string()
                 } else {
                     e.to_string()
                 },
@@ -163,9 +134,7 @@ impl Text {
 impl fmt::Debug for Text {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         // Never the source: a header's or data's text may be a token.
-        f.debug_struct("Text")
-            .field("field", &self.field)
-            .finish_non_exhaustive()
+        f.debug_struct("Text").field("field", &self.field).finish_non_exhaustive()
     }
 }
 
@@ -182,33 +151,30 @@ pub(crate) enum Data {
 impl Data {
     /// Compiles `value`; `field` is its key (`data`, then `data.a[0].b` …).
     pub(crate) fn compile(field: &str, value: &serde_json::Value) -> Result<Self, TemplateError> {
-        let data = match value {
-            serde_json::Value::String(s) => Self::Text(Text::parse(field, s, true)?),
-            serde_json::Value::Array(items) => Self::Array(
-                items
-                    .iter()
-                    .enumerate()
-                    .map(|(i, item)| Self::compile(&format!("{field}[{i}]"), item))
-                    .collect::<Result<_, _>>()?,
-            ),
-            serde_json::Value::Object(map) => Self::Object(
-                map.iter()
-                    .map(|(k, v)| Ok((k.clone(), Self::compile(&format!("{field}.{k}"), v)?)))
-                    .collect::<Result<_, TemplateError>>()?,
-            ),
-            other => Self::Literal(other.clone()),
-        };
+        let data =
+            match value {
+                serde_json::Value::String(s) => Self::Text(Text::parse(field, s, true)?),
+                serde_json::Value::Array(items) => Self::Array(
+                    items
+                        .iter()
+                        .enumerate()
+                        .map(|(i, item)| Self::compile(&format!("{field}[{i}]"), item))
+                        .collect::<Result<_, _>>()?,
+                ),
+                serde_json::Value::Object(map) => Self::Object(
+                    map.iter()
+                        .map(|(k, v)| Ok((k.clone(), Self::compile(&format!("{field}.{k}"), v)?)))
+                        .collect::<Result<_, TemplateError>>()?,
+                ),
+                other => Self::Literal(other.clone()),
+            };
         Ok(data.collapse(value))
     }
 
     /// A subtree without templates becomes one literal, so rendering it is
     /// a clone rather than a walk.
     fn collapse(self, source: &serde_json::Value) -> Self {
-        if self.is_literal() {
-            Self::Literal(source.clone())
-        } else {
-            self
-        }
+        if self.is_literal() { Self::Literal(source.clone()) } else { self }
     }
 
     fn is_literal(&self) -> bool {
@@ -224,17 +190,11 @@ impl Data {
         Ok(match self {
             Self::Literal(v) => v.clone(),
             Self::Text(t) => serde_json::Value::String(t.render(scope)?),
-            Self::Array(items) => serde_json::Value::Array(
-                items
-                    .iter()
-                    .map(|d| d.render(scope))
-                    .collect::<Result<_, _>>()?,
-            ),
+            Self::Array(items) => {
+                serde_json::Value::Array(items.iter().map(|d| d.render(scope)).collect::<Result<_, _>>()?)
+            }
             Self::Object(fields) => serde_json::Value::Object(
-                fields
-                    .iter()
-                    .map(|(k, v)| Ok((k.clone(), v.render(scope)?)))
-                    .collect::<Result<_, TemplateError>>()?,
+                fields.iter().map(|(k, v)| Ok((k.clone(), v.render(scope)?))).collect::<Result<_, TemplateError>>()?,
             ),
         })
     }
@@ -274,9 +234,7 @@ fn pipe_functions(pipe: &PipeNode, out: &mut Vec<String>) {
 
 fn expr_functions(expr: &Expr, out: &mut Vec<String>) {
     match expr {
-        Expr::Identifier(_, name) if !BUILTIN_FUNCTIONS.contains(&name.as_str()) => {
-            out.push(name.to_string())
-        }
+        Expr::Identifier(_, name) if !BUILTIN_FUNCTIONS.contains(&name.as_str()) => out.push(name.to_string()),
         Expr::Pipe(_, pipe) => pipe_functions(pipe, out),
         Expr::Chain(_, inner, _) => expr_functions(inner, out),
         _ => {}
@@ -303,10 +261,7 @@ mod tests {
     }
 
     fn render(source: &str, outputs: &[(&str, &str)]) -> Result<String, TemplateError> {
-        let outputs = outputs
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect();
+        let outputs = outputs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
         Text::parse("endpoint", source, false)?.render(&Scope::new(&subscription(), &outputs))
     }
 
@@ -315,42 +270,21 @@ mod tests {
         let s = "{{ .Subscription.Api }} {{ .Subscription.ShortName }} {{ .Subscription.Namespace }} \
                  {{ .Subscription.Platform }} {{ .Subscription.Region }} {{ .Subscription.CurrentSyncID }} \
                  {{ .Subscription.ExpectedSyncID }} {{ .Previous.Outputs.PipelineID }}";
-        assert_eq!(
-            render(s, &[("PipelineID", "42")]).unwrap(),
-            "compute.example.com compute core dev local s1 s2 42"
-        );
+        assert_eq!(render(s, &[("PipelineID", "42")]).unwrap(), "compute.example.com compute core dev local s1 s2 42");
     }
 
     #[test]
     fn missing_keys_render_like_go() {
-        assert_eq!(
-            render("id={{ .Previous.Outputs.PipelineID }}", &[]).unwrap(),
-            "id=<no value>"
-        );
-        assert_eq!(
-            render("{{ .Subscription.Nope }}", &[]).unwrap(),
-            "<no value>"
-        );
+        assert_eq!(render("id={{ .Previous.Outputs.PipelineID }}", &[]).unwrap(), "id=<no value>");
+        assert_eq!(render("{{ .Subscription.Nope }}", &[]).unwrap(), "<no value>");
     }
 
     #[test]
     fn go_functions_work() {
-        assert_eq!(
-            render(r#"{{ printf "%q" .Subscription.Namespace }}"#, &[]).unwrap(),
-            r#""core""#
-        );
-        assert_eq!(
-            render("{{ if .Previous.Outputs }}has{{ else }}none{{ end }}", &[]).unwrap(),
-            "none"
-        );
-        assert_eq!(
-            render("{{ len .Previous.Outputs }}", &[("a", "1"), ("b", "2")]).unwrap(),
-            "2"
-        );
-        assert_eq!(
-            render("{{ .Subscription.Namespace | urlquery }}", &[]).unwrap(),
-            "core"
-        );
+        assert_eq!(render(r#"{{ printf "%q" .Subscription.Namespace }}"#, &[]).unwrap(), r#""core""#);
+        assert_eq!(render("{{ if .Previous.Outputs }}has{{ else }}none{{ end }}", &[]).unwrap(), "none");
+        assert_eq!(render("{{ len .Previous.Outputs }}", &[("a", "1"), ("b", "2")]).unwrap(), "2");
+        assert_eq!(render("{{ .Subscription.Namespace | urlquery }}", &[]).unwrap(), "core");
     }
 
     #[test]
@@ -361,12 +295,7 @@ mod tests {
 
     #[test]
     fn syntax_errors_are_parse_errors_not_hangs() {
-        let err = Text::parse(
-            "headers.Authorization",
-            "Bearer {{ .Subscription.Namespace ",
-            true,
-        )
-        .unwrap_err();
+        let err = Text::parse("headers.Authorization", "Bearer {{ .Subscription.Namespace ", true).unwrap_err();
         assert_eq!(err.field, "headers.Authorization");
         assert!(err.message.contains("unclosed action"), "{}", err.message);
         assert!(Text::parse("f", "{{ .A }", false).is_err());
@@ -376,43 +305,20 @@ mod tests {
     #[test]
     fn undefined_functions_are_parse_errors() {
         let err = Text::parse("f", "{{ .Subscription.Namespace | uper }}", false).unwrap_err();
-        assert!(
-            err.message.contains(r#"function "uper" not defined"#),
-            "{}",
-            err.message
-        );
+        assert!(err.message.contains(r#"function "uper" not defined"#), "{}", err.message);
         let nested = "{{ if .A }}{{ range .B }}{{ (frob .) }}{{ end }}{{ end }}";
-        assert!(
-            Text::parse("f", nested, false)
-                .unwrap_err()
-                .message
-                .contains("frob")
-        );
+        assert!(Text::parse("f", nested, false).unwrap_err().message.contains("frob"));
         assert!(Text::parse("f", r#"{{ define "x" }}{{ zap }}{{ end }}"#, false).is_err());
-        Text::parse(
-            "f",
-            r#"{{ printf "%s-%s" (index .M "k") (len .L) | html }}"#,
-            false,
-        )
-        .unwrap();
+        Text::parse("f", r#"{{ printf "%s-%s" (index .M "k") (len .L) | html }}"#, false).unwrap();
     }
 
     #[test]
     fn sensitive_render_errors_withhold_detail() {
         let scope = Scope::new(&subscription(), &BTreeMap::new());
         let tpl = r#"{{ range "tok-secret" }}{{ end }}"#;
-        let err = Text::parse("headers.X", tpl, true)
-            .unwrap()
-            .render(&scope)
-            .unwrap_err();
-        assert!(
-            !err.message.contains("tok-secret") && err.message.contains("withheld"),
-            "{}",
-            err.message
-        );
-        let err = Text::parse("endpoint", "{{ range .Subscription.Api }}{{ end }}", false)
-            .unwrap()
-            .render(&scope);
+        let err = Text::parse("headers.X", tpl, true).unwrap().render(&scope).unwrap_err();
+        assert!(!err.message.contains("tok-secret") && err.message.contains("withheld"), "{}", err.message);
+        let err = Text::parse("endpoint", "{{ range .Subscription.Api }}{{ end }}", false).unwrap().render(&scope);
         assert!(err.unwrap_err().message.contains("range"));
     }
 
@@ -430,9 +336,7 @@ mod tests {
         });
         let compiled = Data::compile("data", &data).unwrap();
         let outputs = BTreeMap::from([("X".to_string(), "x!".to_string())]);
-        let rendered = compiled
-            .render(&Scope::new(&subscription(), &outputs))
-            .unwrap();
+        let rendered = compiled.render(&Scope::new(&subscription(), &outputs)).unwrap();
         assert_eq!(
             rendered,
             json!({

@@ -153,8 +153,11 @@ impl Worker {
                             tracing::info!("subscription changed during reconcile; deciding again");
                             failures = 0;
                         }
-                        _ if first => return Ok(tracing::info!(result = "success", "subscription activated")),
-                        _ => return Ok(tracing::info!(result = "success", "subscription reconciled")),
+                        _ => {
+                            let what = if first { "subscription activated" } else { "subscription reconciled" };
+                            tracing::info!(result = "success", "{what}");
+                            return Ok(());
+                        }
                     }
                 }
                 Err(ReconcileError::Pipeline(PipelineError::Cancelled)) => {

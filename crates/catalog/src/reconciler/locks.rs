@@ -46,12 +46,8 @@ impl JobLocks {
             guard = mutex.lock_owned() => guard,
             _ = cancel.cancelled() => return None,
         };
-        let mut guard = JobGuard {
-            job: job.to_string(),
-            local: Some(local),
-            distributed: None,
-            registry: self.local.clone(),
-        };
+        let mut guard =
+            JobGuard { job: job.to_string(), local: Some(local), distributed: None, registry: self.local.clone() };
         if let Some(locker) = &self.distributed {
             loop {
                 tokio::select! {
@@ -80,11 +76,11 @@ impl JobLocks {
 impl JobGuard {
     /// Releases the distributed lock (if any), then the in-process one.
     pub async fn release(mut self) {
-        if let Some((locker, lock)) = self.distributed.take() {
-            if let Err(e) = locker.unlock(lock).await {
-                // The session lease frees it after lock_ttl anyway.
-                tracing::warn!(job = %self.job, error = %e, "job unlock failed; the lock frees itself when its lease expires");
-            }
+        if let Some((locker, lock)) = self.distributed.take()
+            && let Err(e) = locker.unlock(lock).await
+        {
+            // The session lease frees it after lock_ttl anyway.
+            tracing::warn!(job = %self.job, error = %e, "job unlock failed; the lock frees itself when its lease expires");
         }
         drop(self.local.take());
         // Forget the per-key mutex once nobody else holds or waits on it.

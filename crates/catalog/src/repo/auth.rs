@@ -1,1 +1,273 @@
-//! Users, tokens, roles and bindings.
+//! Users, tokens, roles and bindings: what authentication and RBAC read.
+//!
+//! Tokens are stored only as the hex SHA-256 of the token, keyed by that
+//! hash (`/tokens/<hash>`), so authenticating a request is one read and a
+//! leaked store dump cannot be replayed as credentials. A token's public
+//! `id` is the first [`TOKEN_ID_LEN`] hex digits of its hash: stable,
+//! derivable without a second index, and useless for forging the token
+//! (it is a prefix of a hash of 256 random bits). Revoking by id is a prefix
+//! listing of `/tokens/<id>`.
+//!
+//! Revocation is immediate because nothing is cached: every request reads
+//! its token, its user and its bindings from the store. Authentication
+//! also requires the token's user to exist, so deleting a user shuts out
+//! its tokens even before they are swept.
+
+use std::collections::BTreeSet;
+use std::time::SystemTime;
+
+use base64::Engine;
+use kayra_core::{ClusterRoleBinding, Role, Rule, TokenRecord, User};
+use rand::RngCore;
+use sha2::{Digest, Sha256};
+
+use super::{Change, Error, Repository, Result, keys};
+
+/// Bytes of randomness in a generated token (the contract asks for ≥ 32).
+pub const TOKEN_BYTES: usize = 32;
+/// Hex digits of the hash that form a token's public id (64 bits).
+pub const TOKEN_ID_LEN: usize = 16;
+/// Prefix of generated tokens, so secret scanners can recognise them.
+const TOKEN_PREFIX: &str = "kayra_";
+
+/// The bootstrap objects of platform contract §5.4.
+pub const BOOTSTRAP_ROLE: &str = "sysadmin";
+pub const BOOTSTRAP_USER: &str = "admin";
+pub const BOOTSTRAP_BINDING: &str = "admin-sysadmin";
+
+/// A freshly issued token: the only time the secret is ever visible.
+#[derive(Clone, PartialEq, Eq)]
+pub struct IssuedToken {
+    pub id: String,
+    pub token: String,
+    pub created_at: String,
+}
+
+impl std::fmt::Debug for IssuedToken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The secret never reaches a log line, even through `{:?}`.
+        f.debug_struct("IssuedToken").field("id", &self.id).field("created_at", &self.created_at).finish()
+    }
+}
+
+/// Hex SHA-256 of a token: the only form in which it is stored.
+pub fn hash_token(token: &str) -> String {
+    hex::encode(Sha256::digest(token.as_bytes()))
+}
+
+/// A token's public id, from its hash.
+pub fn token_id(hash: &str) -> &str {
+    hash.get(..TOKEN_ID_LEN).unwrap_or(hash)
+}
+
+/// A new random token: [`TOKEN_BYTES`] from the OS-seeded CSPRNG, base64url.
+pub fn generate_token() -> String {
+    let mut bytes = [0u8; TOKEN_BYTES];
+    rand::rng().fill_bytes(&mut bytes);
+    format!("{TOKEN_PREFIX}{}", base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes))
+}
+
+/// The rule of the bootstrap role: every api, resource and verb.
+pub fn everything() -> Rule {
+    Rule { apis: vec!["*".into()], resources: vec!["*".into()], verbs: vec!["*".into()] }
+}
+
+fn now_rfc3339() -> String {
+    humantime::format_rfc3339_seconds(SystemTime::now()).to_string()
+}
+
+impl Repository {
+    pub async fn get_user(&self, name: &str) -> Result<Option<super::Versioned<User>>> {
+        self.get(&keys::user(name)).await
+    }
+
+    /// Deletes a user and sweeps its tokens. Bindings naming the user are
+    /// left alone (as Kubernetes does): they grant nothing without a token.
+    pub async fn delete_user(&self, name: &str) -> Result<()> {
+        self.delete(&keys::user(name), None, &format!("user {name:?}")).await?;
+        for token in self.list_user_tokens(name).await? {
+            match self.delete(&keys::token(&token.hash), None, "token").await {
+                Ok(_) | Err(Error::NotFound(_)) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+
+    /// Issues a new random token for `user`, which must exist.
+    pub async fn issue_token(&self, user: &str) -> Result<IssuedToken> {
+        if self.get_user(user).await?.is_none() {
+            return Err(Error::NotFound(format!("user {user:?}")));
+        }
+        let token = generate_token();
+        let record = self.store_token(user, &token).await?;
+        Ok(IssuedToken { id: record.id, token, created_at: record.created_at })
+    }
+
+    /// Stores `token` (hashed) for `user`; a token already stored keeps its
+    /// record but is re-pointed at `user`. Idempotent, for bootstrap.
+    pub async fn store_token(&self, user: &str, token: &str) -> Result<TokenRecord> {
+        let hash = hash_token(token);
+        let key = keys::token(&hash);
+        let record = TokenRecord { id: token_id(&hash).to_string(), user: user.to_string(), hash, created_at: now_rfc3339() };
+        match self.create(&key, &record, "token").await {
+            Ok(_) => Ok(record),
+            Err(Error::Conflict(_)) => {
+                let stored = self
+                    .modify::<TokenRecord, _>(&key, "token", |t| {
+                        if t.user == user {
+                            Change::Keep
+                        } else {
+                            t.user = user.to_string();
+                            Change::Write
+                        }
+                    })
+                    .await?;
+                Ok(stored.value)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// A user's tokens, sorted by id. Tokens are keyed by hash, so this scans
+    /// every token: there are few, and it keeps authentication one read.
+    pub async fn list_user_tokens(&self, user: &str) -> Result<Vec<TokenRecord>> {
+        let (all, _) = self.list_all::<TokenRecord>(keys::TOKENS).await?;
+        let mut tokens: Vec<_> = all.into_iter().map(|v| v.value).filter(|t| t.user == user).collect();
+        tokens.sort_by(|a, b| a.id.cmp(&b.id));
+        Ok(tokens)
+    }
+
+    /// One of `user`'s tokens, by id.
+    pub async fn get_user_token(&self, user: &str, id: &str) -> Result<Option<TokenRecord>> {
+        if id.len() != TOKEN_ID_LEN || !id.bytes().all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase()) {
+            return Ok(None);
+        }
+        let (matches, _) = self.list_all::<TokenRecord>(&keys::token(id)).await?;
+        Ok(matches.into_iter().map(|v| v.value).find(|t| t.user == user && t.id == id))
+    }
+
+    /// Revokes one of `user`'s tokens: the next request with it is refused.
+    pub async fn revoke_token(&self, user: &str, id: &str) -> Result<()> {
+        let what = format!("token {id:?} of user {user:?}");
+        let token = self.get_user_token(user, id).await?.ok_or_else(|| Error::NotFound(what.clone()))?;
+        self.delete(&keys::token(&token.hash), None, &what).await?;
+        Ok(())
+    }
+
+    /// The user a bearer token belongs to, if the token is known and its
+    /// user still exists.
+    pub async fn authenticate(&self, token: &str) -> Result<Option<String>> {
+        if token.is_empty() {
+            return Ok(None);
+        }
+        let Some(record) = self.get::<TokenRecord>(&keys::token(&hash_token(token))).await? else {
+            return Ok(None);
+        };
+        Ok(self.get_user(&record.value.user).await?.map(|_| record.value.user))
+    }
+
+    /// The names of the roles bound to `user` by cluster role bindings,
+    /// sorted and deduplicated (whether or not the roles exist).
+    pub async fn cluster_role_names(&self, user: &str) -> Result<Vec<String>> {
+        let (bindings, _) = self.list_all::<ClusterRoleBinding>(keys::CLUSTER_ROLE_BINDINGS).await?;
+        let names: BTreeSet<String> = bindings.into_iter().filter(|b| b.value.user == user).map(|b| b.value.role).collect();
+        Ok(names.into_iter().collect())
+    }
+
+    /// The existing roles bound to `user` everywhere: what
+    /// `rbac.RequireClusterRBAC` decides with. A binding to a missing role
+    /// grants nothing.
+    pub async fn cluster_roles(&self, user: &str) -> Result<Vec<Role>> {
+        let mut roles = Vec::new();
+        for name in self.cluster_role_names(user).await? {
+            if let Some(role) = self.get::<Role>(&keys::role(&name)).await? {
+                roles.push(role.value);
+            }
+        }
+        Ok(roles)
+    }
+
+    /// Platform contract §5.4, idempotently: role `sysadmin` grants
+    /// everything, user `admin` exists, binding `admin-sysadmin` binds them,
+    /// and `token` authenticates as `admin`. Objects an operator created are
+    /// kept; only what is missing or would break the admin's access (a
+    /// sysadmin role without the everything rule, a rebound binding) is
+    /// repaired, so the bootstrap token always works as a break-glass.
+    pub async fn bootstrap_admin(&self, token: &str) -> Result<()> {
+        let role = Role { name: BOOTSTRAP_ROLE.into(), rules: vec![everything()] };
+        self.ensure(&keys::role(BOOTSTRAP_ROLE), &role, |r: &mut Role| {
+            if r.rules.contains(&everything()) {
+                Change::Keep
+            } else {
+                r.rules.push(everything());
+                Change::Write
+            }
+        })
+        .await?;
+        let user = User { name: BOOTSTRAP_USER.into(), description: "bootstrap administrator".into() };
+        self.ensure(&keys::user(BOOTSTRAP_USER), &user, |_: &mut User| Change::Keep).await?;
+        let binding = ClusterRoleBinding {
+            name: BOOTSTRAP_BINDING.into(),
+            role: BOOTSTRAP_ROLE.into(),
+            user: BOOTSTRAP_USER.into(),
+        };
+        self.ensure(&keys::cluster_role_binding(BOOTSTRAP_BINDING), &binding, |b: &mut ClusterRoleBinding| {
+            if b.role == BOOTSTRAP_ROLE && b.user == BOOTSTRAP_USER {
+                Change::Keep
+            } else {
+                b.role = BOOTSTRAP_ROLE.into();
+                b.user = BOOTSTRAP_USER.into();
+                Change::Write
+            }
+        })
+        .await?;
+        self.store_token(BOOTSTRAP_USER, token).await?;
+        Ok(())
+    }
+
+    /// Creates `value` at `key`, or when it exists lets `repair` fix it up.
+    /// Safe against concurrent bootstraps: a lost create race falls through
+    /// to the CAS loop.
+    async fn ensure<T, F>(&self, key: &str, value: &T, repair: F) -> Result<()>
+    where
+        T: serde::Serialize + serde::de::DeserializeOwned,
+        F: FnMut(&mut T) -> Change<Error>,
+    {
+        match self.create(key, value, key).await {
+            Ok(_) => Ok(()),
+            Err(Error::Conflict(_)) => self.modify(key, key, repair).await.map(|_| ()),
+            Err(e) => Err(e),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tokens_are_long_random_and_distinct() {
+        let a = generate_token();
+        let b = generate_token();
+        assert_ne!(a, b);
+        // 32 bytes base64url without padding is 43 characters.
+        assert_eq!(a.len(), TOKEN_PREFIX.len() + 43);
+        assert!(a.starts_with(TOKEN_PREFIX));
+    }
+
+    #[test]
+    fn ids_are_hash_prefixes() {
+        let hash = hash_token("secret");
+        assert_eq!(hash.len(), 64);
+        assert_eq!(token_id(&hash), &hash[..16]);
+        assert_eq!(hash, hash_token("secret"));
+        assert_ne!(hash, hash_token("secret2"));
+    }
+
+    #[test]
+    fn issued_token_debug_hides_the_secret() {
+        let t = IssuedToken { id: "abc".into(), token: "kayra_supersecret".into(), created_at: "now".into() };
+        assert!(!format!("{t:?}").contains("supersecret"));
+    }
+}

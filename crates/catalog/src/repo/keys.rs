@@ -11,6 +11,8 @@ pub const TOKENS: &str = "/tokens/";
 pub const ROLES: &str = "/roles/";
 pub const CLUSTER_ROLE_BINDINGS: &str = "/clusterrolebindings/";
 pub const ROLE_BINDINGS: &str = "/rolebindings/";
+/// Every deployment's subscriptions (namespaces are shared by deployments).
+pub const SUBSCRIPTIONS: &str = "/subscriptions/";
 
 pub fn namespace(name: &str) -> String {
     format!("{NAMESPACES}{name}")
@@ -51,6 +53,11 @@ pub fn namespace_subscriptions(platform: &str, region: &str, namespace: &str) ->
 }
 pub fn subscription(platform: &str, region: &str, namespace: &str, api: &str) -> String {
     format!("/subscriptions/{platform}/{region}/{namespace}/{api}")
+}
+/// Parses any deployment's subscription key into `[platform, region, namespace, api]`.
+pub fn subscription_parts(key: &str) -> Option<[&str; 4]> {
+    let mut parts = key.strip_prefix(SUBSCRIPTIONS)?.splitn(4, '/');
+    Some([parts.next()?, parts.next()?, parts.next()?, parts.next()?])
 }
 
 /// The reconciler's record of the last failed attempt on a subscription:

@@ -5,8 +5,17 @@
 //! `mark_subscription_error`): each one is conditional on the revision the
 //! caller's decision was based on and skips writing when nothing would
 //! change, so the reconciler never loops on the events of its own writes.
+//!
+//! The catalog API's writes that need more than one record live here as
+//! well: referential integrity (a namespace or registration with
+//! subscriptions cannot be deleted), the subscription `/sync` reset and the
+//! registration `/sync` bump. The store has no multi-key transactions, so
+//! each check-then-write is followed by a re-check that undoes the write a
+//! concurrent delete raced past (see `create_subscription`, `delete_namespace`).
 
-use kayra_core::{ApiRegistration, Namespace, Subscription, SubscriptionState};
+use std::time::{Duration, SystemTime};
+
+use kayra_core::{ApiRegistration, Namespace, RoleBinding, Subscription, SubscriptionState};
 use kayra_store::Revision;
 
 use super::{Change, Error, Repository, Result, Versioned, keys};
@@ -134,6 +143,156 @@ impl Repository {
             Ok(revision) => Ok(Recorded::Written(revision)),
             Err(Error::Conflict(_) | Error::NotFound(_)) => Ok(Recorded::Stale),
             Err(e) => Err(e),
+        }
+    }
+}
+
+/// A subscription named by a referential-integrity error: namespaces are
+/// shared by every deployment on a store, so it may be another deployment's.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SubscriptionRef {
+    pub platform: String,
+    pub region: String,
+    pub namespace: String,
+    pub api: String,
+}
+
+/// A fresh SyncID: the current UTC time, RFC 3339 with nanoseconds, and
+/// never equal to `previous` (a clock that did not move, or a previous value
+/// set by hand to the same instant, still yields a new value).
+pub fn new_sync_id(previous: &str) -> String {
+    let mut now = SystemTime::now();
+    loop {
+        let candidate = humantime::format_rfc3339_nanos(now).to_string();
+        if candidate != previous {
+            return candidate;
+        }
+        now += Duration::from_nanos(1);
+    }
+}
+
+impl Repository {
+    /// Every subscription, of any deployment, in namespace `namespace`.
+    pub async fn subscriptions_in_namespace_everywhere(&self, namespace: &str) -> Result<Vec<SubscriptionRef>> {
+        let (kvs, _) = self.store.list_all(keys::SUBSCRIPTIONS).await?;
+        Ok(kvs
+            .iter()
+            .filter_map(|kv| keys::subscription_parts(&kv.key))
+            .filter(|[_, _, ns, _]| *ns == namespace)
+            .map(|[platform, region, namespace, api]| SubscriptionRef {
+                platform: platform.into(),
+                region: region.into(),
+                namespace: namespace.into(),
+                api: api.into(),
+            })
+            .collect())
+    }
+
+    /// This deployment's subscriptions to registration `api`, by namespace.
+    pub async fn registration_subscribers(&self, api: &str) -> Result<Vec<Versioned<Subscription>>> {
+        let (all, _) = self.list_subscriptions().await?;
+        Ok(all.into_iter().filter(|s| s.value.api == api).collect())
+    }
+
+    /// Deletes a namespace that has no subscriptions in any deployment
+    /// (`Conflict` naming them otherwise), then sweeps its role bindings and
+    /// any subscription that was created while the delete was under way.
+    pub async fn delete_namespace(&self, name: &str) -> Result<()> {
+        let what = format!("namespace {name:?}");
+        let current = self.get_namespace(name).await?.ok_or_else(|| Error::NotFound(what.clone()))?;
+        let subscriptions = self.subscriptions_in_namespace_everywhere(name).await?;
+        if !subscriptions.is_empty() {
+            let names: Vec<String> = subscriptions.iter().map(|s| self.describe(s)).collect();
+            return Err(Error::Conflict(format!(
+                "namespace {name:?} still has subscriptions: {}; delete them first",
+                names.join(", ")
+            )));
+        }
+        self.delete(&keys::namespace(name), Some(current.revision), &what).await?;
+        for s in self.subscriptions_in_namespace_everywhere(name).await? {
+            let key = keys::subscription(&s.platform, &s.region, &s.namespace, &s.api);
+            self.delete_if_present(&key).await?;
+        }
+        let (bindings, _) = self.list_all::<RoleBinding>(&keys::role_bindings(name)).await?;
+        for binding in bindings {
+            self.delete_if_present(&keys::role_binding(name, &binding.value.name)).await?;
+        }
+        Ok(())
+    }
+
+    /// Deletes one of this deployment's registrations, refused (`Conflict`
+    /// naming the namespaces) while any subscription references it.
+    pub async fn delete_registration(&self, name: &str) -> Result<()> {
+        let what = format!("api registration {name:?}");
+        let current = self.get_registration(name).await?.ok_or_else(|| Error::NotFound(what.clone()))?;
+        let subscribers = self.registration_subscribers(name).await?;
+        if !subscribers.is_empty() {
+            let namespaces: Vec<&str> = subscribers.iter().map(|s| s.value.namespace.as_str()).collect();
+            return Err(Error::Conflict(format!(
+                "api registration {name:?} still has subscriptions in namespaces {}; delete them first",
+                namespaces.join(", ")
+            )));
+        }
+        self.delete(&keys::registration(&self.platform, &self.region, name), Some(current.revision), &what).await?;
+        Ok(())
+    }
+
+    /// Creates a brand-new subscription (inactive, `init`, never synced).
+    /// The caller has checked that the namespace and the registration
+    /// exist; if either was deleted while this ran, the subscription is
+    /// removed again and the result is `NotFound`, so a racing delete never
+    /// leaves a dangling subscription behind.
+    pub async fn create_subscription(&self, namespace: &str, api: &str) -> Result<Versioned<Subscription>> {
+        let subscription = Subscription::new(namespace, api);
+        let key = keys::subscription(&self.platform, &self.region, namespace, api);
+        let what = format!("subscription of namespace {namespace:?} to {api:?}");
+        let revision = self.create(&key, &subscription, &what).await?;
+        let namespace_gone = self.get_namespace(namespace).await?.is_none();
+        if namespace_gone || self.get_registration(api).await?.is_none() {
+            self.delete_if_present(&key).await?;
+            let missing = if namespace_gone { format!("namespace {namespace:?}") } else { format!("api registration {api:?}") };
+            return Err(Error::NotFound(missing));
+        }
+        Ok(Versioned { value: subscription, revision })
+    }
+
+    /// The subscription `/sync` shorthand: `current_sync_id` becomes empty
+    /// and nothing else changes. Always written, even when it already is
+    /// empty: the write itself is what the reconciler reacts to (seed,
+    /// "Forcing a re-sync").
+    pub async fn reset_subscription_sync(&self, namespace: &str, api: &str) -> Result<Versioned<Subscription>> {
+        let key = keys::subscription(&self.platform, &self.region, namespace, api);
+        let what = format!("subscription of namespace {namespace:?} to {api:?}");
+        self.modify::<Subscription, _>(&key, &what, |s| {
+            s.current_sync_id.clear();
+            Change::Write
+        })
+        .await
+    }
+
+    /// The registration `/sync` shorthand: a fresh SyncID, always different
+    /// from the previous one, which starts the ongoing action.
+    pub async fn bump_registration_sync_id(&self, name: &str) -> Result<Versioned<ApiRegistration>> {
+        let key = keys::registration(&self.platform, &self.region, name);
+        self.modify::<ApiRegistration, _>(&key, &format!("api registration {name:?}"), |r| {
+            r.sync_id = new_sync_id(&r.sync_id);
+            Change::Write
+        })
+        .await
+    }
+
+    async fn delete_if_present(&self, key: &str) -> Result<()> {
+        match self.delete(key, None, key).await {
+            Ok(_) | Err(Error::NotFound(_)) => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
+    fn describe(&self, s: &SubscriptionRef) -> String {
+        if s.platform == self.platform && s.region == self.region {
+            s.api.clone()
+        } else {
+            format!("{} (platform {}, region {})", s.api, s.platform, s.region)
         }
     }
 }

@@ -4,10 +4,7 @@
 
 #![allow(dead_code)]
 
-pub mod backend;
-
-use std::future::Future;
-use std::time::{Duration, Instant};
+pub use kayra_testkit::{backend, eventually};
 
 use kayra_catalog::reconciler::Reconciler;
 use kayra_catalog::repo::{Repository, keys};
@@ -46,19 +43,6 @@ pub async fn store(kind: Kind) -> TestStore {
     }
 }
 
-/// Polls `check` every 10ms until it holds; panics after 30s naming `what`.
-pub async fn eventually<F, Fut>(what: &str, mut check: F)
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = bool>,
-{
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !check().await {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-}
-
 /// Writes records the way the API would, straight through the repository.
 pub struct Seed<'a>(pub &'a Repository);
 
@@ -77,7 +61,10 @@ impl Seed<'_> {
             region: self.0.region().into(),
             ..Default::default()
         };
-        self.0.create(&keys::registration(self.0.platform(), self.0.region(), name), &reg, "registration").await.unwrap();
+        self.0
+            .create(&keys::registration(self.0.platform(), self.0.region(), name), &reg, "registration")
+            .await
+            .unwrap();
     }
 
     /// Moves a registration's SyncID (the ongoing action's trigger).

@@ -13,9 +13,7 @@ use crate::support::*;
 // ---------------------------------------------------------------- validation
 
 fn compile_error(steps_yaml: &str) -> String {
-    try_compile(steps_yaml, "http://backend")
-        .expect_err("refused")
-        .to_string()
+    try_compile(steps_yaml, "http://backend").expect_err("refused").to_string()
 }
 
 #[test]
@@ -32,11 +30,7 @@ fn validation_errors_name_mode_step_and_field() {
             "reconciler.mode.m[1].headers.Authorization.value: ",
             "unexpected",
         ),
-        (
-            "- {method: fetch, endpoint: BASE/x}",
-            "reconciler.mode.m[1].method: ",
-            "fetch",
-        ),
+        ("- {method: fetch, endpoint: BASE/x}", "reconciler.mode.m[1].method: ", "fetch"),
         (
             "- {method: get, endpoint: \"BASE/{{ .Subscription.Namespace\"}",
             "reconciler.mode.m[1].endpoint: ",
@@ -62,33 +56,14 @@ fn validation_errors_name_mode_step_and_field() {
             "reconciler.mode.m[1].headers.Bad Header: ",
             "header name",
         ),
-        (
-            "- {method: get, endpoint: BASE/x, headers: {X-A: v, x-a: w}}",
-            "reconciler.mode.m[1].headers.x-a: ",
-            "twice",
-        ),
-        (
-            "- {method: get, endpoint: \"ftp://h/x\"}",
-            "reconciler.mode.m[1].endpoint: ",
-            "scheme",
-        ),
-        (
-            "- {method: get, endpoint: \"not a url\"}",
-            "reconciler.mode.m[1].endpoint: ",
-            "not a URL",
-        ),
-        (
-            "- {method: get, endpoint: BASE/x, timeout: 0s}",
-            "reconciler.mode.m[1].timeout: ",
-            "greater than zero",
-        ),
+        ("- {method: get, endpoint: BASE/x, headers: {X-A: v, x-a: w}}", "reconciler.mode.m[1].headers.x-a: ", "twice"),
+        ("- {method: get, endpoint: \"ftp://h/x\"}", "reconciler.mode.m[1].endpoint: ", "scheme"),
+        ("- {method: get, endpoint: \"not a url\"}", "reconciler.mode.m[1].endpoint: ", "not a URL"),
+        ("- {method: get, endpoint: BASE/x, timeout: 0s}", "reconciler.mode.m[1].timeout: ", "greater than zero"),
     ];
     for (step, prefix, detail) in cases {
         let err = compile_error(&format!("{ok_step}{step}"));
-        assert!(
-            err.starts_with(prefix) && err.contains(detail),
-            "expected {prefix}…{detail}, got: {err}"
-        );
+        assert!(err.starts_with(prefix) && err.contains(detail), "expected {prefix}…{detail}, got: {err}");
     }
 }
 
@@ -147,10 +122,7 @@ async fn example_gitlab_trigger_then_poll() {
                 delay: Duration::ZERO,
             },
             ("GET", "/api/v4/projects/1234/pipelines/4711") => {
-                let state = ["pending", "running", "running"]
-                    .get(n)
-                    .copied()
-                    .unwrap_or("success");
+                let state = ["pending", "running", "running"].get(n).copied().unwrap_or("success");
                 ok(json!({"id": 4711, "status": state}))
             }
             _ => status(404),
@@ -160,15 +132,7 @@ async fn example_gitlab_trigger_then_poll() {
     let pipelines = example_pipelines(&server.base);
     let pipeline = pipelines.get("trigger").expect("trigger mode");
     assert_eq!(pipeline.len(), 2);
-    pipeline
-        .run(
-            &http_client(),
-            &ctx(),
-            &pipelines.settings(),
-            &CancellationToken::new(),
-        )
-        .await
-        .expect("run");
+    pipeline.run(&http_client(), &ctx(), &pipelines.settings(), &CancellationToken::new()).await.expect("run");
 
     let requests = server.requests();
     let trigger = &requests[0];
@@ -190,18 +154,8 @@ async fn example_gitlab_failed_pipeline_fails_the_run() {
     .await;
     let pipelines = example_pipelines(&server.base);
     let pipeline = pipelines.get("trigger").expect("trigger mode");
-    let err = pipeline
-        .run(
-            &http_client(),
-            &ctx(),
-            &pipelines.settings(),
-            &CancellationToken::new(),
-        )
-        .await;
-    assert!(
-        matches!(err, Err(PipelineError::WaitFailed { step: 1, .. })),
-        "{err:?}"
-    );
+    let err = pipeline.run(&http_client(), &ctx(), &pipelines.settings(), &CancellationToken::new()).await;
+    assert!(matches!(err, Err(PipelineError::WaitFailed { step: 1, .. })), "{err:?}");
 }
 
 #[tokio::test]
@@ -216,27 +170,10 @@ async fn example_api_mode_triggers_and_polls() {
     .await;
     let pipelines = example_pipelines(&server.base);
     let pipeline = pipelines.get("api").expect("api mode");
-    pipeline
-        .run(
-            &http_client(),
-            &ctx(),
-            &pipelines.settings(),
-            &CancellationToken::new(),
-        )
-        .await
-        .expect("run");
+    pipeline.run(&http_client(), &ctx(), &pipelines.settings(), &CancellationToken::new()).await.expect("run");
     let requests = server.requests();
-    let trigger = requests
-        .iter()
-        .find(|r| r.method == Method::POST)
-        .expect("trigger sent");
+    let trigger = requests.iter().find(|r| r.method == Method::POST).expect("trigger sent");
     assert_eq!(trigger.json(), json!({"sync_id": "2026-02-01T00Z"}));
-    assert_eq!(
-        trigger.header("authorization"),
-        Some("Bearer yyyyyyyyyyyyyyyy")
-    );
-    assert_eq!(
-        server.calls("/api/v1/namespaces/core/sync/2026-02-01T00Z"),
-        3
-    );
+    assert_eq!(trigger.header("authorization"), Some("Bearer yyyyyyyyyyyyyyyy"));
+    assert_eq!(server.calls("/api/v1/namespaces/core/sync/2026-02-01T00Z"), 3);
 }

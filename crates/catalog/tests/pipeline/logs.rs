@@ -31,9 +31,7 @@ impl Write for ThreadWriter {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
         CAPTURE.with(|c| {
             if let Some(sink) = c.borrow().as_ref() {
-                sink.lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .extend_from_slice(buf);
+                sink.lock().unwrap_or_else(PoisonError::into_inner).extend_from_slice(buf);
             }
         });
         Ok(buf.len())
@@ -53,8 +51,7 @@ impl LogCapture {
                 .with_max_level(tracing::Level::TRACE)
                 .with_writer(|| ThreadWriter)
                 .finish();
-            tracing::subscriber::set_global_default(subscriber)
-                .expect("no other global subscriber");
+            tracing::subscriber::set_global_default(subscriber).expect("no other global subscriber");
         });
         let sink = Arc::new(Mutex::new(Vec::new()));
         CAPTURE.with(|c| *c.borrow_mut() = Some(sink.clone()));
@@ -117,33 +114,16 @@ async fn step_lines_carry_the_contract_fields_and_never_a_secret() {
         lock_id = 7,
         sync_id = "2026-02-01T00Z"
     );
-    let err = tracing::Instrument::instrument(run(&pipelines), span)
-        .await
-        .expect_err("step 3 fails");
-    assert!(matches!(
-        err,
-        PipelineError::Status {
-            step: 3,
-            status: 500
-        }
-    ));
+    let err = tracing::Instrument::instrument(run(&pipelines), span).await.expect_err("step 3 fails");
+    assert!(matches!(err, PipelineError::Status { step: 3, status: 500 }));
     assert!(!format!("{err} {err:?}").contains(TOKEN));
-    assert!(
-        !format!("{pipelines:?}").contains(TOKEN)
-            && !format!("{pipelines:?}").contains(BODY_SECRET)
-    );
+    assert!(!format!("{pipelines:?}").contains(TOKEN) && !format!("{pipelines:?}").contains(BODY_SECRET));
 
     let text = logs.text();
     assert!(!text.contains(TOKEN), "a token reached the logs:\n{text}");
-    assert!(
-        !text.contains(BODY_SECRET),
-        "a request body reached the logs:\n{text}"
-    );
+    assert!(!text.contains(BODY_SECRET), "a request body reached the logs:\n{text}");
 
-    let lines: Vec<Value> = text
-        .lines()
-        .map(|l| serde_json::from_str(l).expect("JSON line"))
-        .collect();
+    let lines: Vec<Value> = text.lines().map(|l| serde_json::from_str(l).expect("JSON line")).collect();
     let step_lines: Vec<&Value> = lines.iter().filter(|l| l.get("step").is_some()).collect();
     for line in &step_lines {
         assert_eq!(line["lock_id"], 7, "{line}");
@@ -154,22 +134,12 @@ async fn step_lines_carry_the_contract_fields_and_never_a_secret() {
         .filter(|l| l.get("attempts").is_some())
         .map(|l| (l["step"].as_u64().expect("step index"), *l))
         .collect();
-    assert_eq!(
-        results.len(),
-        4,
-        "one line per step run, none for the step never reached: {text}"
-    );
+    assert_eq!(results.len(), 4, "one line per step run, none for the step never reached: {text}");
     for (step, line) in &results {
         for field in ["method", "endpoint", "async", "attempts", "outputs"] {
-            assert!(
-                line.get(field).is_some(),
-                "step {step} lacks {field}: {line}"
-            );
+            assert!(line.get(field).is_some(), "step {step} lacks {field}: {line}");
         }
-        assert!(
-            line.get("status").is_some() || line.get("error").is_some(),
-            "{line}"
-        );
+        assert!(line.get("status").is_some() || line.get("error").is_some(), "{line}");
     }
     assert_eq!(results[&0]["async"], true);
     assert_eq!(results[&0]["status"], 500);
@@ -183,19 +153,9 @@ async fn step_lines_carry_the_contract_fields_and_never_a_secret() {
     assert_eq!(results[&3]["error"], "step 3: answered HTTP 500");
 
     // The pipeline's own line about the async failure has no error detail.
-    let ignored: Vec<_> = lines
-        .iter()
-        .filter(|l| {
-            l["message"]
-                .as_str()
-                .is_some_and(|m| m.contains("ignoring"))
-        })
-        .collect();
+    let ignored: Vec<_> =
+        lines.iter().filter(|l| l["message"].as_str().is_some_and(|m| m.contains("ignoring"))).collect();
     assert_eq!(ignored.len(), 1, "{text}");
     assert_eq!(ignored[0]["step"], 0);
-    assert!(
-        ignored[0].get("error").is_none() && ignored[0].get("status").is_none(),
-        "{}",
-        ignored[0]
-    );
+    assert!(ignored[0].get("error").is_none() && ignored[0].get("status").is_none(), "{}", ignored[0]);
 }

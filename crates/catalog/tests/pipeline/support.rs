@@ -44,35 +44,19 @@ pub struct Reply {
 }
 
 pub fn ok(body: Value) -> Reply {
-    Reply {
-        status: 200,
-        body: body.to_string(),
-        delay: Duration::ZERO,
-    }
+    Reply { status: 200, body: body.to_string(), delay: Duration::ZERO }
 }
 
 pub fn status(code: u16) -> Reply {
-    Reply {
-        status: code,
-        body: json!({"message": "nope"}).to_string(),
-        delay: Duration::ZERO,
-    }
+    Reply { status: code, body: json!({"message": "nope"}).to_string(), delay: Duration::ZERO }
 }
 
 pub fn text(body: &str) -> Reply {
-    Reply {
-        status: 200,
-        body: body.to_string(),
-        delay: Duration::ZERO,
-    }
+    Reply { status: 200, body: body.to_string(), delay: Duration::ZERO }
 }
 
 pub fn hang() -> Reply {
-    Reply {
-        status: 200,
-        body: json!({"late": true}).to_string(),
-        delay: Duration::from_secs(30),
-    }
+    Reply { status: 200, body: json!({"late": true}).to_string(), delay: Duration::from_secs(30) }
 }
 
 /// `(request, how many earlier requests had this path) -> reply`.
@@ -90,31 +74,18 @@ pub struct TestServer {
 }
 
 impl TestServer {
-    pub async fn start(
-        responder: impl Fn(&Recorded, usize) -> Reply + Send + Sync + 'static,
-    ) -> Self {
+    pub async fn start(responder: impl Fn(&Recorded, usize) -> Reply + Send + Sync + 'static) -> Self {
         let requests = Arc::new(Mutex::new(Vec::new()));
-        let state = ServerState {
-            requests: requests.clone(),
-            responder: Arc::new(responder),
-        };
+        let state = ServerState { requests: requests.clone(), responder: Arc::new(responder) };
         let app = axum::Router::new().fallback(handle).with_state(state);
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind 127.0.0.1:0");
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind 127.0.0.1:0");
         let addr = listener.local_addr().expect("local addr");
         tokio::spawn(async move { axum::serve(listener, app).await });
-        Self {
-            base: format!("http://{addr}"),
-            requests,
-        }
+        Self { base: format!("http://{addr}"), requests }
     }
 
     pub fn requests(&self) -> Vec<Recorded> {
-        self.requests
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
+        self.requests.lock().unwrap_or_else(PoisonError::into_inner).clone()
     }
 
     pub fn calls(&self, path: &str) -> usize {
@@ -129,21 +100,10 @@ pub async fn handle(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    let path = uri
-        .path_and_query()
-        .map(|p| p.to_string())
-        .unwrap_or_default();
-    let request = Recorded {
-        method,
-        path,
-        headers,
-        body,
-    };
+    let path = uri.path_and_query().map(|p| p.to_string()).unwrap_or_default();
+    let request = Recorded { method, path, headers, body };
     let reply = {
-        let mut requests = state
-            .requests
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
+        let mut requests = state.requests.lock().unwrap_or_else(PoisonError::into_inner);
         let earlier = requests.iter().filter(|r| r.path == request.path).count();
         requests.push(request.clone());
         (state.responder)(&request, earlier)
@@ -157,9 +117,7 @@ pub async fn handle(
 
 /// A port nothing listens on.
 pub async fn closed_port() -> String {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let addr = listener.local_addr().expect("addr");
     drop(listener);
     format!("http://{addr}")
@@ -167,10 +125,8 @@ pub async fn closed_port() -> String {
 
 // ---------------------------------------------------------------- helpers
 
-pub const SETTINGS: PipelineSettings = PipelineSettings {
-    async_ack_timeout: Duration::from_millis(200),
-    wait_poll_interval: Duration::from_millis(20),
-};
+pub const SETTINGS: PipelineSettings =
+    PipelineSettings { async_ack_timeout: Duration::from_millis(200), wait_poll_interval: Duration::from_millis(20) };
 
 pub fn ctx() -> SubscriptionContext {
     SubscriptionContext {
@@ -193,10 +149,7 @@ pub fn compile(steps_yaml: &str, base: &str) -> Pipelines {
 
 pub fn try_compile(steps_yaml: &str, base: &str) -> Result<Pipelines, ValidationError> {
     let indented: String = steps_yaml.lines().map(|l| format!("      {l}\n")).collect();
-    let yaml = format!(
-        "reconciler:\n  mode:\n    m:\n{}",
-        indented.replace("BASE", base)
-    );
+    let yaml = format!("reconciler:\n  mode:\n    m:\n{}", indented.replace("BASE", base));
     let config = Config::parse(&yaml, "test.yaml").unwrap_or_else(|e| panic!("parse: {e}\n{yaml}"));
     Pipelines::compile(&config.reconciler)
 }
@@ -205,12 +158,7 @@ pub async fn run(pipelines: &Pipelines) -> Result<(), PipelineError> {
     run_with(pipelines, &CancellationToken::new()).await
 }
 
-pub async fn run_with(
-    pipelines: &Pipelines,
-    cancel: &CancellationToken,
-) -> Result<(), PipelineError> {
+pub async fn run_with(pipelines: &Pipelines, cancel: &CancellationToken) -> Result<(), PipelineError> {
     let pipeline = pipelines.get("m").expect("mode m");
-    pipeline
-        .run(&http_client(), &ctx(), &SETTINGS, cancel)
-        .await
+    pipeline.run(&http_client(), &ctx(), &SETTINGS, cancel).await
 }

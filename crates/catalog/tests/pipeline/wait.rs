@@ -23,21 +23,16 @@ const WAIT_STEP: &str = r#"
 
 #[tokio::test]
 async fn wait_polls_until_success() {
-    let server = TestServer::start(|_, n| {
-        if n < 3 {
-            ok(json!({"status": "running"}))
-        } else {
-            ok(json!({"status": "success"}))
-        }
-    })
-    .await;
+    let server =
+        TestServer::start(
+            |_, n| {
+                if n < 3 { ok(json!({"status": "running"})) } else { ok(json!({"status": "success"})) }
+            },
+        )
+        .await;
     run(&compile(WAIT_STEP, &server.base)).await.expect("run");
     assert_eq!(server.calls("/status"), 4, "3 × running, then success");
-    assert_eq!(
-        server.calls("/after/success"),
-        1,
-        "outputs come from the final answer"
-    );
+    assert_eq!(server.calls("/after/success"), 1, "outputs come from the final answer");
 }
 
 #[tokio::test]
@@ -48,20 +43,13 @@ async fn wait_failure_value_stops_at_once() {
         _ => ok(json!({})),
     })
     .await;
-    let err = run(&compile(WAIT_STEP, &server.base))
-        .await
-        .expect_err("canceled");
+    let err = run(&compile(WAIT_STEP, &server.base)).await.expect_err("canceled");
     assert!(
         matches!(&err, PipelineError::WaitFailed { step: 0, key, value } if key == ".status" && value == "canceled"),
         "{err:?}"
     );
     assert_eq!(server.calls("/status"), 2, "no further polling");
-    assert!(
-        server
-            .requests()
-            .iter()
-            .all(|r| !r.path.starts_with("/after"))
-    );
+    assert!(server.requests().iter().all(|r| !r.path.starts_with("/after")));
 }
 
 #[tokio::test]
@@ -90,8 +78,7 @@ async fn wait_requires_every_condition() {
 
 #[tokio::test]
 async fn one_failing_condition_fails_whatever_the_others_say() {
-    let server =
-        TestServer::start(|_, _| ok(json!({"status": "success", "check": "failed"}))).await;
+    let server = TestServer::start(|_, _| ok(json!({"status": "success", "check": "failed"}))).await;
     let pipelines = compile(
         r#"
 - method: get
@@ -103,10 +90,7 @@ async fn one_failing_condition_fails_whatever_the_others_say() {
         &server.base,
     );
     let err = run(&pipelines).await.expect_err("check failed");
-    assert!(
-        matches!(&err, PipelineError::WaitFailed { key, .. } if key == ".check"),
-        "{err:?}"
-    );
+    assert!(matches!(&err, PipelineError::WaitFailed { key, .. } if key == ".check"), "{err:?}");
     assert_eq!(server.calls("/status"), 1);
 }
 
@@ -134,49 +118,20 @@ async fn wait_times_out() {
     );
     let started = Instant::now();
     let err = run(&pipelines).await.expect_err("never succeeds");
-    let PipelineError::WaitTimeout {
-        step: 0,
-        attempts,
-        last,
-        ..
-    } = &err
-    else {
-        panic!("{err:?}")
-    };
+    let PipelineError::WaitTimeout { step: 0, attempts, last, .. } = &err else { panic!("{err:?}") };
     assert!(*attempts > 1, "polled: {attempts}");
     assert_eq!(last, r#".status="running""#);
     // The last attempt may be cut off by the timeout before the server sees it.
     let calls = server.calls("/status") as u32;
-    assert!(
-        calls == *attempts || calls + 1 == *attempts,
-        "{calls} calls, {attempts} attempts"
-    );
+    assert!(calls == *attempts || calls + 1 == *attempts, "{calls} calls, {attempts} attempts");
     assert!(started.elapsed() < Duration::from_secs(5));
     assert_eq!(server.calls("/next"), 0);
 }
 
 #[tokio::test]
 async fn non_2xx_while_waiting_fails_the_step() {
-    let server = TestServer::start(|_, n| {
-        if n == 0 {
-            ok(json!({"status": "running"}))
-        } else {
-            status(502)
-        }
-    })
-    .await;
-    let err = run(&compile(WAIT_STEP, &server.base))
-        .await
-        .expect_err("502");
-    assert!(
-        matches!(
-            err,
-            PipelineError::Status {
-                step: 0,
-                status: 502
-            }
-        ),
-        "{err:?}"
-    );
+    let server = TestServer::start(|_, n| if n == 0 { ok(json!({"status": "running"})) } else { status(502) }).await;
+    let err = run(&compile(WAIT_STEP, &server.base)).await.expect_err("502");
+    assert!(matches!(err, PipelineError::Status { step: 0, status: 502 }), "{err:?}");
     assert_eq!(server.calls("/status"), 2);
 }

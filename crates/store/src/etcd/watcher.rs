@@ -1,0 +1,173 @@
+//! The etcd watch as a stream that never ends.
+//!
+//! etcd's own watch stream ends whenever the connection drops, and is
+//! cancelled by the server when its start revision has been compacted away.
+//! Callers of [`crate::Store::watch`] must not have to care (kube's watcher
+//! makes the same promise), so [`Watcher`] is a small state machine over
+//! one position, `next`, the first revision not yet delivered:
+//!
+//! - **watching**: a native etcd watch on the prefix from `next`. Events are
+//!   delivered in revision order and `next` moves past each response.
+//! - **reconnecting**: the stream failed or ended. After a capped
+//!   exponential back-off a new watch starts from `next`, so nothing is
+//!   lost and nothing is delivered twice across a reconnect.
+//! - **re-listing**: etcd answered with `compact_revision`: the history from
+//!   `next` is gone. The prefix is read at one revision `r`, a `Put` is
+//!   emitted for every key present (at its current `mod_revision`), and
+//!   watching resumes from `r + 1`. A consumer that applies puts
+//!   idempotently ends up with the latest value of every live key; what it
+//!   cannot learn is which keys were deleted during the compacted gap,
+//!   which is the documented contract of [`crate::WatchStream`].
+//!
+//! The stream ends only when the [`super::EtcdStore`] that made it is
+//! dropped. Failures are logged (`warn`) and retried inside.
+
+use std::collections::VecDeque;
+use std::time::Duration;
+
+use etcd_client::{EventType, WatchOptions, WatchResponse};
+use futures::stream;
+use tokio_util::sync::CancellationToken;
+
+use super::{Keyspace, unavailable};
+use crate::{Error, Event, Result, Revision, WatchStream};
+
+/// First and longest wait before re-opening a failed watch.
+const BACKOFF_MIN: Duration = Duration::from_millis(100);
+const BACKOFF_MAX: Duration = Duration::from_secs(5);
+
+/// Starts watching `prefix` from `from` (inclusive). The first watch is
+/// opened before returning, so a store that cannot be reached at all (or a
+/// user without access) is an error here rather than a silent retry loop.
+pub(super) async fn watch(
+    keys: Keyspace,
+    prefix: &str,
+    from: Revision,
+    shutdown: CancellationToken,
+) -> Result<WatchStream> {
+    let (start, end) = keys.range(prefix);
+    let mut watcher = Watcher {
+        keys,
+        start,
+        end,
+        // etcd reads start revision 0 as "now"; the API means "from the beginning".
+        next: from.max(1),
+        stream: None,
+        pending: VecDeque::new(),
+        backoff: BACKOFF_MIN,
+        shutdown,
+    };
+    watcher.stream = Some(watcher.open().await?);
+    Ok(Box::pin(stream::unfold(watcher, |mut watcher| async move {
+        let event = watcher.next_event().await?;
+        Some((event, watcher))
+    })))
+}
+
+struct Watcher {
+    keys: Keyspace,
+    /// The etcd key range watched, `[start, end)`.
+    start: Vec<u8>,
+    end: Vec<u8>,
+    /// The first revision not yet delivered (or queued in `pending`).
+    next: Revision,
+    /// `None` while reconnecting.
+    stream: Option<etcd_client::WatchStream>,
+    /// Events received but not yet handed to the consumer.
+    pending: VecDeque<Event>,
+    backoff: Duration,
+    shutdown: CancellationToken,
+}
+
+impl Watcher {
+    async fn open(&self) -> Result<etcd_client::WatchStream> {
+        let options = WatchOptions::new().with_range(self.end.clone()).with_start_revision(self.next);
+        self.keys.client.watch_client().watch(self.start.clone(), Some(options)).await.map_err(unavailable)
+    }
+
+    /// The next event; `None` once the store is gone.
+    async fn next_event(&mut self) -> Option<Event> {
+        loop {
+            if let Some(event) = self.pending.pop_front() {
+                return Some(event);
+            }
+            let shutdown = self.shutdown.clone();
+            let stepped = tokio::select! {
+                biased;
+                () = shutdown.cancelled() => return None,
+                stepped = self.step() => stepped,
+            };
+            if let Err(e) = stepped {
+                tracing::warn!(
+                    prefix = %String::from_utf8_lossy(&self.start),
+                    next = self.next,
+                    retry_in = ?self.backoff,
+                    error = %e,
+                    "etcd watch failed; re-watching from the last delivered revision"
+                );
+                self.stream = None;
+                tokio::select! {
+                    () = self.shutdown.cancelled() => return None,
+                    () = tokio::time::sleep(self.backoff) => {}
+                }
+                self.backoff = (self.backoff * 2).min(BACKOFF_MAX);
+            }
+        }
+    }
+
+    /// One unit of progress: open a watch, or handle one response.
+    async fn step(&mut self) -> Result<()> {
+        let Some(stream) = self.stream.as_mut() else {
+            self.stream = Some(self.open().await?);
+            return Ok(());
+        };
+        let response = stream
+            .message()
+            .await
+            .map_err(unavailable)?
+            .ok_or_else(|| Error::Unavailable("etcd closed the watch stream".into()))?;
+        if response.compact_revision() > 0 {
+            return self.relist(response.compact_revision()).await;
+        }
+        if response.canceled() {
+            return Err(Error::Unavailable(format!("etcd cancelled the watch: {}", response.cancel_reason())));
+        }
+        self.backoff = BACKOFF_MIN;
+        self.queue(&response);
+        Ok(())
+    }
+
+    fn queue(&mut self, response: &WatchResponse) {
+        for event in response.events() {
+            let Some(kv) = event.kv() else { continue };
+            let Some(key) = self.keys.relative(kv.key()) else { continue };
+            let revision = kv.mod_revision();
+            self.next = self.next.max(revision + 1);
+            self.pending.push_back(match event.event_type() {
+                EventType::Put => Event::Put(crate::KeyValue {
+                    key,
+                    value: kv.value().to_vec(),
+                    create_revision: kv.create_revision(),
+                    mod_revision: revision,
+                }),
+                EventType::Delete => Event::Delete { key, revision },
+            });
+        }
+    }
+
+    /// The history from `next` was compacted: emit the present state instead.
+    async fn relist(&mut self, compacted: Revision) -> Result<()> {
+        self.stream = None;
+        let (items, revision) = self.keys.snapshot(&self.start, &self.end).await?;
+        tracing::warn!(
+            prefix = %String::from_utf8_lossy(&self.start),
+            from = self.next,
+            compacted,
+            relisted = items.len(),
+            "etcd watch position was compacted; re-listed and resuming after the listing"
+        );
+        self.pending.extend(items.into_iter().map(Event::Put));
+        self.next = revision + 1;
+        Ok(())
+    }
+}

@@ -1,0 +1,63 @@
+//! Runs the store conformance suite (`kayra_store::testsuite`) against
+//! every backend: each case is one test per backend, so `cargo test` lists
+//! `local::<case>` and `etcd::<case>` side by side. Every etcd test starts
+//! its own etcd (see `kayra_testkit::Etcd`).
+
+use kayra_store::Store;
+
+/// A store plus whatever keeps it alive (temp dir, etcd process).
+struct TestStore {
+    store: Store,
+    _dir: Option<tempfile::TempDir>,
+    _etcd: Option<kayra_testkit::Etcd>,
+}
+
+async fn local() -> TestStore {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let config = kayra_testkit::local_config(dir.path());
+    let local = kayra_store::local::LocalStore::open(&config.path, config.poll_interval.0).expect("open local store");
+    TestStore { store: Store::new(local), _dir: Some(dir), _etcd: None }
+}
+
+async fn etcd() -> TestStore {
+    let etcd = kayra_testkit::Etcd::start().await;
+    let store = kayra_store::etcd::EtcdStore::connect(&etcd.config("/kayra")).await.expect("connect to etcd");
+    TestStore { store: Store::new(store), _dir: None, _etcd: Some(etcd) }
+}
+
+/// One `#[tokio::test]` per case in `mod local` and in `mod etcd`.
+macro_rules! conformance {
+    ($($case:ident),* $(,)?) => {
+        mod local {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $case() {
+                    let store = super::local().await;
+                    kayra_store::testsuite::$case(&store.store).await;
+                }
+            )*
+        }
+        mod etcd {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $case() {
+                    let store = super::etcd().await;
+                    kayra_store::testsuite::$case(&store.store).await;
+                }
+            )*
+        }
+    };
+}
+
+conformance!(
+    get_missing,
+    create_then_conflict,
+    update_compare_and_swap,
+    delete_conditional,
+    list_sorted_and_paginated,
+    watch_orders_puts_and_deletes,
+    watch_replays_history_from_a_past_revision,
+    list_then_watch_loses_nothing,
+    revision_moves_only_on_writes,
+    run_all,
+);

@@ -1,0 +1,336 @@
+//! What only the etcd backend does: watches that outlive compactions and
+//! server restarts, job locks across clients and processes, and
+//! authentication. Every test starts its own etcd (`kayra_testkit::Etcd`).
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use etcd_client::{GetOptions, PutOptions};
+use kayra_store::etcd::EtcdStore;
+use kayra_store::testsuite::{WAIT, next_event};
+use kayra_store::{Error, Event, JobLocker, Store, WatchStream};
+use kayra_testkit::{Etcd, eventually};
+
+async fn store(etcd: &Etcd) -> Store {
+    Store::new(EtcdStore::connect(&etcd.config("/kayra")).await.expect("connect"))
+}
+
+fn locker(store: &Store) -> Arc<dyn JobLocker> {
+    store.job_locker().expect("the etcd store has a job locker")
+}
+
+/// Applies watch events to a map until `done` holds for it.
+async fn consume_until(
+    watch: &mut WatchStream,
+    state: &mut BTreeMap<String, Vec<u8>>,
+    done: impl Fn(&BTreeMap<String, Vec<u8>>) -> bool,
+) {
+    while !done(state) {
+        match next_event(watch).await {
+            Event::Put(kv) => state.insert(kv.key, kv.value),
+            Event::Delete { key, .. } => state.remove(&key),
+        };
+    }
+}
+
+async fn current(store: &Store, prefix: &str) -> BTreeMap<String, Vec<u8>> {
+    let (items, _) = store.list_all(prefix).await.expect("list");
+    items.into_iter().map(|kv| (kv.key, kv.value)).collect()
+}
+
+/// Writes a history of creates, updates and deletes under `prefix`.
+async fn churn(store: &Store, prefix: &str, rounds: usize) {
+    for round in 0..rounds {
+        for i in 0..10 {
+            let key = format!("{prefix}k{i}");
+            let value = format!("{round}").into_bytes();
+            match store.get(&key).await.expect("get").0 {
+                Some(kv) if (i + round) % 4 == 0 => store.delete(&key, Some(kv.mod_revision)).await.map(drop),
+                Some(kv) => store.update(&key, value, kv.mod_revision).await.map(drop),
+                None => store.create(&key, value).await.map(drop),
+            }
+            .expect("write");
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watch_from_a_compacted_revision_relists_then_resumes() {
+    let etcd = Etcd::start().await;
+    let store = store(&etcd).await;
+    let prefix = "/things/";
+    let start = store.revision().await.expect("revision") + 1;
+    churn(&store, prefix, 5).await;
+    let compacted_at = store.revision().await.expect("revision");
+    etcd.client().await.compact(compacted_at, None).await.expect("compact");
+
+    let mut watch = store.watch(prefix, start).await.expect("watch from a compacted revision");
+    let want = current(&store, prefix).await;
+    assert!(!want.is_empty());
+    let mut seen = BTreeMap::new();
+    consume_until(&mut watch, &mut seen, |s| s == &want).await;
+
+    // Then it carries on from after the listing: the next write and nothing else.
+    let rev = store.create("/things/after", b"x".to_vec()).await.expect("create");
+    match next_event(&mut watch).await {
+        Event::Put(kv) => assert_eq!((kv.key.as_str(), kv.mod_revision), ("/things/after", rev)),
+        other => panic!("expected the put of /things/after, got {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watch_survives_a_restart_and_a_compaction() {
+    let mut etcd = Etcd::start().await;
+    let store = store(&etcd).await;
+    let prefix = "/things/";
+    let mut watch = store.watch(prefix, store.revision().await.expect("revision") + 1).await.expect("watch");
+    churn(&store, prefix, 2).await;
+    let mut seen = BTreeMap::new();
+    let want = current(&store, prefix).await;
+    consume_until(&mut watch, &mut seen, |s| s == &want).await;
+
+    // The watch's connection dies; meanwhile the history it would resume
+    // from may be compacted away. Either way it must converge.
+    etcd.restart().await;
+    churn(&store, prefix, 3).await;
+    let compacted_at = store.revision().await.expect("revision");
+    etcd.client().await.compact(compacted_at, None).await.expect("compact");
+    store.create("/things/marker", b"m".to_vec()).await.expect("create marker");
+    let want = current(&store, prefix).await;
+    // Keys deleted while the history was compacted cannot be reported (the
+    // documented contract), so compare what is present.
+    consume_until(&mut watch, &mut seen, |s| want.iter().all(|(k, v)| s.get(k) == Some(v))).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watch_resumes_after_a_restart_without_duplicates() {
+    let mut etcd = Etcd::start().await;
+    let store = store(&etcd).await;
+    let mut watch = store.watch("/w/", store.revision().await.expect("revision") + 1).await.expect("watch");
+    let r1 = store.create("/w/a", b"1".to_vec()).await.expect("create");
+    assert_eq!(next_event(&mut watch).await.revision(), r1);
+
+    etcd.restart().await;
+    let r2 = store.create("/w/b", b"1".to_vec()).await.expect("create after restart");
+    let event = next_event(&mut watch).await;
+    assert_eq!((event.key(), event.revision()), ("/w/b", r2), "the watch resumes right after the last delivered event");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreachable_etcd_is_unavailable() {
+    let config = kayra_config::EtcdConfig {
+        endpoints: vec![format!("http://127.0.0.1:{}", kayra_testkit::free_port())],
+        ..Default::default()
+    };
+    let store = Store::new(EtcdStore::connect(&config).await.expect("connecting is lazy"));
+    let err = store.revision().await.expect_err("nobody listens");
+    assert!(matches!(err, Error::Unavailable(_)), "want Unavailable, got {err:?}");
+    let err = store.watch("/", 1).await.err().expect("watch fails fast too");
+    assert!(matches!(err, Error::Unavailable(_)), "want Unavailable, got {err:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keys_live_under_the_prefix() {
+    let etcd = Etcd::start().await;
+    let store = Store::new(EtcdStore::connect(&etcd.config("/kayra/")).await.expect("connect"));
+    store.create("/namespaces/a", b"x".to_vec()).await.expect("create");
+    let mut raw = etcd.client().await;
+    let got = raw.get("/kayra/namespaces/a", None).await.expect("raw get");
+    assert_eq!(got.kvs().len(), 1, "prefix \"/kayra/\" + key \"/namespaces/a\" is /kayra/namespaces/a");
+    // A key next to the root is not ours.
+    raw.put("/kayra2/namespaces/b", "y", None).await.expect("raw put");
+    let all = store.list("", None, 0).await.expect("list");
+    let keys: Vec<_> = all.items.iter().map(|kv| kv.key.as_str()).collect();
+    assert_eq!(keys, ["/namespaces/a"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_lock_excludes_other_clients_until_unlocked() {
+    let etcd = Etcd::start().await;
+    let (one, two) = (store(&etcd).await, store(&etcd).await);
+    let job = "subscriptions/core/compute.example.com";
+    let held = locker(&one).lock(job).await.expect("lock");
+
+    // Go's concurrency.Mutex layout: <prefix>/locks/<job>/<lease hex>.
+    let key = held.key.clone();
+    assert!(key.starts_with("/kayra/locks/subscriptions%2Fcore%2Fcompute.example.com/"), "{key}");
+
+    let waiter = tokio::spawn({
+        let two = two.clone();
+        async move { locker(&two).lock(job).await }
+    });
+    // Blocked for many retry intervals (50ms each).
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(!waiter.is_finished(), "a second client must block while the job is held");
+    // Another job is independent.
+    let other = locker(&two).lock("namespaces/core").await.expect("another job");
+    locker(&two).unlock(other).await.expect("unlock");
+
+    locker(&one).unlock(held).await.expect("unlock");
+    let second = tokio::time::timeout(WAIT, waiter).await.expect("second client gets the lock").expect("task");
+    let second = second.expect("lock");
+    assert_ne!(second.key, key, "each client owns its own contender key");
+    locker(&two).unlock(second).await.expect("unlock");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_lock_excludes_other_tasks_of_the_same_process() {
+    let etcd = Etcd::start().await;
+    let store = store(&etcd).await;
+    let held = locker(&store).lock("namespaces/core").await.expect("lock");
+    let waiter = tokio::spawn({
+        let store = store.clone();
+        async move { locker(&store).lock("namespaces/core").await }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!waiter.is_finished(), "a second task must block while the job is held");
+    locker(&store).unlock(held).await.expect("unlock");
+    let second = tokio::time::timeout(WAIT, waiter).await.expect("second task gets the lock").expect("task");
+    locker(&store).unlock(second.expect("lock")).await.expect("unlock");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_abandoned_lock_attempt_leaves_no_key_behind() {
+    let etcd = Etcd::start().await;
+    let (one, two) = (store(&etcd).await, store(&etcd).await);
+    let held = locker(&one).lock("namespaces/core").await.expect("lock");
+    let waiter = tokio::spawn({
+        let two = two.clone();
+        async move { locker(&two).lock("namespaces/core").await }
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    waiter.abort();
+    let _ = waiter.await;
+
+    // Only the holder's key remains.
+    let prefix = "/kayra/locks/namespaces%2Fcore/";
+    eventually("the abandoned attempt's key is gone", || async {
+        let mut raw = etcd.client().await;
+        let resp = raw.get(prefix, Some(GetOptions::new().with_prefix())).await.expect("raw get");
+        resp.kvs().iter().map(|kv| String::from_utf8_lossy(kv.key()).into_owned()).collect::<Vec<_>>()
+            == [held.key.clone()]
+    })
+    .await;
+    locker(&one).unlock(held).await.expect("unlock");
+    let again = tokio::time::timeout(WAIT, locker(&two).lock("namespaces/core")).await.expect("lock in time");
+    locker(&two).unlock(again.expect("lock")).await.expect("unlock");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_taken_by_another_tool_blocks_until_it_is_released() {
+    // Interoperability with Go's concurrency.Mutex (and `etcdctl lock`): a
+    // contender key with a lower create revision owns the mutex.
+    let etcd = Etcd::start().await;
+    let store = store(&etcd).await;
+    let mut raw = etcd.client().await;
+    let lease = raw.lease_grant(30, None).await.expect("grant").id();
+    let foreign = format!("/kayra/locks/namespaces%2Fcore/{lease:x}");
+    raw.put(foreign.as_str(), "", Some(PutOptions::new().with_lease(lease))).await.expect("foreign lock");
+
+    let waiter = tokio::spawn({
+        let store = store.clone();
+        async move { locker(&store).lock("namespaces/core").await }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!waiter.is_finished(), "the foreign holder owns the mutex");
+    raw.delete(foreign.as_str(), None).await.expect("foreign unlock");
+    let held = tokio::time::timeout(WAIT, waiter).await.expect("lock in time").expect("task").expect("lock");
+    locker(&store).unlock(held).await.expect("unlock");
+}
+
+/// Child mode of [`a_killed_holder_frees_its_lock_after_the_lease_ttl`]: when
+/// `KAYRA_TEST_LOCK_CHILD` names an etcd endpoint, take the job lock, say
+/// so on stdout and wait to be killed. Without it, this test does nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lock_holder_child() {
+    let Ok(endpoint) = std::env::var(CHILD_ENV) else { return };
+    let config = kayra_config::EtcdConfig { endpoints: vec![endpoint], lock_ttl: LOCK_TTL, ..Default::default() };
+    let store = Store::new(EtcdStore::connect(&config).await.expect("child connect"));
+    let _held = locker(&store).lock(CHILD_JOB).await.expect("child lock");
+    println!("{CHILD_LOCKED}");
+    std::future::pending::<()>().await;
+}
+
+const CHILD_ENV: &str = "KAYRA_TEST_LOCK_CHILD";
+const CHILD_JOB: &str = "subscriptions/core/compute.example.com";
+const CHILD_LOCKED: &str = "kayra-test-child: locked";
+const LOCK_TTL: kayra_config::Duration = kayra_config::Duration::from_secs(2);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_holder_frees_its_lock_after_the_lease_ttl() {
+    let etcd = Etcd::start().await;
+    // Re-run this test binary in child mode: a real process holding the lock.
+    let mut child = Command::new(std::env::current_exe().expect("test binary"))
+        .args(["--exact", "lock_holder_child", "--nocapture", "--test-threads", "1"])
+        .env(CHILD_ENV, etcd.endpoint())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("spawn child");
+    let stdout = child.stdout.take().expect("child stdout");
+    let locked = tokio::task::spawn_blocking(move || {
+        BufReader::new(stdout).lines().map_while(Result::ok).any(|line| line.trim() == CHILD_LOCKED)
+    });
+    let locked = tokio::time::timeout(WAIT, locked).await.expect("child locks in time").expect("reader");
+    assert!(locked, "the child exited without taking the lock");
+
+    let mut config = etcd.config("/kayra");
+    config.lock_ttl = LOCK_TTL;
+    let store = Store::new(EtcdStore::connect(&config).await.expect("connect"));
+    let waiter = tokio::spawn({
+        let store = store.clone();
+        async move { locker(&store).lock(CHILD_JOB).await }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!waiter.is_finished(), "the child holds the lock");
+
+    child.kill().expect("SIGKILL the child");
+    let killed = Instant::now();
+    let _ = child.wait();
+    let held = tokio::time::timeout(WAIT, waiter).await.expect("the lock frees in time").expect("task").expect("lock");
+    let took = killed.elapsed();
+    // The lease was renewed at most ttl/3 before the kill, so it expires
+    // between 2/3 ttl and ttl later (plus etcd's expiry tick).
+    assert!(took >= LOCK_TTL.0 / 2, "freed after {took:?}: too soon for a lease expiry");
+    assert!(took <= LOCK_TTL.0 + Duration::from_secs(5), "freed after {took:?}, lease TTL is {:?}", LOCK_TTL.0);
+    eprintln!("lock of a killed holder freed after {took:?} (lease TTL {:?})", LOCK_TTL.0);
+    locker(&store).unlock(held).await.expect("unlock");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_lease_is_replaced_transparently() {
+    let etcd = Etcd::start().await;
+    let backend = EtcdStore::connect(&etcd.config("/kayra")).await.expect("connect");
+    let first = backend.locker().lease_id().await.expect("lease");
+    etcd.client().await.lease_revoke(first).await.expect("revoke behind the locker's back");
+    // The keep-alive task notices at its next renewal (ttl/3) and the next
+    // lock gets a fresh lease.
+    let locker = backend.locker().clone();
+    eventually("a new lease", || async { locker.lease_id().await.is_ok_and(|id| id != first) }).await;
+    let held = locker.lock("namespaces/core").await.expect("lock on the new lease");
+    locker.unlock(held).await.expect("unlock");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn username_and_password_authenticate() {
+    let etcd = Etcd::start().await;
+    let mut raw = etcd.client().await;
+    raw.user_add("root", "s3cret", None).await.expect("add root");
+    raw.user_grant_role("root", "root").await.expect("grant root");
+    raw.auth_enable().await.expect("enable auth");
+
+    let mut config = etcd.config("/kayra");
+    config.username = Some("root".into());
+    let wrong = EtcdStore::connect_with_password(&config, Some("nope")).await;
+    assert!(matches!(wrong, Err(Error::Unavailable(_))), "a wrong password is refused");
+
+    let store = Store::new(EtcdStore::connect_with_password(&config, Some("s3cret")).await.expect("connect"));
+    let mut watch = store.watch("/a/", 1).await.expect("watch");
+    let rev = store.create("/a/b", b"x".to_vec()).await.expect("create");
+    assert_eq!(next_event(&mut watch).await.revision(), rev);
+    let held = locker(&store).lock("namespaces/core").await.expect("lock");
+    locker(&store).unlock(held).await.expect("unlock");
+}
