@@ -1,0 +1,150 @@
+//! `kayra-bench`: how much kayra costs on top of its store.
+//!
+//! Every figure is measured against the raw store *in the same run*, on
+//! the same machine, and reported as a ratio, so results from noisy or
+//! different machines stay comparable. Run with
+//! `cargo run --release -p kayra-bench -- --ops 2000`; the numbers of record
+//! live in `docs/BENCHMARKS.md`.
+//!
+//! Measured per backend (local SQLite file, a private etcd):
+//! - raw store creates, 1 and 32 in flight;
+//! - `Repository` typed creates (JSON encoding + key layout), same concurrency;
+//! - reconciler fan-out: after a SyncID bump, reconciles completed per
+//!   second (placeholder mode: the cost is kayra's, not a backend's),
+//!   against raw compare-and-swap updates of the same records.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use clap::Parser;
+use futures::StreamExt;
+use kayra_catalog::reconciler::Reconciler;
+use kayra_catalog::repo::{Change, Repository, keys};
+use kayra_config::ReconcilerConfig;
+use kayra_core::{ApiRegistration, Subscription};
+use kayra_store::Store;
+use tokio_util::sync::CancellationToken;
+
+#[derive(Parser)]
+struct Args {
+    /// Operations per measurement.
+    #[arg(long, default_value_t = 2000)]
+    ops: usize,
+    /// Subscriptions in the fan-out measurement.
+    #[arg(long, default_value_t = 500)]
+    subscribers: usize,
+}
+
+const API: &str = "compute.example.com";
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    println!("| backend | measurement | ops/s | ratio to raw |");
+    println!("|---|---|---:|---:|");
+    let dir = tempfile::tempdir()?;
+    let local = kayra_testkit::local_config(dir.path());
+    let store = Store::new(kayra_store::local::LocalStore::open(&local.path, local.poll_interval.0)?);
+    run("local", store, &args).await?;
+    let etcd = kayra_testkit::Etcd::start().await;
+    let store = Store::new(kayra_store::etcd::EtcdStore::connect(&etcd.config("/bench")).await?);
+    run("etcd", store, &args).await?;
+    Ok(())
+}
+
+async fn run(backend: &str, store: Store, args: &Args) -> anyhow::Result<()> {
+    let row = |what: &str, rate: f64, raw: f64| println!("| {backend} | {what} | {rate:.0} | {:.2} |", rate / raw);
+    for inflight in [1, 32] {
+        let raw = rate(args.ops, inflight, |i| {
+            let store = store.clone();
+            async move { store.create(&format!("/bench/raw{inflight}/{i:08}"), vec![b'x'; 256]).await.map(|_| ()) }
+        })
+        .await?;
+        row(&format!("raw store create, {inflight} in flight"), raw, raw);
+        let repo = Repository::new(store.clone(), "dev", "local");
+        let typed = rate(args.ops, inflight, |i| {
+            let repo = repo.clone();
+            async move {
+                let sub = Subscription::new(format!("ns{inflight}-{i}"), API);
+                let key = keys::subscription("bench", &inflight.to_string(), &sub.namespace, API);
+                repo.create(&key, &sub, "subscription").await.map(|_| ())
+            }
+        })
+        .await?;
+        row(&format!("Repository create, {inflight} in flight"), typed, raw);
+    }
+    fan_out(backend, store, args).await
+}
+
+/// Ops per second of `ops` calls of `op`, `inflight` at a time.
+async fn rate<F, Fut, E>(ops: usize, inflight: usize, op: F) -> anyhow::Result<f64>
+where
+    F: Fn(usize) -> Fut,
+    Fut: std::future::Future<Output = Result<(), E>>,
+    E: std::error::Error + Send + Sync + 'static,
+{
+    let started = Instant::now();
+    let results: Vec<Result<(), E>> = futures::stream::iter(0..ops).map(op).buffer_unordered(inflight).collect().await;
+    for r in results {
+        r.context("benchmark operation")?;
+    }
+    Ok(ops as f64 / started.elapsed().as_secs_f64())
+}
+
+async fn fan_out(backend: &str, store: Store, args: &Args) -> anyhow::Result<()> {
+    let repo = Repository::new(store.clone(), "dev", "local");
+    let reg =
+        ApiRegistration { name: API.into(), mode: "placeholder".into(), sync_id: "s1".into(), ..Default::default() };
+    repo.create(&keys::registration("dev", "local", API), &reg, "registration").await?;
+    for i in 0..args.subscribers {
+        let sub = Subscription::new(format!("t{i}"), API);
+        repo.create(&keys::subscription("dev", "local", &sub.namespace, API), &sub, "subscription").await?;
+    }
+    // Raw baseline: one CAS update of every subscription record, 30 in flight
+    // (the reconciler's default pool size).
+    let (subs, _) = repo.list_subscriptions().await?;
+    let subs = Arc::new(subs);
+    let raw = rate(subs.len(), 30, |i| {
+        let (store, subs) = (store.clone(), subs.clone());
+        async move {
+            let kv = &subs[i];
+            let key = keys::subscription("dev", "local", &kv.value.namespace, API);
+            let (current, _) = store.get(&key).await?;
+            let current = current.ok_or_else(|| kayra_store::Error::NotFound(key.clone()))?;
+            store.update(&key, current.value, current.mod_revision).await.map(|_| ())
+        }
+    })
+    .await?;
+    println!("| {backend} | raw CAS update (read + update), 30 in flight | {raw:.0} | 1.00 |");
+
+    let config = ReconcilerConfig { max_concurrent_reconciles: 30, ..Default::default() };
+    let cancel = CancellationToken::new();
+    let reconciler = Reconciler::new(repo.clone(), config, cancel.clone()).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let handle = tokio::spawn(reconciler.run());
+    wait_synced(&repo, "s1", args.subscribers).await?;
+    let started = Instant::now();
+    repo.modify::<ApiRegistration, _>(&keys::registration("dev", "local", API), "registration", |r| {
+        r.sync_id = "s2".into();
+        Change::Write
+    })
+    .await?;
+    wait_synced(&repo, "s2", args.subscribers).await?;
+    let fan = args.subscribers as f64 / started.elapsed().as_secs_f64();
+    println!("| {backend} | reconciler fan-out after a SyncID bump, pool 30 | {fan:.0} | {:.2} |", fan / raw);
+    cancel.cancel();
+    handle.await??;
+    Ok(())
+}
+
+async fn wait_synced(repo: &Repository, sync_id: &str, n: usize) -> anyhow::Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(300);
+    loop {
+        let (subs, _) = repo.list_subscriptions().await?;
+        if subs.iter().filter(|s| s.value.is_synced(sync_id)).count() >= n {
+            return Ok(());
+        }
+        anyhow::ensure!(Instant::now() < deadline, "fan-out did not converge");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}

@@ -1,0 +1,134 @@
+//! `/namespaces`: tenants (§4.1). Cluster-scoped, shared by every
+//! deployment on one store; `active` is computed (the reconciler sets it).
+
+use axum::Json;
+use axum::extract::State;
+use axum::http::StatusCode;
+use kayra_core::Namespace;
+use serde::Deserialize;
+use serde_json::json;
+use utoipa::ToSchema;
+
+use super::error::{ApiError, ErrorBody};
+use super::extract::{JsonBody, JsonObject, Path, Query, RequestBody, merge_patch, parse, reject_computed};
+use super::list::{List, ListQuery, page};
+use super::{ApiState, check_body_name, label};
+use crate::repo::{Change, keys};
+
+const COMPUTED: &[&str] = &["active"];
+
+/// POST body.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct NamespaceCreate {
+    /// A DNS label.
+    pub name: String,
+    #[serde(default)]
+    pub description: String,
+}
+
+impl RequestBody for NamespaceCreate {
+    const COMPUTED: &'static [&'static str] = COMPUTED;
+}
+
+/// PUT body (and the result of a PATCH): only `description` can change;
+/// `name` may be repeated but must match the path.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct NamespaceUpdate {
+    #[serde(default)]
+    pub name: Option<String>,
+    #[serde(default)]
+    pub description: String,
+}
+
+impl RequestBody for NamespaceUpdate {
+    const COMPUTED: &'static [&'static str] = COMPUTED;
+}
+
+fn what(name: &str) -> String {
+    format!("namespace {name:?}")
+}
+
+#[utoipa::path(get, path = "/namespaces", tag = "namespaces", params(ListQuery),
+    responses((status = 200, body = List<Namespace>), (status = 400, body = ErrorBody)))]
+pub(crate) async fn list(State(state): State<ApiState>, Query(query): Query<ListQuery>) -> Result<Json<List<Namespace>>, ApiError> {
+    page(&state, keys::NAMESPACES, &query, |ns: Namespace| ns).await.map(Json)
+}
+
+#[utoipa::path(post, path = "/namespaces", tag = "namespaces", request_body = NamespaceCreate,
+    responses((status = 201, body = Namespace), (status = 400, body = ErrorBody), (status = 409, body = ErrorBody)))]
+pub(crate) async fn create(
+    State(state): State<ApiState>,
+    JsonBody(body): JsonBody<NamespaceCreate>,
+) -> Result<(StatusCode, Json<Namespace>), ApiError> {
+    label("namespace", &body.name)?;
+    let namespace = Namespace { name: body.name, description: body.description, active: false };
+    state.repo.create(&keys::namespace(&namespace.name), &namespace, &what(&namespace.name)).await?;
+    Ok((StatusCode::CREATED, Json(namespace)))
+}
+
+#[utoipa::path(get, path = "/namespaces/{name}", tag = "namespaces", params(("name" = String, Path)),
+    responses((status = 200, body = Namespace), (status = 404, body = ErrorBody)))]
+pub(crate) async fn get(State(state): State<ApiState>, Path(name): Path<String>) -> Result<Json<Namespace>, ApiError> {
+    label("namespace", &name)?;
+    let namespace = state.repo.get_namespace(&name).await?;
+    namespace.map(|ns| Json(ns.value)).ok_or_else(|| ApiError::not_found(format!("{} not found", what(&name))))
+}
+
+#[utoipa::path(put, path = "/namespaces/{name}", tag = "namespaces", params(("name" = String, Path)),
+    request_body = NamespaceUpdate,
+    responses((status = 200, body = Namespace), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)))]
+pub(crate) async fn update(
+    State(state): State<ApiState>,
+    Path(name): Path<String>,
+    JsonBody(body): JsonBody<NamespaceUpdate>,
+) -> Result<Json<Namespace>, ApiError> {
+    label("namespace", &name)?;
+    replace(&state, &name, body).await
+}
+
+#[utoipa::path(patch, path = "/namespaces/{name}", tag = "namespaces", params(("name" = String, Path)),
+    request_body(content = Object, description = "JSON merge patch (RFC 7386) of `description`"),
+    responses((status = 200, body = Namespace), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)))]
+pub(crate) async fn patch(
+    State(state): State<ApiState>,
+    Path(name): Path<String>,
+    JsonObject(patch): JsonObject,
+) -> Result<Json<Namespace>, ApiError> {
+    label("namespace", &name)?;
+    reject_computed(&patch, COMPUTED)?;
+    let current = state.repo.get_namespace(&name).await?.ok_or_else(|| ApiError::not_found(format!("{} not found", what(&name))))?;
+    let mut writable = json!({"name": name, "description": current.value.description});
+    merge_patch(&mut writable, &serde_json::Value::Object(patch));
+    let serde_json::Value::Object(merged) = writable else {
+        return Err(ApiError::bad_request("a merge patch must be a JSON object"));
+    };
+    replace(&state, &name, parse(merged)?).await
+}
+
+/// Writes the validated writable fields with compare-and-swap.
+async fn replace(state: &ApiState, name: &str, body: NamespaceUpdate) -> Result<Json<Namespace>, ApiError> {
+    check_body_name("namespace", name, body.name.as_deref())?;
+    let updated = state
+        .repo
+        .modify::<Namespace, _>(&keys::namespace(name), &what(name), |ns| {
+            if ns.description == body.description {
+                Change::Keep
+            } else {
+                ns.description = body.description.clone();
+                Change::Write
+            }
+        })
+        .await?;
+    Ok(Json(updated.value))
+}
+
+#[utoipa::path(delete, path = "/namespaces/{name}", tag = "namespaces", params(("name" = String, Path)),
+    responses((status = 204), (status = 404, body = ErrorBody),
+        (status = 409, body = ErrorBody, description = "the namespace still has subscriptions, named in the message")))]
+pub(crate) async fn delete(State(state): State<ApiState>, Path(name): Path<String>) -> Result<StatusCode, ApiError> {
+    label("namespace", &name)?;
+    state.repo.delete_namespace(&name).await?;
+    Ok(StatusCode::NO_CONTENT)
+}

@@ -1,0 +1,295 @@
+//! `/apiregistrations`: the APIs this deployment serves (§4.2), with the
+//! `/sync` shorthand that starts the ongoing action and the `/status`
+//! report of every subscriber.
+//!
+//! Registrations are scoped to this deployment's platform/region: the
+//! repository reads and writes only under its own key prefix, so another
+//! deployment's registration of the same name is simply not found here.
+
+use axum::Json;
+use axum::extract::State;
+use axum::http::StatusCode;
+use kayra_core::{ApiRegistration, SubscriptionState};
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+use utoipa::ToSchema;
+
+use super::error::{ApiError, ErrorBody};
+use super::extract::{JsonBody, JsonObject, Path, Query, RequestBody, merge_patch, parse, reject_computed};
+use super::list::{List, ListQuery, page};
+use super::{ApiState, Empty, check_body_name, label, long_name, registration_not_found};
+use crate::repo::tenancy::new_sync_id;
+use crate::repo::{Change, keys};
+
+const COMPUTED: &[&str] = &["platform", "region"];
+
+/// POST body.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RegistrationCreate {
+    /// The long name: a DNS subdomain with at least one dot.
+    pub name: String,
+    /// A DNS label, unique among this deployment's registrations.
+    #[serde(default)]
+    pub short_name: String,
+    /// A key into `reconciler.mode`; empty falls back to `default_mode`.
+    #[serde(default)]
+    pub mode: String,
+    /// Any string; absent or empty means "now" (RFC 3339, UTC).
+    #[serde(default)]
+    pub sync_id: Option<String>,
+    /// Base URL of the API's backend (http or https), for the gateway.
+    #[serde(default)]
+    pub endpoint: String,
+    #[serde(default)]
+    pub description: String,
+}
+
+impl RequestBody for RegistrationCreate {
+    const COMPUTED: &'static [&'static str] = COMPUTED;
+}
+
+/// PUT body (and the result of a PATCH): replaces every writable field; an
+/// omitted one becomes empty, except `sync_id`, which is kept unless given.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RegistrationUpdate {
+    /// May be repeated; must match the path.
+    #[serde(default)]
+    pub name: Option<String>,
+    #[serde(default)]
+    pub short_name: String,
+    #[serde(default)]
+    pub mode: String,
+    #[serde(default)]
+    pub sync_id: Option<String>,
+    #[serde(default)]
+    pub endpoint: String,
+    #[serde(default)]
+    pub description: String,
+}
+
+impl RequestBody for RegistrationUpdate {
+    const COMPUTED: &'static [&'static str] = COMPUTED;
+}
+
+/// `GET /apiregistrations/{name}/status`.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct RegistrationStatus {
+    pub api: String,
+    /// The registration's current SyncID: every subscriber's expected one.
+    pub sync_id: String,
+    /// Sorted by namespace.
+    pub subscribers: Vec<Subscriber>,
+    pub total: usize,
+    /// How many subscribers are synced.
+    pub synced: usize,
+}
+
+/// One subscriber in a [`RegistrationStatus`].
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct Subscriber {
+    pub namespace: String,
+    pub active: bool,
+    pub state: SubscriptionState,
+    pub current_sync_id: String,
+    /// `active && current_sync_id == sync_id`, as on the subscription.
+    pub synced: bool,
+}
+
+fn what(name: &str) -> String {
+    format!("api registration {name:?}")
+}
+
+/// Checks the writable fields of a registration named `name`.
+async fn validate(state: &ApiState, name: &str, short_name: &str, endpoint: &str) -> Result<(), ApiError> {
+    if !endpoint.is_empty() {
+        match reqwest::Url::parse(endpoint) {
+            Ok(url) if matches!(url.scheme(), "http" | "https") && url.has_host() => {}
+            _ => return Err(ApiError::bad_request(format!("endpoint {endpoint:?} must be an http or https URL"))),
+        }
+    }
+    if short_name.is_empty() {
+        return Ok(());
+    }
+    label("short name", short_name)?;
+    let (all, _) = state.repo.list_registrations().await?;
+    if let Some(other) = all.iter().map(|r| &r.value).find(|r| r.name != name && (r.short_name == short_name || r.name == short_name)) {
+        return Err(ApiError::conflict(format!(
+            "short name {short_name:?} is already used by api registration {:?}",
+            other.name
+        )));
+    }
+    Ok(())
+}
+
+#[utoipa::path(get, path = "/apiregistrations", tag = "apiregistrations", params(ListQuery),
+    responses((status = 200, body = List<ApiRegistration>), (status = 400, body = ErrorBody)))]
+pub(crate) async fn list(
+    State(state): State<ApiState>,
+    Query(query): Query<ListQuery>,
+) -> Result<Json<List<ApiRegistration>>, ApiError> {
+    let prefix = keys::registrations(state.repo.platform(), state.repo.region());
+    page(&state, &prefix, &query, |r: ApiRegistration| r).await.map(Json)
+}
+
+#[utoipa::path(post, path = "/apiregistrations", tag = "apiregistrations", request_body = RegistrationCreate,
+    responses((status = 201, body = ApiRegistration), (status = 400, body = ErrorBody), (status = 409, body = ErrorBody)))]
+pub(crate) async fn create(
+    State(state): State<ApiState>,
+    JsonBody(body): JsonBody<RegistrationCreate>,
+) -> Result<(StatusCode, Json<ApiRegistration>), ApiError> {
+    long_name(&state, &body.name).await?;
+    validate(&state, &body.name, &body.short_name, &body.endpoint).await?;
+    let registration = ApiRegistration {
+        sync_id: body.sync_id.filter(|s| !s.is_empty()).unwrap_or_else(|| new_sync_id("")),
+        name: body.name,
+        short_name: body.short_name,
+        mode: body.mode,
+        endpoint: body.endpoint,
+        description: body.description,
+        platform: state.repo.platform().to_string(),
+        region: state.repo.region().to_string(),
+    };
+    let key = keys::registration(state.repo.platform(), state.repo.region(), &registration.name);
+    state.repo.create(&key, &registration, &what(&registration.name)).await?;
+    Ok((StatusCode::CREATED, Json(registration)))
+}
+
+#[utoipa::path(get, path = "/apiregistrations/{name}", tag = "apiregistrations", params(("name" = String, Path)),
+    responses((status = 200, body = ApiRegistration), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)))]
+pub(crate) async fn get(State(state): State<ApiState>, Path(name): Path<String>) -> Result<Json<ApiRegistration>, ApiError> {
+    long_name(&state, &name).await?;
+    let registration = state.repo.get_registration(&name).await?;
+    registration.map(|r| Json(r.value)).ok_or_else(|| registration_not_found(&state, &name))
+}
+
+#[utoipa::path(put, path = "/apiregistrations/{name}", tag = "apiregistrations", params(("name" = String, Path)),
+    request_body = RegistrationUpdate,
+    responses((status = 200, body = ApiRegistration), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody),
+        (status = 409, body = ErrorBody)))]
+pub(crate) async fn update(
+    State(state): State<ApiState>,
+    Path(name): Path<String>,
+    JsonBody(body): JsonBody<RegistrationUpdate>,
+) -> Result<Json<ApiRegistration>, ApiError> {
+    long_name(&state, &name).await?;
+    replace(&state, &name, body).await
+}
+
+#[utoipa::path(patch, path = "/apiregistrations/{name}", tag = "apiregistrations", params(("name" = String, Path)),
+    request_body(content = Object, description = "JSON merge patch (RFC 7386) of the writable fields"),
+    responses((status = 200, body = ApiRegistration), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody),
+        (status = 409, body = ErrorBody)))]
+pub(crate) async fn patch(
+    State(state): State<ApiState>,
+    Path(name): Path<String>,
+    JsonObject(patch): JsonObject,
+) -> Result<Json<ApiRegistration>, ApiError> {
+    long_name(&state, &name).await?;
+    reject_computed(&patch, COMPUTED)?;
+    let current = state.repo.get_registration(&name).await?.ok_or_else(|| registration_not_found(&state, &name))?.value;
+    let mut writable = json!({
+        "name": current.name,
+        "short_name": current.short_name,
+        "mode": current.mode,
+        "sync_id": current.sync_id,
+        "endpoint": current.endpoint,
+        "description": current.description,
+    });
+    merge_patch(&mut writable, &serde_json::Value::Object(patch));
+    let serde_json::Value::Object(merged) = writable else {
+        return Err(ApiError::bad_request("a merge patch must be a JSON object"));
+    };
+    replace(&state, &name, parse(merged)?).await
+}
+
+/// Validates and writes the writable fields with compare-and-swap.
+async fn replace(state: &ApiState, name: &str, body: RegistrationUpdate) -> Result<Json<ApiRegistration>, ApiError> {
+    check_body_name("api registration", name, body.name.as_deref())?;
+    validate(state, name, &body.short_name, &body.endpoint).await?;
+    let key = keys::registration(state.repo.platform(), state.repo.region(), name);
+    let sync_id = body.sync_id.filter(|s| !s.is_empty());
+    let updated = state
+        .repo
+        .modify::<ApiRegistration, _>(&key, &what(name), |r| {
+            let mut next = r.clone();
+            next.short_name.clone_from(&body.short_name);
+            next.mode.clone_from(&body.mode);
+            next.endpoint.clone_from(&body.endpoint);
+            next.description.clone_from(&body.description);
+            if let Some(sync_id) = &sync_id {
+                next.sync_id.clone_from(sync_id);
+            }
+            if next == *r {
+                return Change::Keep;
+            }
+            *r = next;
+            Change::Write
+        })
+        .await;
+    match updated {
+        Ok(r) => Ok(Json(r.value)),
+        Err(crate::repo::Error::NotFound(_)) => Err(registration_not_found(state, name)),
+        Err(e) => Err(e.into()),
+    }
+}
+
+#[utoipa::path(delete, path = "/apiregistrations/{name}", tag = "apiregistrations", params(("name" = String, Path)),
+    responses((status = 204), (status = 404, body = ErrorBody),
+        (status = 409, body = ErrorBody, description = "still referenced by subscriptions, named in the message")))]
+pub(crate) async fn delete(State(state): State<ApiState>, Path(name): Path<String>) -> Result<StatusCode, ApiError> {
+    long_name(&state, &name).await?;
+    match state.repo.delete_registration(&name).await {
+        Ok(()) => Ok(StatusCode::NO_CONTENT),
+        Err(crate::repo::Error::NotFound(_)) => Err(registration_not_found(&state, &name)),
+        Err(e) => Err(e.into()),
+    }
+}
+
+#[utoipa::path(put, path = "/apiregistrations/{name}/sync", tag = "apiregistrations", params(("name" = String, Path)),
+    request_body = Empty,
+    responses((status = 200, body = ApiRegistration, description = "`sync_id` is now the current time, RFC 3339 with sub-second precision"),
+        (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)))]
+pub(crate) async fn sync(
+    State(state): State<ApiState>,
+    Path(name): Path<String>,
+    JsonBody(Empty {}): JsonBody<Empty>,
+) -> Result<Json<ApiRegistration>, ApiError> {
+    long_name(&state, &name).await?;
+    match state.repo.bump_registration_sync_id(&name).await {
+        Ok(r) => Ok(Json(r.value)),
+        Err(crate::repo::Error::NotFound(_)) => Err(registration_not_found(&state, &name)),
+        Err(e) => Err(e.into()),
+    }
+}
+
+#[utoipa::path(get, path = "/apiregistrations/{name}/status", tag = "apiregistrations", params(("name" = String, Path)),
+    responses((status = 200, body = RegistrationStatus), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)))]
+pub(crate) async fn status(
+    State(state): State<ApiState>,
+    Path(name): Path<String>,
+) -> Result<Json<RegistrationStatus>, ApiError> {
+    long_name(&state, &name).await?;
+    let registration = state.repo.get_registration(&name).await?.ok_or_else(|| registration_not_found(&state, &name))?.value;
+    let subscribers: Vec<Subscriber> = state
+        .repo
+        .registration_subscribers(&name)
+        .await?
+        .into_iter()
+        .map(|s| Subscriber {
+            synced: s.value.is_synced(&registration.sync_id),
+            namespace: s.value.namespace,
+            active: s.value.active,
+            state: s.value.state,
+            current_sync_id: s.value.current_sync_id,
+        })
+        .collect();
+    Ok(Json(RegistrationStatus {
+        api: registration.name,
+        sync_id: registration.sync_id,
+        total: subscribers.len(),
+        synced: subscribers.iter().filter(|s| s.synced).count(),
+        subscribers,
+    }))
+}
