@@ -50,11 +50,7 @@ Exit status:
 /// `kayra-cli`: the command-line client of kayra's catalog API and gateway.
 #[derive(Debug, Parser)]
 #[command(name = "kayra-cli", version, about, after_help = EXAMPLES)]
-#[command(
-    propagate_version = true,
-    subcommand_required = true,
-    arg_required_else_help = true
-)]
+#[command(propagate_version = true, subcommand_required = true, arg_required_else_help = true)]
 pub struct Cli {
     #[command(flatten)]
     pub global: GlobalArgs,
@@ -66,25 +62,13 @@ pub struct Cli {
 #[derive(Clone, Args)]
 pub struct GlobalArgs {
     /// Base URL of `kayra serve`.
-    #[arg(
-        long,
-        env = "KAYRA_SERVER",
-        default_value = "http://localhost:8080",
-        value_name = "URL",
-        global = true
-    )]
+    #[arg(long, env = "KAYRA_SERVER", default_value = "http://localhost:8080", value_name = "URL", global = true)]
     pub server: String,
 
     /// Bearer token. Prefer the environment variable: a flag shows up in
     /// the shell history and the process list.
     // `hide_env_values`: `--help` would otherwise print the token.
-    #[arg(
-        long,
-        env = "KAYRA_TOKEN",
-        hide_env_values = true,
-        value_name = "TOKEN",
-        global = true
-    )]
+    #[arg(long, env = "KAYRA_TOKEN", hide_env_values = true, value_name = "TOKEN", global = true)]
     pub token: Option<String>,
 
     /// Output format [default: table for lists and --watch, json for one object].
@@ -247,9 +231,7 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
             }
             let amount: u64 = rest[..digits].parse().map_err(|_| bad())?;
             rest = &rest[digits..];
-            let unit_len = rest
-                .find(|c: char| c.is_ascii_digit())
-                .unwrap_or(rest.len());
+            let unit_len = rest.find(|c: char| c.is_ascii_digit()).unwrap_or(rest.len());
             let unit = match &rest[..unit_len] {
                 "ms" => Duration::from_millis(1),
                 "s" => Duration::from_secs(1),
@@ -258,18 +240,13 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
                 _ => return Err(bad()),
             };
             let amount = u32::try_from(amount).map_err(|_| bad())?;
-            total = unit
-                .checked_mul(amount)
-                .and_then(|d| total.checked_add(d))
-                .ok_or_else(bad)?;
+            total = unit.checked_mul(amount).and_then(|d| total.checked_add(d)).ok_or_else(bad)?;
             rest = &rest[unit_len..];
         }
         total
     };
     if total.is_zero() {
-        return Err(format!(
-            "invalid duration {text:?}: must be greater than zero"
-        ));
+        return Err(format!("invalid duration {text:?}: must be greater than zero"));
     }
     Ok(total)
 }
@@ -292,40 +269,17 @@ mod tests {
 
     #[test]
     fn seed_examples_parse() {
-        let cli = parse(&[
-            "create",
-            "catalog",
-            "-n",
-            "core",
-            "subscriptions",
-            "-d",
-            r#"{"api": "compute.example.com"}"#,
-        ]);
-        let Command::Create(args) = cli.command else {
-            panic!("not create")
-        };
+        let cli =
+            parse(&["create", "catalog", "-n", "core", "subscriptions", "-d", r#"{"api": "compute.example.com"}"#]);
+        let Command::Create(args) = cli.command else { panic!("not create") };
         assert_eq!(args.target.api, "catalog");
         assert_eq!(args.target.namespace.as_deref(), Some("core"));
         assert_eq!(args.target.resource, "subscriptions");
         assert_eq!(args.target.name, None);
-        assert_eq!(
-            args.data.as_deref(),
-            Some(r#"{"api": "compute.example.com"}"#)
-        );
+        assert_eq!(args.data.as_deref(), Some(r#"{"api": "compute.example.com"}"#));
 
-        let cli = parse(&[
-            "update",
-            "catalog",
-            "-n",
-            "sre",
-            "subscriptions",
-            "dev.example.com/sync",
-            "-d",
-            "{}",
-        ]);
-        let Command::Update(args) = cli.command else {
-            panic!("not update")
-        };
+        let cli = parse(&["update", "catalog", "-n", "sre", "subscriptions", "dev.example.com/sync", "-d", "{}"]);
+        let Command::Update(args) = cli.command else { panic!("not update") };
         assert_eq!(args.target.namespace.as_deref(), Some("sre"));
         assert_eq!(args.target.name.as_deref(), Some("dev.example.com/sync"));
         assert_eq!(args.data.as_deref(), Some("{}"));
@@ -333,39 +287,9 @@ mod tests {
 
     #[test]
     fn global_flags_go_anywhere() {
-        let before = parse(&[
-            "--server",
-            "http://s:1",
-            "-o",
-            "yaml",
-            "--token",
-            "t",
-            "get",
-            "catalog",
-            "namespaces",
-        ]);
-        let after = parse(&[
-            "get",
-            "catalog",
-            "namespaces",
-            "--server",
-            "http://s:1",
-            "-o",
-            "yaml",
-            "--token",
-            "t",
-        ]);
-        let middle = parse(&[
-            "get",
-            "-o",
-            "yaml",
-            "catalog",
-            "--token",
-            "t",
-            "namespaces",
-            "--server",
-            "http://s:1",
-        ]);
+        let before = parse(&["--server", "http://s:1", "-o", "yaml", "--token", "t", "get", "catalog", "namespaces"]);
+        let after = parse(&["get", "catalog", "namespaces", "--server", "http://s:1", "-o", "yaml", "--token", "t"]);
+        let middle = parse(&["get", "-o", "yaml", "catalog", "--token", "t", "namespaces", "--server", "http://s:1"]);
         for cli in [before, after, middle] {
             assert_eq!(cli.global.server, "http://s:1");
             assert_eq!(cli.global.token.as_deref(), Some("t"));
@@ -380,9 +304,7 @@ mod tests {
             &["get", "catalog", "-n", "core", "subscriptions"][..],
             &["get", "catalog", "subscriptions", "--namespace", "core"][..],
         ] {
-            let Command::Get(get) = parse(args).command else {
-                panic!("not get")
-            };
+            let Command::Get(get) = parse(args).command else { panic!("not get") };
             assert_eq!(get.target.namespace.as_deref(), Some("core"), "{args:?}");
             assert_eq!(get.target.resource, "subscriptions");
         }
@@ -390,9 +312,7 @@ mod tests {
 
     #[test]
     fn watch_defaults() {
-        let Command::Get(get) = parse(&["get", "catalog", "namespaces"]).command else {
-            panic!()
-        };
+        let Command::Get(get) = parse(&["get", "catalog", "namespaces"]).command else { panic!() };
         assert!(!get.watch && !get.until_synced);
         assert_eq!(get.interval, Duration::from_secs(2));
         assert_eq!(get.timeout, Duration::from_secs(300));
@@ -400,15 +320,7 @@ mod tests {
 
     #[test]
     fn data_is_not_a_get_or_delete_flag() {
-        let argv = [
-            "kayra-cli",
-            "delete",
-            "catalog",
-            "namespaces",
-            "core",
-            "-d",
-            "{}",
-        ];
+        let argv = ["kayra-cli", "delete", "catalog", "namespaces", "core", "-d", "{}"];
         assert!(Cli::try_parse_from(argv).is_err());
         let argv = ["kayra-cli", "get", "catalog", "namespaces", "-d", "{}"];
         assert!(Cli::try_parse_from(argv).is_err());
@@ -416,10 +328,7 @@ mod tests {
 
     #[test]
     fn bad_output_format_is_refused() {
-        assert!(
-            Cli::try_parse_from(["kayra-cli", "-o", "xml", "get", "catalog", "namespaces"])
-                .is_err()
-        );
+        assert!(Cli::try_parse_from(["kayra-cli", "-o", "xml", "get", "catalog", "namespaces"]).is_err());
     }
 
     #[test]
@@ -433,12 +342,8 @@ mod tests {
     #[test]
     fn help_shows_the_seed_examples() {
         let help = Cli::command().render_long_help().to_string();
-        assert!(help.contains(
-            r#"kayra-cli create catalog -n core subscriptions -d '{"api": "compute.example.com"}'"#
-        ));
-        assert!(help.contains(
-            "kayra-cli update catalog -n sre subscriptions dev.example.com/sync -d '{}'"
-        ));
+        assert!(help.contains(r#"kayra-cli create catalog -n core subscriptions -d '{"api": "compute.example.com"}'"#));
+        assert!(help.contains("kayra-cli update catalog -n sre subscriptions dev.example.com/sync -d '{}'"));
     }
 
     #[test]
@@ -449,17 +354,7 @@ mod tests {
         assert_eq!(parse_duration("1h"), Ok(Duration::from_secs(3600)));
         assert_eq!(parse_duration("1m30s"), Ok(Duration::from_secs(90)));
         assert_eq!(parse_duration("10"), Ok(Duration::from_secs(10)));
-        for bad in [
-            "",
-            "s",
-            "2x",
-            "ms5",
-            "-1s",
-            "0s",
-            "0",
-            "1.5s",
-            "99999999999h",
-        ] {
+        for bad in ["", "s", "2x", "ms5", "-1s", "0s", "0", "1.5s", "99999999999h"] {
             assert!(parse_duration(bad).is_err(), "{bad:?} accepted");
         }
     }

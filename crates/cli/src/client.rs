@@ -66,11 +66,7 @@ impl Client {
             .redirect(reqwest::redirect::Policy::none())
             .build()
             .map_err(|e| Error::Transport(format!("set up the HTTP client: {}", chain(&e))))?;
-        Ok(Client {
-            http,
-            base,
-            authorization,
-        })
+        Ok(Client { http, base, authorization })
     }
 
     /// The server's base URL.
@@ -101,33 +97,21 @@ impl Client {
                 _ => return Ok(Body::Json(list)),
             };
             if !seen.insert(token.clone()) {
-                return Err(Error::Transport(
-                    "the server sent the same continue token twice".into(),
-                ));
+                return Err(Error::Transport("the server sent the same continue token twice".into()));
             }
-            let page = match self
-                .send_with_query(request, Some(("continue", &token)))
-                .await?
-            {
+            let page = match self.send_with_query(request, Some(("continue", &token))).await? {
                 Body::Json(page) if is_list(&page) => page,
                 _ => {
-                    return Err(Error::Transport(
-                        "a later page of the list was not a list".into(),
-                    ));
+                    return Err(Error::Transport("a later page of the list was not a list".into()));
                 }
             };
             let more = page["items"].as_array().cloned().unwrap_or_default();
             if let Some(items) = list["items"].as_array_mut() {
                 items.extend(more);
             }
-            list["continue"] = page
-                .get("continue")
-                .cloned()
-                .unwrap_or_else(|| Value::String(String::new()));
+            list["continue"] = page.get("continue").cloned().unwrap_or_else(|| Value::String(String::new()));
         }
-        Err(Error::Transport(format!(
-            "the list did not end after {MAX_PAGES} pages"
-        )))
+        Err(Error::Transport(format!("the list did not end after {MAX_PAGES} pages")))
     }
 
     /// Turns a short API name into the long one by listing the catalog's
@@ -138,21 +122,11 @@ impl Client {
             return Ok(api.clone());
         };
         let target = Target::new("catalog", None, "apiregistrations", None)?;
-        let request = Request {
-            method: Method::GET,
-            path: target.path(),
-            body: None,
-        };
+        let request = Request { method: Method::GET, path: target.path(), body: None };
         let Body::Json(list) = self.get_all(&request).await? else {
-            return Err(Error::Transport(
-                "listing API registrations did not answer JSON".into(),
-            ));
+            return Err(Error::Transport("listing API registrations did not answer JSON".into()));
         };
-        let items = list
-            .get("items")
-            .and_then(Value::as_array)
-            .map(Vec::as_slice)
-            .unwrap_or_default();
+        let items = list.get("items").and_then(Value::as_array).map(Vec::as_slice).unwrap_or_default();
         items
             .iter()
             .find(|reg| reg.get("short_name").and_then(Value::as_str) == Some(short))
@@ -165,11 +139,7 @@ impl Client {
             })
     }
 
-    async fn send_with_query(
-        &self,
-        request: &Request,
-        query: Option<(&str, &str)>,
-    ) -> Result<Body, Error> {
+    async fn send_with_query(&self, request: &Request, query: Option<(&str, &str)>) -> Result<Body, Error> {
         let mut url = request.url(&self.base);
         if let Some((key, value)) = query {
             url.query_pairs_mut().append_pair(key, value);
@@ -180,19 +150,12 @@ impl Client {
             .header(header::AUTHORIZATION, self.authorization.clone())
             .header(header::ACCEPT, "application/json");
         if let Some(body) = &request.body {
-            let bytes =
-                serde_json::to_vec(body).map_err(|e| invalid(format!("encode the body: {e}")))?;
-            builder = builder
-                .header(header::CONTENT_TYPE, "application/json")
-                .body(bytes);
+            let bytes = serde_json::to_vec(body).map_err(|e| invalid(format!("encode the body: {e}")))?;
+            builder = builder.header(header::CONTENT_TYPE, "application/json").body(bytes);
         }
         let response = builder.send().await.map_err(|e| self.transport(&e))?;
         let status = response.status();
-        let location = response
-            .headers()
-            .get(header::LOCATION)
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_string);
+        let location = response.headers().get(header::LOCATION).and_then(|v| v.to_str().ok()).map(str::to_string);
         let bytes = response.bytes().await.map_err(|e| self.transport(&e))?;
         if status.is_success() {
             return Ok(body_of(&bytes));
@@ -201,11 +164,7 @@ impl Client {
     }
 
     fn transport(&self, error: &reqwest::Error) -> Error {
-        let what = if error.is_timeout() {
-            "timed out talking to"
-        } else {
-            "cannot reach"
-        };
+        let what = if error.is_timeout() { "timed out talking to" } else { "cannot reach" };
         // reqwest's own text only repeats the URL; its sources say what happened.
         let why = match std::error::Error::source(error) {
             Some(source) => chain(source),
@@ -217,19 +176,12 @@ impl Client {
 
 /// Reads `--server`.
 fn parse_server(server: &str) -> Result<Url, Error> {
-    let bad = |why: &str| {
-        invalid(format!(
-            "invalid server URL {server:?}: {why} (set --server or KAYRA_SERVER)"
-        ))
-    };
+    let bad = |why: &str| invalid(format!("invalid server URL {server:?}: {why} (set --server or KAYRA_SERVER)"));
     if server.trim().is_empty() {
         return Err(bad("empty"));
     }
     let url = Url::parse(server).map_err(|e| bad(&e.to_string()))?;
-    if !matches!(url.scheme(), "http" | "https")
-        || url.cannot_be_a_base()
-        || url.host_str().is_none()
-    {
+    if !matches!(url.scheme(), "http" | "https") || url.cannot_be_a_base() || url.host_str().is_none() {
         return Err(bad("expected http://HOST:PORT or https://HOST:PORT"));
     }
     Ok(url)
@@ -248,13 +200,7 @@ fn body_of(bytes: &[u8]) -> Body {
 /// An error answer as an [`Error::Api`].
 fn api_error(status: StatusCode, bytes: &[u8], location: Option<&str>) -> Error {
     let parsed: Option<Value> = serde_json::from_slice(bytes).ok();
-    let field = |key: &str| {
-        parsed
-            .as_ref()
-            .and_then(|v| v.get(key))
-            .and_then(Value::as_str)
-            .map(str::to_string)
-    };
+    let field = |key: &str| parsed.as_ref().and_then(|v| v.get(key)).and_then(Value::as_str).map(str::to_string);
     let reason = field("reason").unwrap_or_default();
     let message = match field("message") {
         Some(message) => message,
@@ -273,11 +219,7 @@ fn api_error(status: StatusCode, bytes: &[u8], location: Option<&str>) -> Error 
             }
         }
     };
-    Error::Api {
-        status: status.as_u16(),
-        reason,
-        message,
-    }
+    Error::Api { status: status.as_u16(), reason, message }
 }
 
 /// An error and its sources, `: `-separated, without repeats.
@@ -303,10 +245,7 @@ mod tests {
     fn a_missing_token_is_one_line() {
         for token in [None, Some(""), Some("  ")] {
             let err = Client::new("http://localhost:8080", token).err().unwrap();
-            assert_eq!(
-                err.to_string(),
-                "error: no token: pass --token or set KAYRA_TOKEN"
-            );
+            assert_eq!(err.to_string(), "error: no token: pass --token or set KAYRA_TOKEN");
             assert_eq!(err.exit_code(), 1);
         }
     }
@@ -316,9 +255,7 @@ mod tests {
         assert!(Client::new("http://localhost:8080", Some("t")).is_ok());
         assert!(Client::new("https://kayra.example.com/prefix", Some("t")).is_ok());
         for bad in ["", "localhost:8080", "ftp://x", "http://", "not a url"] {
-            let err = Client::new(bad, Some("t"))
-                .err()
-                .unwrap_or_else(|| panic!("{bad:?} accepted"));
+            let err = Client::new(bad, Some("t")).err().unwrap_or_else(|| panic!("{bad:?} accepted"));
             assert!(err.to_string().contains("KAYRA_SERVER"), "{err}");
             assert_eq!(err.exit_code(), 1);
         }
@@ -326,46 +263,28 @@ mod tests {
 
     #[test]
     fn a_bad_token_is_not_echoed() {
-        let err = Client::new("http://localhost:8080", Some("secret\nvalue"))
-            .err()
-            .unwrap();
+        let err = Client::new("http://localhost:8080", Some("secret\nvalue")).err().unwrap();
         assert!(!err.to_string().contains("secret"), "{err}");
     }
 
     #[test]
     fn error_bodies() {
-        let body =
-            br#"{"code": 404, "reason": "NotFound", "message": "namespace \"x\" not found"}"#;
+        let body = br#"{"code": 404, "reason": "NotFound", "message": "namespace \"x\" not found"}"#;
         assert_eq!(
             api_error(StatusCode::NOT_FOUND, body, None),
-            Error::Api {
-                status: 404,
-                reason: "NotFound".into(),
-                message: "namespace \"x\" not found".into()
-            }
+            Error::Api { status: 404, reason: "NotFound".into(), message: "namespace \"x\" not found".into() }
         );
         assert_eq!(
             api_error(StatusCode::BAD_GATEWAY, b"upstream exploded\n", None),
-            Error::Api {
-                status: 502,
-                reason: String::new(),
-                message: "upstream exploded".into()
-            }
+            Error::Api { status: 502, reason: String::new(), message: "upstream exploded".into() }
         );
         let long = "x".repeat(5000);
-        let Error::Api { message, .. } =
-            api_error(StatusCode::INTERNAL_SERVER_ERROR, long.as_bytes(), None)
-        else {
+        let Error::Api { message, .. } = api_error(StatusCode::INTERNAL_SERVER_ERROR, long.as_bytes(), None) else {
             panic!()
         };
         assert_eq!(message.chars().count(), MAX_ERROR_TEXT + 1);
-        let Error::Api {
-            message, status, ..
-        } = api_error(
-            StatusCode::MOVED_PERMANENTLY,
-            b"",
-            Some("https://kayra.example.com/"),
-        )
+        let Error::Api { message, status, .. } =
+            api_error(StatusCode::MOVED_PERMANENTLY, b"", Some("https://kayra.example.com/"))
         else {
             panic!()
         };

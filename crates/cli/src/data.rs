@@ -18,14 +18,10 @@ use crate::error::{Error, invalid};
 /// for `@-`.
 pub fn load(spec: &str, stdin: impl Read) -> Result<Value, Error> {
     let (text, origin) = match spec.strip_prefix('@') {
-        Some("-") => (
-            read_all(stdin).map_err(|e| invalid(format!("-d @-: read stdin: {e}")))?,
-            "stdin".to_string(),
-        ),
+        Some("-") => (read_all(stdin).map_err(|e| invalid(format!("-d @-: read stdin: {e}")))?, "stdin".to_string()),
         Some(path) if !path.is_empty() => {
             let text = std::fs::read(path).map_err(|e| invalid(format!("-d @{path}: {e}")))?;
-            let text = String::from_utf8(text)
-                .map_err(|_| invalid(format!("-d @{path}: not UTF-8 text")))?;
+            let text = String::from_utf8(text).map_err(|_| invalid(format!("-d @{path}: not UTF-8 text")))?;
             (text, path.to_string())
         }
         Some(_) => return Err(invalid("-d @: a file name must follow @ (or @- for stdin)")),
@@ -55,10 +51,7 @@ pub fn parse(text: &str) -> Result<Value, String> {
     match value {
         Value::Object(_) | Value::Array(_) => Ok(value),
         Value::Null => Err("empty document: expected a JSON or YAML object".into()),
-        other => Err(format!(
-            "expected a JSON or YAML object, got {}",
-            kind(&other)
-        )),
+        other => Err(format!("expected a JSON or YAML object, got {}", kind(&other))),
     }
 }
 
@@ -84,10 +77,7 @@ mod tests {
 
     #[test]
     fn inline_json() {
-        assert_eq!(
-            load(r#"{"api": "compute.example.com"}"#, no_stdin()),
-            Ok(json!({"api": "compute.example.com"}))
-        );
+        assert_eq!(load(r#"{"api": "compute.example.com"}"#, no_stdin()), Ok(json!({"api": "compute.example.com"})));
         assert_eq!(load("{}", no_stdin()), Ok(json!({})));
     }
 
@@ -96,10 +86,8 @@ mod tests {
         let yaml = "name: compute.example.com\nshort_name: compute\nrules:\n  - resources: ['*']\n    verbs: [get]\n";
         assert_eq!(
             load(yaml, no_stdin()),
-            Ok(
-                json!({"name": "compute.example.com", "short_name": "compute",
-                      "rules": [{"resources": ["*"], "verbs": ["get"]}]})
-            )
+            Ok(json!({"name": "compute.example.com", "short_name": "compute",
+                      "rules": [{"resources": ["*"], "verbs": ["get"]}]}))
         );
         // Starts like JSON, so it must be JSON.
         assert!(load("{api: dev.example.com}", no_stdin()).is_err());
@@ -107,10 +95,7 @@ mod tests {
 
     #[test]
     fn yaml_scalars_keep_their_types() {
-        assert_eq!(
-            parse("a: 1\nb: true\nc: '1'\nd: null"),
-            Ok(json!({"a": 1, "b": true, "c": "1", "d": null}))
-        );
+        assert_eq!(parse("a: 1\nb: true\nc: '1'\nd: null"), Ok(json!({"a": 1, "b": true, "c": "1", "d": null})));
     }
 
     #[test]
@@ -121,10 +106,7 @@ mod tests {
         let yaml_path = dir.path().join("ns.yaml");
         std::fs::write(&yaml_path, "name: core\ndescription: the core team\n").unwrap();
 
-        assert_eq!(
-            load(&format!("@{}", json_path.display()), no_stdin()),
-            Ok(json!({"api": "compute.example.com"}))
-        );
+        assert_eq!(load(&format!("@{}", json_path.display()), no_stdin()), Ok(json!({"api": "compute.example.com"})));
         assert_eq!(
             load(&format!("@{}", yaml_path.display()), no_stdin()),
             Ok(json!({"name": "core", "description": "the core team"}))
@@ -141,10 +123,7 @@ mod tests {
 
     #[test]
     fn at_dash_reads_stdin() {
-        assert_eq!(
-            load("@-", &br#"{"api": "a.b"}"#[..]),
-            Ok(json!({"api": "a.b"}))
-        );
+        assert_eq!(load("@-", &br#"{"api": "a.b"}"#[..]), Ok(json!({"api": "a.b"})));
         assert_eq!(load("@-", &b"api: a.b\n"[..]), Ok(json!({"api": "a.b"})));
         // stdin is not touched unless asked for.
         assert_eq!(load("{}", &b"not: read"[..]), Ok(json!({})));
@@ -157,14 +136,8 @@ mod tests {
         assert!(parse("").is_err());
         assert!(parse("   \n").is_err());
         assert!(parse("~").is_err());
-        assert_eq!(
-            parse("just words").unwrap_err(),
-            "expected a JSON or YAML object, got a string"
-        );
-        assert_eq!(
-            parse("42").unwrap_err(),
-            "expected a JSON or YAML object, got a number"
-        );
+        assert_eq!(parse("just words").unwrap_err(), "expected a JSON or YAML object, got a string");
+        assert_eq!(parse("42").unwrap_err(), "expected a JSON or YAML object, got a number");
         assert!(parse("a: [").unwrap_err().starts_with("invalid YAML"));
         assert!(parse("[1,").unwrap_err().starts_with("invalid JSON"));
     }

@@ -56,16 +56,8 @@ impl fmt::Display for Error {
                 write!(f, "error: {message}")
             }
             Error::StdoutClosed => Ok(()),
-            Error::Api {
-                status,
-                reason,
-                message,
-            } => {
-                let reason = if reason.is_empty() {
-                    format!("HTTP {status}")
-                } else {
-                    reason.clone()
-                };
+            Error::Api { status, reason, message } => {
+                let reason = if reason.is_empty() { format!("HTTP {status}") } else { reason.clone() };
                 if message.is_empty() {
                     write!(f, "Error from server ({reason})")
                 } else {
@@ -88,11 +80,7 @@ mod tests {
     use super::*;
 
     fn api(status: u16) -> Error {
-        Error::Api {
-            status,
-            reason: "X".into(),
-            message: "m".into(),
-        }
+        Error::Api { status, reason: "X".into(), message: "m".into() }
     }
 
     #[test]
@@ -111,20 +99,9 @@ mod tests {
 
     #[test]
     fn server_message_is_shown_with_its_reason() {
-        let err = Error::Api {
-            status: 404,
-            reason: "NotFound".into(),
-            message: "namespace \"x\" not found".into(),
-        };
-        assert_eq!(
-            err.to_string(),
-            "Error from server (NotFound): namespace \"x\" not found"
-        );
-        let bare = Error::Api {
-            status: 502,
-            reason: String::new(),
-            message: String::new(),
-        };
+        let err = Error::Api { status: 404, reason: "NotFound".into(), message: "namespace \"x\" not found".into() };
+        assert_eq!(err.to_string(), "Error from server (NotFound): namespace \"x\" not found");
+        let bare = Error::Api { status: 502, reason: String::new(), message: String::new() };
         assert_eq!(bare.to_string(), "Error from server (HTTP 502)");
     }
 }

@@ -51,46 +51,15 @@ pub async fn run(cli: Cli) -> Result<(), Error> {
             let watch = (get.watch || get.until_synced).then(|| watch_options(&get));
             execute(&global, Verb::Get, &get.target, None, watch).await
         }
-        Command::Create(write) => {
-            execute(
-                &global,
-                Verb::Create,
-                &write.target,
-                write.data.as_deref(),
-                None,
-            )
-            .await
-        }
-        Command::Update(write) => {
-            execute(
-                &global,
-                Verb::Update,
-                &write.target,
-                write.data.as_deref(),
-                None,
-            )
-            .await
-        }
-        Command::Patch(write) => {
-            execute(
-                &global,
-                Verb::Patch,
-                &write.target,
-                write.data.as_deref(),
-                None,
-            )
-            .await
-        }
+        Command::Create(write) => execute(&global, Verb::Create, &write.target, write.data.as_deref(), None).await,
+        Command::Update(write) => execute(&global, Verb::Update, &write.target, write.data.as_deref(), None).await,
+        Command::Patch(write) => execute(&global, Verb::Patch, &write.target, write.data.as_deref(), None).await,
         Command::Delete(target) => execute(&global, Verb::Delete, &target, None, None).await,
     }
 }
 
 fn watch_options(get: &GetArgs) -> watch::Options {
-    watch::Options {
-        interval: get.interval,
-        until_synced: get.until_synced,
-        timeout: get.timeout,
-    }
+    watch::Options { interval: get.interval, until_synced: get.until_synced, timeout: get.timeout }
 }
 
 /// One verb: check everything that can be checked offline, then resolve a
@@ -102,15 +71,8 @@ async fn execute(
     data: Option<&str>,
     watch: Option<watch::Options>,
 ) -> Result<(), Error> {
-    let mut target = Target::new(
-        &args.api,
-        args.namespace.as_deref(),
-        &args.resource,
-        args.name.as_deref(),
-    )?;
-    let data = data
-        .map(|spec| data::load(spec, std::io::stdin().lock()))
-        .transpose()?;
+    let mut target = Target::new(&args.api, args.namespace.as_deref(), &args.resource, args.name.as_deref())?;
+    let data = data.map(|spec| data::load(spec, std::io::stdin().lock())).transpose()?;
     let mut request = Request::build(verb, &target, data.clone())?;
     let client = Client::new(&global.server, global.token.as_deref())?;
     if let Api::Short(_) = target.api {
@@ -125,16 +87,10 @@ async fn execute(
         let mut last_shown: Option<String> = None;
         let mut last_warning: Option<String> = None;
         let fetch = || async {
-            let body = if page_through {
-                client.get_all(&request).await?
-            } else {
-                client.send(&request).await?
-            };
+            let body = if page_through { client.get_all(&request).await? } else { client.send(&request).await? };
             match body {
                 Body::Json(value) => Ok(value),
-                _ => Err(Error::Transport(
-                    "the answer is not JSON, so it cannot be watched".into(),
-                )),
+                _ => Err(Error::Transport("the answer is not JSON, so it cannot be watched".into())),
             }
         };
         return watch::run(options, fetch, |update| match update {
@@ -166,11 +122,7 @@ async fn execute(
         .await;
     }
 
-    let body = if page_through {
-        client.get_all(&request).await?
-    } else {
-        client.send(&request).await?
-    };
+    let body = if page_through { client.get_all(&request).await? } else { client.send(&request).await? };
     match body {
         Body::Empty => {
             if verb == Verb::Delete {
@@ -180,11 +132,7 @@ async fn execute(
         }
         Body::Raw(bytes) => emit(&bytes),
         Body::Json(value) => {
-            let format = global.output.unwrap_or(if is_list(&value) {
-                Format::Table
-            } else {
-                Format::Json
-            });
+            let format = global.output.unwrap_or(if is_list(&value) { Format::Table } else { Format::Json });
             if let Some(note) = empty_list_note(&value, format, &target) {
                 eprint!("{note}");
                 return Ok(());
@@ -197,10 +145,7 @@ async fn execute(
 /// kubectl's "No resources found": an empty table says so on stderr, so
 /// stdout stays empty for scripts.
 fn empty_list_note(value: &Value, format: Format, target: &Target) -> Option<String> {
-    let empty = value
-        .get("items")
-        .and_then(Value::as_array)
-        .is_some_and(Vec::is_empty);
+    let empty = value.get("items").and_then(Value::as_array).is_some_and(Vec::is_empty);
     if format != Format::Table || !empty {
         return None;
     }

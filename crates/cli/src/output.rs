@@ -48,17 +48,9 @@ const SUBSCRIPTION_COLUMNS: &[(&str, &str)] = &[
     ("EXPECTED", "expected_sync_id"),
     ("SYNCED", "synced"),
 ];
-const REGISTRATION_COLUMNS: &[(&str, &str)] = &[
-    ("NAME", "name"),
-    ("SHORT", "short_name"),
-    ("MODE", "mode"),
-    ("SYNC ID", "sync_id"),
-];
-const NAMESPACE_COLUMNS: &[(&str, &str)] = &[
-    ("NAME", "name"),
-    ("ACTIVE", "active"),
-    ("DESCRIPTION", "description"),
-];
+const REGISTRATION_COLUMNS: &[(&str, &str)] =
+    &[("NAME", "name"), ("SHORT", "short_name"), ("MODE", "mode"), ("SYNC ID", "sync_id")];
+const NAMESPACE_COLUMNS: &[(&str, &str)] = &[("NAME", "name"), ("ACTIVE", "active"), ("DESCRIPTION", "description")];
 const SUBSCRIBER_COLUMNS: &[(&str, &str)] = &[
     ("NAMESPACE", "namespace"),
     ("ACTIVE", "active"),
@@ -86,14 +78,11 @@ fn rows_of(value: &Value) -> Vec<&Value> {
 pub fn render(value: &Value, view: View, format: Format) -> Result<String, Error> {
     match format {
         Format::Json => {
-            let mut text = serde_json::to_string_pretty(value)
-                .map_err(|e| invalid(format!("render JSON: {e}")))?;
+            let mut text = serde_json::to_string_pretty(value).map_err(|e| invalid(format!("render JSON: {e}")))?;
             text.push('\n');
             Ok(text)
         }
-        Format::Yaml => {
-            serde_norway::to_string(value).map_err(|e| invalid(format!("render YAML: {e}")))
-        }
+        Format::Yaml => serde_norway::to_string(value).map_err(|e| invalid(format!("render YAML: {e}"))),
         Format::Table => Ok(table(value, view)),
     }
 }
@@ -113,46 +102,25 @@ pub fn table(value: &Value, view: View) -> String {
     if rows.is_empty() {
         return String::new();
     }
-    let headers = columns
-        .iter()
-        .map(|(header, _)| header.to_string())
-        .collect();
-    let cells = rows
-        .iter()
-        .map(|row| columns.iter().map(|(_, key)| cell(row.get(key))).collect())
-        .collect();
+    let headers = columns.iter().map(|(header, _)| header.to_string()).collect();
+    let cells = rows.iter().map(|row| columns.iter().map(|(_, key)| cell(row.get(key))).collect()).collect();
     layout(headers, cells)
 }
 
 /// A registration's status: one row per subscriber, then `synced/total`.
 fn status_table(status: &Value) -> String {
-    let subscribers: Vec<&Value> = status["subscribers"]
-        .as_array()
-        .map(|s| s.iter().collect())
-        .unwrap_or_default();
+    let subscribers: Vec<&Value> = status["subscribers"].as_array().map(|s| s.iter().collect()).unwrap_or_default();
     let mut text = if subscribers.is_empty() {
         "no subscribers\n".to_string()
     } else {
-        let headers = SUBSCRIBER_COLUMNS
-            .iter()
-            .map(|(header, _)| header.to_string())
-            .collect();
+        let headers = SUBSCRIBER_COLUMNS.iter().map(|(header, _)| header.to_string()).collect();
         let cells = subscribers
             .iter()
-            .map(|row| {
-                SUBSCRIBER_COLUMNS
-                    .iter()
-                    .map(|(_, key)| cell(row.get(key)))
-                    .collect()
-            })
+            .map(|row| SUBSCRIBER_COLUMNS.iter().map(|(_, key)| cell(row.get(key))).collect())
             .collect();
         layout(headers, cells)
     };
-    let count = |key: &str| {
-        status
-            .get(key)
-            .map_or_else(|| "?".to_string(), |v| cell(Some(v)))
-    };
+    let count = |key: &str| status.get(key).map_or_else(|| "?".to_string(), |v| cell(Some(v)));
     let _ = writeln!(
         text,
         "{}/{} synced to {} ({})",
@@ -176,16 +144,11 @@ fn generic_table(value: &Value) -> String {
         return layout(vec!["VALUE".to_string()], cells);
     }
     // Identity first; the rest in key order (which is all a JSON map keeps).
-    let mut keys: Vec<&str> = IDENTITY_KEYS
-        .into_iter()
-        .filter(|key| rows.iter().any(|row| row.get(key).is_some_and(is_tabular)))
-        .collect();
+    let mut keys: Vec<&str> =
+        IDENTITY_KEYS.into_iter().filter(|key| rows.iter().any(|row| row.get(key).is_some_and(is_tabular))).collect();
     for row in &rows {
         for (key, field) in row.as_object().into_iter().flatten() {
-            if keys.len() < MAX_GENERIC_COLUMNS
-                && is_tabular(field)
-                && !keys.contains(&key.as_str())
-            {
+            if keys.len() < MAX_GENERIC_COLUMNS && is_tabular(field) && !keys.contains(&key.as_str()) {
                 keys.push(key);
             }
         }
@@ -194,23 +157,15 @@ fn generic_table(value: &Value) -> String {
         let cells = rows.iter().map(|row| vec![cell(Some(row))]).collect();
         return layout(vec!["VALUE".to_string()], cells);
     }
-    let headers = keys
-        .iter()
-        .map(|key| key.replace('_', " ").to_uppercase())
-        .collect();
-    let cells = rows
-        .iter()
-        .map(|row| keys.iter().map(|key| cell(row.get(*key))).collect())
-        .collect();
+    let headers = keys.iter().map(|key| key.replace('_', " ").to_uppercase()).collect();
+    let cells = rows.iter().map(|row| keys.iter().map(|key| cell(row.get(*key))).collect()).collect();
     layout(headers, cells)
 }
 
 /// A field worth a column: a scalar, or a list of scalars.
 fn is_tabular(value: &Value) -> bool {
     match value {
-        Value::Array(items) => items
-            .iter()
-            .all(|item| !item.is_array() && !item.is_object()),
+        Value::Array(items) => items.iter().all(|item| !item.is_array() && !item.is_object()),
         Value::Object(_) => false,
         _ => true,
     }
@@ -221,11 +176,9 @@ fn cell(value: Option<&Value>) -> String {
     let text = match value {
         None | Some(Value::Null) => return NONE.to_string(),
         Some(Value::String(text)) => text.clone(),
-        Some(Value::Array(items)) if items.iter().all(|i| !i.is_array() && !i.is_object()) => items
-            .iter()
-            .map(|item| cell(Some(item)))
-            .collect::<Vec<_>>()
-            .join(","),
+        Some(Value::Array(items)) if items.iter().all(|i| !i.is_array() && !i.is_object()) => {
+            items.iter().map(|item| cell(Some(item))).collect::<Vec<_>>().join(",")
+        }
         Some(other @ (Value::Array(_) | Value::Object(_))) => other.to_string(),
         Some(other) => other.to_string(),
     };
@@ -233,9 +186,7 @@ fn cell(value: Option<&Value>) -> String {
         return NONE.to_string();
     }
     // A newline or tab inside a cell would break the table's shape.
-    text.chars()
-        .map(|c| if c.is_control() { ' ' } else { c })
-        .collect()
+    text.chars().map(|c| if c.is_control() { ' ' } else { c }).collect()
 }
 
 fn layout(headers: Vec<String>, rows: Vec<Vec<String>>) -> String {
@@ -295,10 +246,7 @@ dev.example.com       false    init      <none>           2026-01-01T00Z   false
         let one = sub("compute.example.com", true, "error", "a", "b");
         let text = table(&one, View::Subscriptions);
         assert_eq!(text.lines().count(), 2);
-        assert_eq!(
-            text.lines().nth(1).unwrap(),
-            "compute.example.com   true     error   a         b          false"
-        );
+        assert_eq!(text.lines().nth(1).unwrap(), "compute.example.com   true     error   a         b          false");
     }
 
     #[test]
@@ -351,12 +299,8 @@ sre         true     success   2026-02-01T00Z   true
 1/2 synced to 2026-02-01T00Z (compute.example.com)
 "
         );
-        let none =
-            json!({"api": "a.b", "sync_id": "1", "subscribers": [], "total": 0, "synced": 0});
-        assert_eq!(
-            table(&none, View::RegistrationStatus),
-            "no subscribers\n0/0 synced to 1 (a.b)\n"
-        );
+        let none = json!({"api": "a.b", "sync_id": "1", "subscribers": [], "total": 0, "synced": 0});
+        assert_eq!(table(&none, View::RegistrationStatus), "no subscribers\n0/0 synced to 1 (a.b)\n");
     }
 
     #[test]
@@ -364,50 +308,29 @@ sre         true     success   2026-02-01T00Z   true
         let roles = json!({"items": [
             {"rules": [{"resources": ["*"]}], "name": "sysadmin", "description": "all"},
         ], "continue": ""});
-        assert_eq!(
-            table(&roles, View::Generic),
-            "NAME       DESCRIPTION\nsysadmin   all\n"
-        );
+        assert_eq!(table(&roles, View::Generic), "NAME       DESCRIPTION\nsysadmin   all\n");
 
-        let tokens =
-            json!({"items": [{"id": "t1", "created_at": "2026-01-01T00:00:00Z"}], "continue": ""});
-        assert_eq!(
-            table(&tokens, View::Generic),
-            "ID   CREATED AT\nt1   2026-01-01T00:00:00Z\n"
-        );
+        let tokens = json!({"items": [{"id": "t1", "created_at": "2026-01-01T00:00:00Z"}], "continue": ""});
+        assert_eq!(table(&tokens, View::Generic), "ID   CREATED AT\nt1   2026-01-01T00:00:00Z\n");
 
         let whoami = json!({"user": "admin", "cluster_roles": ["sysadmin", "viewer"]});
-        assert_eq!(
-            table(&whoami, View::Generic),
-            "USER    CLUSTER ROLES\nadmin   sysadmin,viewer\n"
-        );
+        assert_eq!(table(&whoami, View::Generic), "USER    CLUSTER ROLES\nadmin   sysadmin,viewer\n");
     }
 
     #[test]
     fn generic_caps_columns_and_handles_odd_shapes() {
         let wide = json!({"name": "x", "a": 1, "b": 2, "c": 3, "d": 4, "e": 5, "f": 6, "g": 7});
-        assert_eq!(
-            table(&wide, View::Generic).lines().next().unwrap(),
-            "NAME   A   B   C   D   E"
-        );
+        assert_eq!(table(&wide, View::Generic).lines().next().unwrap(), "NAME   A   B   C   D   E");
         let scalars = json!({"items": ["a", 1], "continue": ""});
         assert_eq!(table(&scalars, View::Generic), "VALUE\na\n1\n");
         let nested = json!({"spec": {"x": 1}});
-        assert_eq!(
-            table(&nested, View::Generic),
-            "VALUE\n{\"spec\":{\"x\":1}}\n"
-        );
+        assert_eq!(table(&nested, View::Generic), "VALUE\n{\"spec\":{\"x\":1}}\n");
     }
 
     #[test]
     fn empty_lists_render_nothing() {
         let empty = json!({"items": [], "continue": ""});
-        for view in [
-            View::Subscriptions,
-            View::Registrations,
-            View::Namespaces,
-            View::Generic,
-        ] {
+        for view in [View::Subscriptions, View::Registrations, View::Namespaces, View::Generic] {
             assert_eq!(table(&empty, view), "");
         }
     }
@@ -425,9 +348,6 @@ sre         true     success   2026-02-01T00Z   true
     #[test]
     fn unicode_cells_align() {
         let list = json!({"items": [{"name": "ä", "description": "x"}, {"name": "bb", "description": "y"}]});
-        assert_eq!(
-            table(&list, View::Generic),
-            "NAME   DESCRIPTION\nä      x\nbb     y\n"
-        );
+        assert_eq!(table(&list, View::Generic), "NAME   DESCRIPTION\nä      x\nbb     y\n");
     }
 }

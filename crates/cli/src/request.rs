@@ -38,14 +38,7 @@ pub const SUBRESOURCES: [&str; 3] = ["sync", "status", "tokens"];
 /// Catalog resources that live under `/namespaces/NS/`.
 const NAMESPACED: [&str; 2] = ["subscriptions", "rolebindings"];
 /// Catalog resources that are cluster-scoped (refuse `-n`).
-const CLUSTER_SCOPED: [&str; 6] = [
-    "namespaces",
-    "apiregistrations",
-    "users",
-    "roles",
-    "clusterrolebindings",
-    "whoami",
-];
+const CLUSTER_SCOPED: [&str; 6] = ["namespaces", "apiregistrations", "users", "roles", "clusterrolebindings", "whoami"];
 
 /// The API argument.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -66,15 +59,9 @@ impl Api {
             return Ok(Api::Catalog);
         }
         if text.is_empty() || text.contains('/') || text.chars().any(char::is_whitespace) {
-            return Err(invalid(format!(
-                "invalid API {text:?}: expected catalog or a registered API's name"
-            )));
+            return Err(invalid(format!("invalid API {text:?}: expected catalog or a registered API's name")));
         }
-        Ok(if text.contains('.') {
-            Api::Long(text.to_string())
-        } else {
-            Api::Short(text.to_string())
-        })
+        Ok(if text.contains('.') { Api::Long(text.to_string()) } else { Api::Short(text.to_string()) })
     }
 
     /// The name for the request path. An unresolved short name appears as
@@ -128,12 +115,7 @@ pub enum View {
 impl Target {
     /// Checks the arguments and splits NAME. Nothing is resolved yet: a
     /// short API name stays [`Api::Short`].
-    pub fn new(
-        api: &str,
-        namespace: Option<&str>,
-        resource: &str,
-        name: Option<&str>,
-    ) -> Result<Target, Error> {
+    pub fn new(api: &str, namespace: Option<&str>, resource: &str, name: Option<&str>) -> Result<Target, Error> {
         let api = Api::parse(api)?;
         check_segment("RESOURCE", resource)?;
         if let Some(ns) = namespace {
@@ -141,27 +123,18 @@ impl Target {
         }
         match &api {
             Api::Catalog if NAMESPACED.contains(&resource) && namespace.is_none() => {
-                return Err(invalid(format!(
-                    "{resource} are namespaced: pass -n NAMESPACE"
-                )));
+                return Err(invalid(format!("{resource} are namespaced: pass -n NAMESPACE")));
             }
             Api::Catalog if CLUSTER_SCOPED.contains(&resource) && namespace.is_some() => {
                 return Err(invalid(format!("{resource} are cluster-scoped: drop -n")));
             }
             Api::Long(_) | Api::Short(_) if namespace.is_none() => {
-                return Err(invalid(
-                    "requests to a registered API go into a namespace: pass -n NAMESPACE",
-                ));
+                return Err(invalid("requests to a registered API go into a namespace: pass -n NAMESPACE"));
             }
             _ => {}
         }
         let object = name.map(|name| ObjectRef::parse(&api, name)).transpose()?;
-        Ok(Target {
-            api,
-            namespace: namespace.map(str::to_string),
-            resource: resource.to_string(),
-            object,
-        })
+        Ok(Target { api, namespace: namespace.map(str::to_string), resource: resource.to_string(), object })
     }
 
     pub fn is_catalog(&self) -> bool {
@@ -174,9 +147,7 @@ impl Target {
         match &self.object {
             None => true,
             // `users NAME/tokens` lists a user's tokens.
-            Some(object) => {
-                self.is_catalog() && object.sub.len() == 1 && object.subresource() == Some("tokens")
-            }
+            Some(object) => self.is_catalog() && object.sub.len() == 1 && object.subresource() == Some("tokens"),
         }
     }
 
@@ -215,11 +186,7 @@ impl Target {
 
     /// The path segments, after the server's base URL.
     pub fn path(&self) -> Vec<String> {
-        let mut path = vec![
-            "apis".to_string(),
-            self.api.path_name().to_string(),
-            VERSION.to_string(),
-        ];
+        let mut path = vec!["apis".to_string(), self.api.path_name().to_string(), VERSION.to_string()];
         if let Some(ns) = &self.namespace {
             path.extend(["namespaces".to_string(), ns.clone()]);
         }
@@ -238,9 +205,7 @@ impl ObjectRef {
         let name = segments.next().unwrap_or_default();
         let sub: Vec<String> = segments.map(str::to_string).collect();
         if name.is_empty() || sub.iter().any(String::is_empty) {
-            return Err(invalid(format!(
-                "invalid NAME {text:?}: expected NAME or NAME/SUBRESOURCE"
-            )));
+            return Err(invalid(format!("invalid NAME {text:?}: expected NAME or NAME/SUBRESOURCE")));
         }
         if *api == Api::Catalog
             && let Some(first) = sub.first()
@@ -256,15 +221,10 @@ impl ObjectRef {
                 }
             };
             if sub.len() > allowed_len {
-                return Err(invalid(format!(
-                    "invalid NAME {text:?}: too many segments after {first:?}"
-                )));
+                return Err(invalid(format!("invalid NAME {text:?}: too many segments after {first:?}")));
             }
         }
-        Ok(ObjectRef {
-            name: name.to_string(),
-            sub,
-        })
+        Ok(ObjectRef { name: name.to_string(), sub })
     }
 }
 
@@ -318,19 +278,14 @@ impl Request {
                 (_, Some(data)) => Some(data),
                 (_, None) if empty_body_ok => Some(Value::Object(Map::new())),
                 (_, None) => {
-                    return Err(invalid(
-                        "create needs the object: -d DATA (JSON or YAML, @FILE, @-)",
-                    ));
+                    return Err(invalid("create needs the object: -d DATA (JSON or YAML, @FILE, @-)"));
                 }
             },
             Verb::Update | Verb::Patch => match data {
                 Some(data) => Some(data),
                 None if empty_body_ok => Some(Value::Object(Map::new())),
                 None => {
-                    return Err(invalid(format!(
-                        "{} needs -d DATA (JSON or YAML, @FILE, @-)",
-                        verb.as_str()
-                    )));
+                    return Err(invalid(format!("{} needs -d DATA (JSON or YAML, @FILE, @-)", verb.as_str())));
                 }
             },
         };
@@ -360,11 +315,7 @@ impl Request {
 /// The body of `create catalog RESOURCE NAME`: `data` (or `{}`) with the
 /// key field set to NAME, refusing a `-d` that names something else.
 fn with_key_field(resource: &str, name: &str, data: Option<Value>) -> Result<Value, Error> {
-    let key = if resource == "subscriptions" {
-        "api"
-    } else {
-        "name"
-    };
+    let key = if resource == "subscriptions" { "api" } else { "name" };
     let mut object = match data {
         None => Map::new(),
         Some(Value::Object(object)) => object,
@@ -373,9 +324,7 @@ fn with_key_field(resource: &str, name: &str, data: Option<Value>) -> Result<Val
     match object.get(key) {
         Some(Value::String(given)) if given == name => {}
         Some(given) => {
-            return Err(invalid(format!(
-                "NAME {name:?} and -d's {key:?} ({given}) disagree: give one of them"
-            )));
+            return Err(invalid(format!("NAME {name:?} and -d's {key:?} ({given}) disagree: give one of them")));
         }
         None => {
             object.insert(key.to_string(), Value::String(name.to_string()));
@@ -398,9 +347,7 @@ mod tests {
     }
 
     fn url(request: &Request) -> String {
-        request
-            .url(&Url::parse("http://localhost:8080").unwrap())
-            .to_string()
+        request.url(&Url::parse("http://localhost:8080").unwrap()).to_string()
     }
 
     const BASE: &str = "http://localhost:8080/apis/catalog.example.com/v1";
@@ -408,11 +355,7 @@ mod tests {
     #[test]
     fn seed_create_example() {
         let t = target("catalog", Some("core"), "subscriptions", None);
-        let r = build(
-            Verb::Create,
-            &t,
-            Some(json!({"api": "compute.example.com"})),
-        );
+        let r = build(Verb::Create, &t, Some(json!({"api": "compute.example.com"})));
         assert_eq!(r.method, Method::POST);
         assert_eq!(url(&r), format!("{BASE}/namespaces/core/subscriptions"));
         assert_eq!(r.body, Some(json!({"api": "compute.example.com"})));
@@ -420,25 +363,11 @@ mod tests {
 
     #[test]
     fn seed_resync_example() {
-        let t = target(
-            "catalog",
-            Some("sre"),
-            "subscriptions",
-            Some("dev.example.com/sync"),
-        );
-        assert_eq!(
-            t.object,
-            Some(ObjectRef {
-                name: "dev.example.com".into(),
-                sub: vec!["sync".into()]
-            })
-        );
+        let t = target("catalog", Some("sre"), "subscriptions", Some("dev.example.com/sync"));
+        assert_eq!(t.object, Some(ObjectRef { name: "dev.example.com".into(), sub: vec!["sync".into()] }));
         let r = build(Verb::Update, &t, Some(json!({})));
         assert_eq!(r.method, Method::PUT);
-        assert_eq!(
-            url(&r),
-            format!("{BASE}/namespaces/sre/subscriptions/dev.example.com/sync")
-        );
+        assert_eq!(url(&r), format!("{BASE}/namespaces/sre/subscriptions/dev.example.com/sync"));
         assert_eq!(r.body, Some(json!({})));
     }
 
@@ -449,47 +378,25 @@ mod tests {
         let body = json!({"description": "x"});
 
         let r = build(Verb::Get, &all, None);
-        assert_eq!(
-            (r.method.clone(), url(&r), r.body),
-            (Method::GET, format!("{BASE}/namespaces"), None)
-        );
+        assert_eq!((r.method.clone(), url(&r), r.body), (Method::GET, format!("{BASE}/namespaces"), None));
         let r = build(Verb::Get, &one, None);
-        assert_eq!(
-            (r.method.clone(), url(&r), r.body),
-            (Method::GET, format!("{BASE}/namespaces/core"), None)
-        );
+        assert_eq!((r.method.clone(), url(&r), r.body), (Method::GET, format!("{BASE}/namespaces/core"), None));
         let r = build(Verb::Create, &all, Some(json!({"name": "core"})));
-        assert_eq!(
-            (r.method.clone(), url(&r)),
-            (Method::POST, format!("{BASE}/namespaces"))
-        );
+        assert_eq!((r.method.clone(), url(&r)), (Method::POST, format!("{BASE}/namespaces")));
         let r = build(Verb::Update, &one, Some(body.clone()));
         assert_eq!(
             (r.method.clone(), url(&r), r.body),
-            (
-                Method::PUT,
-                format!("{BASE}/namespaces/core"),
-                Some(body.clone())
-            )
+            (Method::PUT, format!("{BASE}/namespaces/core"), Some(body.clone()))
         );
         let r = build(Verb::Patch, &one, Some(body.clone()));
-        assert_eq!(
-            (r.method.clone(), url(&r), r.body),
-            (Method::PATCH, format!("{BASE}/namespaces/core"), Some(body))
-        );
+        assert_eq!((r.method.clone(), url(&r), r.body), (Method::PATCH, format!("{BASE}/namespaces/core"), Some(body)));
         let r = build(Verb::Delete, &one, None);
-        assert_eq!(
-            (r.method.clone(), url(&r), r.body),
-            (Method::DELETE, format!("{BASE}/namespaces/core"), None)
-        );
+        assert_eq!((r.method.clone(), url(&r), r.body), (Method::DELETE, format!("{BASE}/namespaces/core"), None));
     }
 
     #[test]
     fn catalog_long_name_is_the_catalog() {
-        assert_eq!(
-            target("catalog.example.com", None, "namespaces", None).api,
-            Api::Catalog
-        );
+        assert_eq!(target("catalog.example.com", None, "namespaces", None).api, Api::Catalog);
     }
 
     #[test]
@@ -512,24 +419,11 @@ mod tests {
 
     #[test]
     fn sync_shorthands_default_to_an_empty_body() {
-        let reg = target(
-            "catalog",
-            None,
-            "apiregistrations",
-            Some("compute.example.com/sync"),
-        );
+        let reg = target("catalog", None, "apiregistrations", Some("compute.example.com/sync"));
         let r = build(Verb::Update, &reg, None);
-        assert_eq!(
-            url(&r),
-            format!("{BASE}/apiregistrations/compute.example.com/sync")
-        );
+        assert_eq!(url(&r), format!("{BASE}/apiregistrations/compute.example.com/sync"));
         assert_eq!(r.body, Some(json!({})));
-        let sub = target(
-            "catalog",
-            Some("sre"),
-            "subscriptions",
-            Some("dev.example.com/sync"),
-        );
+        let sub = target("catalog", Some("sre"), "subscriptions", Some("dev.example.com/sync"));
         assert_eq!(build(Verb::Update, &sub, None).body, Some(json!({})));
     }
 
@@ -547,12 +441,7 @@ mod tests {
         let err = Request::build(Verb::Create, &ns, Some(json!({"name": "other"}))).unwrap_err();
         assert!(err.to_string().contains("disagree"), "{err}");
 
-        let sub = target(
-            "catalog",
-            Some("core"),
-            "subscriptions",
-            Some("compute.example.com"),
-        );
+        let sub = target("catalog", Some("core"), "subscriptions", Some("compute.example.com"));
         let r = build(Verb::Create, &sub, None);
         assert_eq!(url(&r), format!("{BASE}/namespaces/core/subscriptions"));
         assert_eq!(r.body, Some(json!({"api": "compute.example.com"})));
@@ -560,33 +449,14 @@ mod tests {
 
     #[test]
     fn registration_status_and_names_with_dots() {
-        let t = target(
-            "catalog",
-            None,
-            "apiregistrations",
-            Some("compute.example.com/status"),
-        );
+        let t = target("catalog", None, "apiregistrations", Some("compute.example.com/status"));
         assert_eq!(t.view(), View::RegistrationStatus);
         assert!(!t.is_collection());
         let r = build(Verb::Get, &t, None);
-        assert_eq!(
-            url(&r),
-            format!("{BASE}/apiregistrations/compute.example.com/status")
-        );
+        assert_eq!(url(&r), format!("{BASE}/apiregistrations/compute.example.com/status"));
 
-        let t = target(
-            "catalog",
-            None,
-            "apiregistrations",
-            Some("compute.example.com"),
-        );
-        assert_eq!(
-            t.object,
-            Some(ObjectRef {
-                name: "compute.example.com".into(),
-                sub: vec![]
-            })
-        );
+        let t = target("catalog", None, "apiregistrations", Some("compute.example.com"));
+        assert_eq!(t.object, Some(ObjectRef { name: "compute.example.com".into(), sub: vec![] }));
         assert_eq!(t.view(), View::Registrations);
     }
 
@@ -599,41 +469,19 @@ mod tests {
         let r = build(Verb::Create, &list, None);
         assert_eq!(
             (r.method.clone(), url(&r), r.body),
-            (
-                Method::POST,
-                format!("{BASE}/users/alice/tokens"),
-                Some(json!({}))
-            )
+            (Method::POST, format!("{BASE}/users/alice/tokens"), Some(json!({})))
         );
 
         let one = target("catalog", None, "users", Some("alice/tokens/0a1b2c"));
-        assert_eq!(
-            one.object,
-            Some(ObjectRef {
-                name: "alice".into(),
-                sub: vec!["tokens".into(), "0a1b2c".into()]
-            })
-        );
+        assert_eq!(one.object, Some(ObjectRef { name: "alice".into(), sub: vec!["tokens".into(), "0a1b2c".into()] }));
         assert!(!one.is_collection());
         let r = build(Verb::Delete, &one, None);
-        assert_eq!(
-            (r.method.clone(), url(&r)),
-            (Method::DELETE, format!("{BASE}/users/alice/tokens/0a1b2c"))
-        );
+        assert_eq!((r.method.clone(), url(&r)), (Method::DELETE, format!("{BASE}/users/alice/tokens/0a1b2c")));
     }
 
     #[test]
     fn unknown_or_malformed_subresources_are_refused() {
-        for name in [
-            "a.b/bogus",
-            "a.b/sync/x",
-            "a.b/status/x",
-            "alice/tokens/id/x",
-            "a.b/",
-            "/sync",
-            "a//sync",
-            "",
-        ] {
+        for name in ["a.b/bogus", "a.b/sync/x", "a.b/status/x", "alice/tokens/id/x", "a.b/", "/sync", "a//sync", ""] {
             let err = Target::new("catalog", None, "apiregistrations", Some(name)).unwrap_err();
             assert_eq!(err.exit_code(), 1, "{name}");
         }
@@ -650,18 +498,12 @@ mod tests {
         assert!(err.to_string().contains("cluster-scoped"), "{err}");
 
         let t = target("catalog", Some("core"), "rolebindings", Some("dev-read"));
-        assert_eq!(
-            url(&build(Verb::Get, &t, None)),
-            format!("{BASE}/namespaces/core/rolebindings/dev-read")
-        );
+        assert_eq!(url(&build(Verb::Get, &t, None)), format!("{BASE}/namespaces/core/rolebindings/dev-read"));
         // A resource the CLI does not know goes where -n says.
         let t = target("catalog", None, "widgets", None);
         assert_eq!(url(&build(Verb::Get, &t, None)), format!("{BASE}/widgets"));
         let t = target("catalog", Some("x"), "widgets", None);
-        assert_eq!(
-            url(&build(Verb::Get, &t, None)),
-            format!("{BASE}/namespaces/x/widgets")
-        );
+        assert_eq!(url(&build(Verb::Get, &t, None)), format!("{BASE}/namespaces/x/widgets"));
     }
 
     #[test]
@@ -676,24 +518,13 @@ mod tests {
         assert_eq!(t.api, Api::Long("compute.example.com".into()));
         assert_eq!(t.view(), View::Generic);
         let r = build(Verb::Get, &t, None);
-        assert_eq!(
-            url(&r),
-            "http://localhost:8080/apis/compute.example.com/v1/namespaces/core/vms"
-        );
+        assert_eq!(url(&r), "http://localhost:8080/apis/compute.example.com/v1/namespaces/core/vms");
 
         // A gateway API's own subresources pass through; create posts where told.
-        let t = target(
-            "compute.example.com",
-            Some("core"),
-            "vms",
-            Some("web-1/console/log"),
-        );
+        let t = target("compute.example.com", Some("core"), "vms", Some("web-1/console/log"));
         let r = build(Verb::Create, &t, Some(json!({"lines": 10})));
         assert_eq!(r.method, Method::POST);
-        assert_eq!(
-            url(&r),
-            "http://localhost:8080/apis/compute.example.com/v1/namespaces/core/vms/web-1/console/log"
-        );
+        assert_eq!(url(&r), "http://localhost:8080/apis/compute.example.com/v1/namespaces/core/vms/web-1/console/log");
 
         let err = Target::new("compute.example.com", None, "vms", None).unwrap_err();
         assert!(err.to_string().contains("pass -n"), "{err}");
@@ -707,10 +538,7 @@ mod tests {
         assert!(Request::build(Verb::Update, &t, None).is_err());
         t.api = Api::Long("compute.example.com".into());
         let r = build(Verb::Get, &t, None);
-        assert_eq!(
-            url(&r),
-            "http://localhost:8080/apis/compute.example.com/v1/namespaces/core/vms/web-1"
-        );
+        assert_eq!(url(&r), "http://localhost:8080/apis/compute.example.com/v1/namespaces/core/vms/web-1");
     }
 
     #[test]
@@ -736,15 +564,7 @@ mod tests {
 
     #[test]
     fn describe() {
-        let t = target(
-            "catalog",
-            Some("sre"),
-            "subscriptions",
-            Some("dev.example.com"),
-        );
-        assert_eq!(
-            t.describe(),
-            "subscriptions/dev.example.com in namespace sre"
-        );
+        let t = target("catalog", Some("sre"), "subscriptions", Some("dev.example.com"));
+        assert_eq!(t.describe(), "subscriptions/dev.example.com in namespace sre");
     }
 }

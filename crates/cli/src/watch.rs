@@ -42,10 +42,7 @@ pub enum Update<'a> {
 /// `synced == total`; a list of subscriptions whose every item is synced.
 pub fn synced(value: &Value) -> Option<bool> {
     match value.get("items").and_then(Value::as_array) {
-        Some(items) => items
-            .iter()
-            .map(synced_one)
-            .try_fold(true, |all, one| Some(all && one?)),
+        Some(items) => items.iter().map(synced_one).try_fold(true, |all, one| Some(all && one?)),
         None => synced_one(value),
     }
 }
@@ -79,9 +76,7 @@ where
                             Some(true) => return Ok(()),
                             Some(false) => {}
                             None => {
-                                return Err(invalid(
-                                    "--until-synced: this answer has no `synced` field to wait for",
-                                ));
+                                return Err(invalid("--until-synced: this answer has no `synced` field to wait for"));
                             }
                         }
                     }
@@ -97,10 +92,7 @@ where
     }
     match tokio::time::timeout(options.timeout, work).await {
         Ok(result) => result,
-        Err(_) => Err(Error::NotSynced(format!(
-            "not synced after {}",
-            human(options.timeout)
-        ))),
+        Err(_) => Err(Error::NotSynced(format!("not synced after {}", human(options.timeout)))),
     }
 }
 
@@ -128,11 +120,7 @@ mod tests {
     use std::collections::VecDeque;
 
     fn options(until_synced: bool) -> Options {
-        Options {
-            interval: Duration::from_secs(2),
-            until_synced,
-            timeout: Duration::from_secs(60),
-        }
+        Options { interval: Duration::from_secs(2), until_synced, timeout: Duration::from_secs(60) }
     }
 
     fn sub(synced: bool) -> Value {
@@ -143,22 +131,10 @@ mod tests {
     fn synced_shapes() {
         assert_eq!(synced(&sub(true)), Some(true));
         assert_eq!(synced(&sub(false)), Some(false));
-        assert_eq!(
-            synced(&json!({"subscribers": [], "total": 2, "synced": 2})),
-            Some(true)
-        );
-        assert_eq!(
-            synced(&json!({"subscribers": [], "total": 2, "synced": 1})),
-            Some(false)
-        );
-        assert_eq!(
-            synced(&json!({"items": [sub(true), sub(true)], "continue": ""})),
-            Some(true)
-        );
-        assert_eq!(
-            synced(&json!({"items": [sub(true), sub(false)], "continue": ""})),
-            Some(false)
-        );
+        assert_eq!(synced(&json!({"subscribers": [], "total": 2, "synced": 2})), Some(true));
+        assert_eq!(synced(&json!({"subscribers": [], "total": 2, "synced": 1})), Some(false));
+        assert_eq!(synced(&json!({"items": [sub(true), sub(true)], "continue": ""})), Some(true));
+        assert_eq!(synced(&json!({"items": [sub(true), sub(false)], "continue": ""})), Some(false));
         assert_eq!(synced(&json!({"items": [], "continue": ""})), Some(true));
         assert_eq!(synced(&json!({"name": "core", "active": true})), None);
         assert_eq!(synced(&json!({"items": [{"name": "x"}]})), None);
@@ -166,17 +142,11 @@ mod tests {
     }
 
     /// A scripted fetch: answers in order, the last one forever.
-    fn script(
-        answers: Vec<Result<Value, Error>>,
-    ) -> impl FnMut() -> std::future::Ready<Result<Value, Error>> {
+    fn script(answers: Vec<Result<Value, Error>>) -> impl FnMut() -> std::future::Ready<Result<Value, Error>> {
         let answers = RefCell::new(VecDeque::from(answers));
         move || {
             let mut answers = answers.borrow_mut();
-            let next = if answers.len() > 1 {
-                answers.pop_front()
-            } else {
-                answers.front().cloned()
-            };
+            let next = if answers.len() > 1 { answers.pop_front() } else { answers.front().cloned() };
             std::future::ready(next.expect("script is not empty"))
         }
     }
@@ -208,22 +178,10 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn transient_errors_are_retried_and_client_errors_stop() {
-        let unavailable = Error::Api {
-            status: 503,
-            reason: "Unavailable".into(),
-            message: "restarting".into(),
-        };
-        let not_found = Error::Api {
-            status: 404,
-            reason: "NotFound".into(),
-            message: "gone".into(),
-        };
+        let unavailable = Error::Api { status: 503, reason: "Unavailable".into(), message: "restarting".into() };
+        let not_found = Error::Api { status: 404, reason: "NotFound".into(), message: "gone".into() };
         let mut retries = 0;
-        let fetch = script(vec![
-            Err(unavailable),
-            Err(Error::Transport("refused".into())),
-            Ok(sub(true)),
-        ]);
+        let fetch = script(vec![Err(unavailable), Err(Error::Transport("refused".into())), Ok(sub(true))]);
         let result = run(options(true), fetch, |update| {
             if let Update::Retrying(_) = update {
                 retries += 1;
@@ -233,23 +191,13 @@ mod tests {
         .await;
         assert_eq!((result, retries), (Ok(()), 2));
 
-        let result = run(
-            options(true),
-            script(vec![Ok(sub(false)), Err(not_found.clone())]),
-            |_| Ok(()),
-        )
-        .await;
+        let result = run(options(true), script(vec![Ok(sub(false)), Err(not_found.clone())]), |_| Ok(())).await;
         assert_eq!(result, Err(not_found));
     }
 
     #[tokio::test(start_paused = true)]
     async fn until_synced_needs_a_synced_field() {
-        let result = run(
-            options(true),
-            script(vec![Ok(json!({"name": "core"}))]),
-            |_| Ok(()),
-        )
-        .await;
+        let result = run(options(true), script(vec![Ok(json!({"name": "core"}))]), |_| Ok(())).await;
         assert_eq!(result.unwrap_err().exit_code(), 1);
     }
 
@@ -258,11 +206,7 @@ mod tests {
         let mut seen = 0;
         let result = run(options(false), script(vec![Ok(sub(true))]), |_| {
             seen += 1;
-            if seen == 5 {
-                Err(invalid("enough"))
-            } else {
-                Ok(())
-            }
+            if seen == 5 { Err(invalid("enough")) } else { Ok(()) }
         })
         .await;
         assert_eq!(result, Err(invalid("enough")));

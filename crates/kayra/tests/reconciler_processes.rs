@@ -15,6 +15,10 @@ use kayra_core::{ApiRegistration, Namespace, Subscription};
 use kayra_store::Store;
 use kayra_testkit::backend::TestBackend;
 use kayra_testkit::{Etcd, eventually, free_port};
+
+fn http_setup() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 
@@ -93,6 +97,10 @@ impl World {
 
     /// Writes a reconciler config whose mode `api` POSTs to `/<behaviour>/<namespace>`.
     fn config(&self, name: &str, behaviour: &str) -> PathBuf {
+        self.config_with(name, behaviour, "json", free_port())
+    }
+
+    fn config_with(&self, name: &str, behaviour: &str, log_format: &str, port: u16) -> PathBuf {
         let yaml = format!(
             r#"platform: dev
 region: local
@@ -103,7 +111,7 @@ database:
     lock_ttl: 2s
     lock_retry_interval: 50ms
 logging:
-  format: json
+  format: {log_format}
 reconciler:
   listen: 127.0.0.1:{port}
   max_concurrent_reconciles: 8
@@ -116,7 +124,6 @@ reconciler:
         timeout: 60s
 "#,
             endpoint = self.etcd.endpoint(),
-            port = free_port(),
             base = self.backend.base,
         );
         let path = self.dir.path().join(format!("{name}.yaml"));
@@ -161,7 +168,7 @@ reconciler:
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_processes_run_each_job_once_per_sync_id() {
     let world = World::new().await;
-    let namespaces: Vec<String> = (0..12).map(|i| format!("t{i}")).collect();
+    let namespaces: Vec<String> = (0..12).map(|i| format!("t{i:02}")).collect();
     let namespaces: Vec<&str> = namespaces.iter().map(String::as_str).collect();
     world.seed(&namespaces, "s1").await;
     let procs: Vec<Reconciler> = (0..3).map(|i| Reconciler::start(&world.config(&format!("r{i}"), "slow"))).collect();
@@ -199,10 +206,22 @@ async fn killed_lock_holder_is_taken_over_after_the_lease_ttl() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_finishes_the_in_flight_reconcile_and_exits_zero() {
+    http_setup();
     let world = World::new().await;
     world.seed(&["core"], "s1").await;
-    let mut proc = Reconciler::start(&world.config("only", "hold"));
+    let port = free_port();
+    let mut proc = Reconciler::start(&world.config_with("only", "hold", "text", port));
     world.backend.wait_for("/hold/core", 1).await;
+    // The admin listener answers while the reconcile is in flight.
+    let admin = format!("http://127.0.0.1:{port}");
+    assert_eq!(reqwest::get(format!("{admin}/healthz")).await.unwrap().status(), 200);
+    assert_eq!(reqwest::get(format!("{admin}/readyz")).await.unwrap().status(), 200);
+    let metrics = reqwest::get(format!("{admin}/metrics")).await.unwrap().text().await.unwrap();
+    for name in
+        ["kayra_reconciles_in_flight", "kayra_reconciler_pool_slots_in_use", "kayra_reconciler_watch_events_total"]
+    {
+        assert!(metrics.contains(name), "{name} missing from /metrics:\n{metrics}");
+    }
     proc.signal(Signal::SIGTERM);
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(proc.child.try_wait().unwrap().is_none(), "must wait for the in-flight reconcile");
@@ -212,7 +231,13 @@ async fn sigterm_finishes_the_in_flight_reconcile_and_exits_zero() {
     assert!(world.all_synced(&["core"], "s1").await, "the in-flight reconcile was recorded before exit");
     let lines = proc.lines();
     assert!(!lines.iter().any(|l| l.contains("s3cr3t-token-value")), "a token reached the logs");
-    assert_json_lines_carry_ids(lines);
+    // Text format: every reconcile-path line shows both ids as key=value.
+    let on_path: Vec<&String> =
+        lines.iter().filter(|l| (l.contains("namespace=") && l.contains("api=")) || l.contains("step=")).collect();
+    assert!(!on_path.is_empty(), "no reconcile-path line logged:\n{}", lines.join("\n"));
+    for line in on_path {
+        assert!(line.contains("lock_id=") && line.contains("sync_id="), "ids missing: {line}");
+    }
 }
 
 #[test]

@@ -1,1 +1,164 @@
-//! placeholder
+//! `kayra serve`: the HTTP API server — the catalog API behind
+//! authentication, the gateway seam, health, metrics and the OpenAPI
+//! document — and its lifecycle (bootstrap, serve, graceful shutdown).
+//!
+//! The entry point is [`run`], mini-redis style: it takes an already bound
+//! listener and a shutdown future, so tests bind `127.0.0.1:0` and stop the
+//! server whenever they like, and the `kayra` binary passes SIGTERM/SIGINT.
+//! [`router`] builds the whole application for in-process tests.
+//!
+//! Request path, outside in: tracing span → metrics (by route template) →
+//! routing → for `/apis/...`: authentication (401) → the route's RBAC
+//! requirement (403) → extractors (400/413) → handler.
+//!
+//! # Layout
+//! - this file: [`AppState`], [`router`], [`run`], shutdown.
+//! - `auth`: bearer-token authentication middleware.
+//! - [`gateway`]: `/apis/<other api>/...`, the six steps and forwarding (§6).
+//! - `health`: `/healthz`, `/readyz`, `/metrics`, `/openapi.json`.
+//! - `metrics`: the Prometheus recorder and the request metrics middleware.
+//! - `tls`: HTTPS when `server.tls` is set.
+
+mod auth;
+pub mod gateway;
+mod health;
+pub mod metrics;
+mod tls;
+
+use std::future::Future;
+use std::time::Duration;
+
+use anyhow::Context;
+use axum::Router;
+use axum::routing::get;
+use bytes::Bytes;
+use kayra_catalog::api::{self, ApiError, ApiState};
+use kayra_catalog::repo::Repository;
+use kayra_config::Config;
+use kayra_store::Store;
+use metrics_exporter_prometheus::PrometheusHandle;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+use tower_http::trace::TraceLayer;
+
+/// How long in-flight requests may take to finish after shutdown begins.
+pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// What the server's handlers share. Cheap to clone.
+#[derive(Clone)]
+pub struct AppState {
+    /// The catalog API's state: this deployment's repository, the body limit.
+    pub api: ApiState,
+    /// The process's Prometheus handle, rendered by `/metrics`.
+    pub metrics: PrometheusHandle,
+    /// `/openapi.json`, rendered once at startup.
+    openapi: Bytes,
+    /// The gateway to registered APIs; tests shorten its response timeout.
+    pub gateway: gateway::Gateway,
+}
+
+impl AppState {
+    /// State for the deployment `config` describes, on `store`.
+    pub fn new(config: &Config, store: Store) -> Self {
+        let repo = Repository::new(store, &config.platform, &config.region);
+        // Serializing utoipa's plain structs cannot fail; an empty document
+        // would be caught by the OpenAPI tests.
+        let openapi = serde_json::to_vec(&api::openapi::openapi()).unwrap_or_default();
+        Self {
+            gateway: gateway::Gateway::new(repo.clone()),
+            api: ApiState { repo, max_body_bytes: config.server.max_body_bytes },
+            metrics: metrics::handle(),
+            openapi: Bytes::from(openapi),
+        }
+    }
+}
+
+/// The whole application: `/healthz`, `/readyz`, `/metrics`,
+/// `/openapi.json` without authentication; `/apis/...` (catalog API and
+/// gateway) behind it.
+pub fn router(state: AppState) -> Router {
+    let repo = state.api.repo.clone();
+    let apis = Router::new()
+        .nest("/catalog.example.com/v1", api::router(state.api.clone()))
+        .merge(state.gateway.clone().router())
+        .layer(axum::middleware::from_fn_with_state(repo, auth::authenticate));
+    Router::new()
+        .route("/healthz", get(health::healthz))
+        .route("/readyz", get(health::readyz))
+        .route("/metrics", get(health::metrics))
+        .route("/openapi.json", get(health::openapi))
+        .with_state(state)
+        .nest("/apis", apis)
+        .fallback(|| async { ApiError::not_found("no such route") })
+        .layer(axum::middleware::from_fn(metrics::track))
+        .layer(TraceLayer::new_for_http())
+}
+
+/// Runs `kayra serve` on `listener` until `shutdown` completes, then stops
+/// accepting, lets in-flight requests finish (at most [`DRAIN_TIMEOUT`])
+/// and returns.
+///
+/// With `auth.bootstrap_token` set, first makes sure the bootstrap admin
+/// exists (§5.4). With `server.tls` set, serves HTTPS.
+pub async fn run(
+    config: Config,
+    store: Store,
+    listener: TcpListener,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    let state = AppState::new(&config, store);
+    if !config.auth.bootstrap_token.is_empty() {
+        state.api.repo.bootstrap_admin(&config.auth.bootstrap_token).await.context("bootstrap the admin user")?;
+        tracing::info!(user = kayra_catalog::repo::auth::BOOTSTRAP_USER, "bootstrap admin ensured");
+    }
+    let tls = match &config.server.tls {
+        Some(tls) => Some(tls::acceptor(tls).context("load server.tls")?),
+        None => None,
+    };
+
+    let stopping = CancellationToken::new();
+    let upkeep = tokio::spawn(upkeep(state.metrics.clone(), stopping.clone()));
+    let app = router(state);
+    let signal = {
+        let stopping = stopping.clone();
+        async move {
+            shutdown.await;
+            tracing::info!("shutting down: no new connections, finishing in-flight requests");
+            stopping.cancel();
+        }
+    };
+    let served = async {
+        match tls {
+            Some(acceptor) => {
+                let listener = tls::Listener::new(listener, acceptor)?;
+                axum::serve(listener, app).with_graceful_shutdown(signal).await
+            }
+            None => axum::serve(listener, app).with_graceful_shutdown(signal).await,
+        }
+    };
+    let drain_deadline = async {
+        stopping.cancelled().await;
+        tokio::time::sleep(DRAIN_TIMEOUT).await;
+    };
+    let result = tokio::select! {
+        served = served => served.context("serve"),
+        () = drain_deadline => {
+            tracing::warn!(timeout = ?DRAIN_TIMEOUT, "in-flight requests did not finish in time; stopping anyway");
+            Ok(())
+        }
+    };
+    stopping.cancel();
+    let _ = upkeep.await;
+    result
+}
+
+/// Folds histogram samples in periodically, so memory stays bounded even
+/// when nobody scrapes `/metrics`.
+async fn upkeep(handle: PrometheusHandle, stopping: CancellationToken) {
+    loop {
+        tokio::select! {
+            () = stopping.cancelled() => return,
+            () = tokio::time::sleep(metrics::UPKEEP_INTERVAL) => handle.run_upkeep(),
+        }
+    }
+}

@@ -136,9 +136,7 @@ fn tls_options(tls: &kayra_config::EtcdTls) -> Result<TlsOptions> {
         (Some(cert), Some(key)) => options = options.identity(Identity::from_pem(read(cert)?, read(key)?)),
         (None, None) => {}
         _ => {
-            return Err(Error::Unavailable(
-                "database.etcd.tls: cert_file and key_file must be given together".into(),
-            ));
+            return Err(Error::Unavailable("database.etcd.tls: cert_file and key_file must be given together".into()));
         }
     }
     Ok(options)
@@ -300,7 +298,8 @@ impl Backend for EtcdStore {
         if let Some(expected) = expected {
             compares.push(Compare::mod_revision(full.clone(), CompareOp::Equal, expected));
         }
-        let txn = Txn::new().when(compares).and_then([TxnOp::delete(full.clone(), None)]).or_else([TxnOp::get(full, None)]);
+        let txn =
+            Txn::new().when(compares).and_then([TxnOp::delete(full.clone(), None)]).or_else([TxnOp::get(full, None)]);
         let resp = self.keys.txn(txn).await?;
         match (resp.succeeded(), else_branch_found_key(&resp)) {
             (true, _) => revision_of(resp.header()),
@@ -317,7 +316,8 @@ impl Backend for EtcdStore {
         // Any read carries the store revision in its header; a count of one
         // key is the cheapest linearizable read there is.
         let options = GetOptions::new().with_count_only();
-        let resp = self.keys.client.kv_client().get(self.keys.root.clone(), Some(options)).await.map_err(unavailable)?;
+        let resp =
+            self.keys.client.kv_client().get(self.keys.root.clone(), Some(options)).await.map_err(unavailable)?;
         revision_of(resp.header())
     }
 

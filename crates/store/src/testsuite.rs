@@ -251,7 +251,11 @@ pub async fn list_then_watch_loses_nothing(store: &Store) {
     let mut last = revision;
     while !state.contains_key(&format!("{prefix}zz-done")) {
         let event = next_event(&mut watch).await;
-        assert!(event.revision() > last, "events arrive in revision order, once each ({} after {last})", event.revision());
+        assert!(
+            event.revision() > last,
+            "events arrive in revision order, once each ({} after {last})",
+            event.revision()
+        );
         last = event.revision();
         match event {
             Event::Put(kv) => state.insert(kv.key, kv.value),

@@ -254,6 +254,16 @@ async fn lock_holder_child() {
     std::future::pending::<()>().await;
 }
 
+/// A child process that is killed (SIGKILL) when the test ends, even by a panic.
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 const CHILD_ENV: &str = "KAYRA_TEST_LOCK_CHILD";
 const CHILD_JOB: &str = "subscriptions/core/compute.example.com";
 const CHILD_LOCKED: &str = "kayra-test-child: locked";
@@ -263,16 +273,19 @@ const LOCK_TTL: kayra_config::Duration = kayra_config::Duration::from_secs(2);
 async fn a_killed_holder_frees_its_lock_after_the_lease_ttl() {
     let etcd = Etcd::start().await;
     // Re-run this test binary in child mode: a real process holding the lock.
-    let mut child = Command::new(std::env::current_exe().expect("test binary"))
-        .args(["--exact", "lock_holder_child", "--nocapture", "--test-threads", "1"])
-        .env(CHILD_ENV, etcd.endpoint())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("spawn child");
-    let stdout = child.stdout.take().expect("child stdout");
+    let mut child = KillOnDrop(
+        Command::new(std::env::current_exe().expect("test binary"))
+            .args(["--exact", "lock_holder_child", "--nocapture", "--test-threads", "1"])
+            .env(CHILD_ENV, etcd.endpoint())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawn child"),
+    );
+    let stdout = child.0.stdout.take().expect("child stdout");
+    // libtest prints "test lock_holder_child ... " before the test's own output.
     let locked = tokio::task::spawn_blocking(move || {
-        BufReader::new(stdout).lines().map_while(Result::ok).any(|line| line.trim() == CHILD_LOCKED)
+        BufReader::new(stdout).lines().map_while(Result::ok).any(|line| line.ends_with(CHILD_LOCKED))
     });
     let locked = tokio::time::timeout(WAIT, locked).await.expect("child locks in time").expect("reader");
     assert!(locked, "the child exited without taking the lock");
@@ -287,9 +300,9 @@ async fn a_killed_holder_frees_its_lock_after_the_lease_ttl() {
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(!waiter.is_finished(), "the child holds the lock");
 
-    child.kill().expect("SIGKILL the child");
+    child.0.kill().expect("SIGKILL the child");
     let killed = Instant::now();
-    let _ = child.wait();
+    let _ = child.0.wait();
     let held = tokio::time::timeout(WAIT, waiter).await.expect("the lock frees in time").expect("task").expect("lock");
     let took = killed.elapsed();
     // The lease was renewed at most ttl/3 before the kill, so it expires

@@ -1,1 +1,291 @@
-//! placeholder
+//! The catalog API: every route under `/apis/catalog.example.com/v1`
+//! (platform contract §4 and §5, seed "Managing one", "Forcing a re-sync").
+//!
+//! Every route is declared once, in [`declarations`], with the HTTP
+//! method, the handler and the access it demands. From that one list come
+//! the live router ([`router`], each handler behind its RBAC requirement),
+//! the route table ([`routes`]) and the checks that keep the OpenAPI
+//! document ([`openapi`]) in step with the router.
+//!
+//! Handlers validate input, call the [`Repository`](crate::repo::Repository)
+//! and map its errors; every read-modify-write goes through the
+//! repository's compare-and-swap loop. Authentication is not done here: the
+//! server's middleware puts a [`Caller`] into the request.
+//!
+//! # Layout
+//! - [`authz`]: [`Caller`], `RequireClusterRBAC` as a route layer, the route table.
+//! - [`error`]: [`ApiError`], the `{code, reason, message}` shape.
+//! - [`extract`]: body/path/query extractors refusing in that shape (400/413).
+//! - [`list`]: `{items, continue}` and pagination.
+//! - one module per resource: [`namespaces`], [`registrations`],
+//!   [`subscriptions`], [`users`] (with tokens and `/whoami`), [`roles`],
+//!   [`bindings`] (cluster and namespace role bindings).
+//! - [`openapi`]: the OpenAPI 3 document, derived from the handlers' types.
+
+pub mod authz;
+pub mod bindings;
+pub mod error;
+pub mod extract;
+pub mod list;
+pub mod namespaces;
+pub mod openapi;
+pub mod registrations;
+pub mod roles;
+pub mod subscriptions;
+pub mod users;
+
+use axum::Router;
+use axum::routing::MethodRouter;
+use kayra_core::names;
+use kayra_rbac::Verb::{Create, Delete, Get, List, Patch, Update};
+use serde::Deserialize;
+use utoipa::ToSchema;
+
+pub use authz::{Access, Caller, RouteSpec, require_cluster_rbac};
+pub use error::{ApiError, ErrorBody};
+
+use authz::{Endpoint, cluster};
+use extract::RequestBody;
+
+use crate::repo::Repository;
+
+/// Where the catalog API is mounted.
+pub const BASE_PATH: &str = "/apis/catalog.example.com/v1";
+
+/// What every catalog handler shares.
+#[derive(Debug, Clone)]
+pub struct ApiState {
+    /// This deployment's repository (its platform/region scope included).
+    pub repo: Repository,
+    /// `server.max_body_bytes`: larger bodies are refused with 413.
+    pub max_body_bytes: usize,
+}
+
+/// The body of the `/sync` shorthands and of token creation: `{}` (or
+/// nothing at all), and no field is accepted.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Empty {}
+
+impl RequestBody for Empty {
+    const EMPTY_IS_OBJECT: bool = true;
+}
+
+/// Every route of the catalog API, relative to [`BASE_PATH`]. The only
+/// place routes are declared: an [`Endpoint`] cannot exist without its
+/// [`Access`].
+fn declarations() -> Vec<(&'static str, Vec<Endpoint>)> {
+    use self::{bindings as b, namespaces as ns, registrations as reg, roles as r, subscriptions as sub, users as u};
+    vec![
+        (
+            "/namespaces",
+            vec![Endpoint::get(cluster("namespaces", List), ns::list), Endpoint::post(cluster("namespaces", Create), ns::create)],
+        ),
+        (
+            "/namespaces/{namespace}",
+            vec![
+                Endpoint::get(cluster("namespaces", Get), ns::get),
+                Endpoint::put(cluster("namespaces", Update), ns::update),
+                Endpoint::patch(cluster("namespaces", Patch), ns::patch),
+                Endpoint::delete(cluster("namespaces", Delete), ns::delete),
+            ],
+        ),
+        (
+            "/apiregistrations",
+            vec![
+                Endpoint::get(cluster("apiregistrations", List), reg::list),
+                Endpoint::post(cluster("apiregistrations", Create), reg::create),
+            ],
+        ),
+        (
+            "/apiregistrations/{name}",
+            vec![
+                Endpoint::get(cluster("apiregistrations", Get), reg::get),
+                Endpoint::put(cluster("apiregistrations", Update), reg::update),
+                Endpoint::patch(cluster("apiregistrations", Patch), reg::patch),
+                Endpoint::delete(cluster("apiregistrations", Delete), reg::delete),
+            ],
+        ),
+        ("/apiregistrations/{name}/sync", vec![Endpoint::put(cluster("apiregistrations/sync", Patch), reg::sync)]),
+        ("/apiregistrations/{name}/status", vec![Endpoint::get(cluster("apiregistrations/status", Get), reg::status)]),
+        (
+            "/namespaces/{namespace}/subscriptions",
+            vec![
+                Endpoint::get(cluster("subscriptions", List), sub::list),
+                Endpoint::post(cluster("subscriptions", Create), sub::create),
+            ],
+        ),
+        (
+            "/namespaces/{namespace}/subscriptions/{api}",
+            vec![
+                Endpoint::get(cluster("subscriptions", Get), sub::get),
+                Endpoint::put(cluster("subscriptions", Update), sub::update),
+                Endpoint::patch(cluster("subscriptions", Patch), sub::patch),
+                Endpoint::delete(cluster("subscriptions", Delete), sub::delete),
+            ],
+        ),
+        (
+            "/namespaces/{namespace}/subscriptions/{api}/sync",
+            vec![Endpoint::put(cluster("subscriptions/sync", Patch), sub::sync)],
+        ),
+        ("/users", vec![Endpoint::get(cluster("users", List), u::list), Endpoint::post(cluster("users", Create), u::create)]),
+        (
+            "/users/{name}",
+            vec![
+                Endpoint::get(cluster("users", Get), u::get),
+                Endpoint::put(cluster("users", Update), u::update),
+                Endpoint::patch(cluster("users", Patch), u::patch),
+                Endpoint::delete(cluster("users", Delete), u::delete),
+            ],
+        ),
+        (
+            "/users/{name}/tokens",
+            vec![
+                Endpoint::get(cluster("users/tokens", List), u::list_tokens),
+                Endpoint::post(cluster("users/tokens", Create), u::create_token),
+            ],
+        ),
+        (
+            "/users/{name}/tokens/{id}",
+            vec![
+                Endpoint::get(cluster("users/tokens", Get), u::get_token),
+                Endpoint::delete(cluster("users/tokens", Delete), u::delete_token),
+            ],
+        ),
+        ("/whoami", vec![Endpoint::get(Access::Authenticated, u::whoami)]),
+        ("/roles", vec![Endpoint::get(cluster("roles", List), r::list), Endpoint::post(cluster("roles", Create), r::create)]),
+        (
+            "/roles/{name}",
+            vec![
+                Endpoint::get(cluster("roles", Get), r::get),
+                Endpoint::put(cluster("roles", Update), r::update),
+                Endpoint::patch(cluster("roles", Patch), r::patch),
+                Endpoint::delete(cluster("roles", Delete), r::delete),
+            ],
+        ),
+        (
+            "/clusterrolebindings",
+            vec![
+                Endpoint::get(cluster("clusterrolebindings", List), b::cluster_list),
+                Endpoint::post(cluster("clusterrolebindings", Create), b::cluster_create),
+            ],
+        ),
+        (
+            "/clusterrolebindings/{name}",
+            vec![
+                Endpoint::get(cluster("clusterrolebindings", Get), b::cluster_get),
+                Endpoint::put(cluster("clusterrolebindings", Update), b::cluster_update),
+                Endpoint::patch(cluster("clusterrolebindings", Patch), b::cluster_patch),
+                Endpoint::delete(cluster("clusterrolebindings", Delete), b::cluster_delete),
+            ],
+        ),
+        (
+            "/namespaces/{namespace}/rolebindings",
+            vec![Endpoint::get(cluster("rolebindings", List), b::list), Endpoint::post(cluster("rolebindings", Create), b::create)],
+        ),
+        (
+            "/namespaces/{namespace}/rolebindings/{name}",
+            vec![
+                Endpoint::get(cluster("rolebindings", Get), b::get),
+                Endpoint::put(cluster("rolebindings", Update), b::update),
+                Endpoint::patch(cluster("rolebindings", Patch), b::patch),
+                Endpoint::delete(cluster("rolebindings", Delete), b::delete),
+            ],
+        ),
+    ]
+}
+
+/// The catalog API's router, to be nested at [`BASE_PATH`] behind the
+/// server's authentication middleware.
+pub fn router(state: ApiState) -> Router {
+    let mut router = Router::new();
+    for (path, endpoints) in declarations() {
+        let methods = endpoints.into_iter().fold(MethodRouter::new(), |methods, e| methods.merge(e.guarded(&state.repo)));
+        router = router.route(path, methods);
+    }
+    router
+        .fallback(|| async { ApiError::not_found("no such route in the catalog API") })
+        .method_not_allowed_fallback(|| async { ApiError::method_not_allowed("method not allowed on this route") })
+        .with_state(state)
+}
+
+/// Every (method, path, access) of the catalog API, as declared.
+pub fn routes() -> Vec<RouteSpec> {
+    declarations().iter().flat_map(|(path, endpoints)| endpoints.iter().map(|e| e.spec(path))).collect()
+}
+
+/// Refuses a name that is not a DNS label (400 naming the rule).
+pub(crate) fn label(kind: &'static str, name: &str) -> Result<(), ApiError> {
+    names::validate_label(kind, name).map_err(|e| ApiError::bad_request(e.to_string()))
+}
+
+/// Refuses anything but an API's long name: a short name is a 400 naming
+/// the long name to use (seed, "Managing one").
+pub(crate) async fn long_name(state: &ApiState, name: &str) -> Result<(), ApiError> {
+    let Err(invalid) = names::validate_subdomain("api", name) else {
+        return Ok(());
+    };
+    if names::validate_label("api", name).is_ok()
+        && let Some(registration) = state.repo.find_registration_by_short_name(name).await?
+    {
+        return Err(ApiError::bad_request(format!(
+            "{name:?} is the short name of api registration {:?}; use the long name {:?}",
+            registration.name, registration.name
+        )));
+    }
+    Err(ApiError::bad_request(format!("{invalid}; an api is named by its long name, e.g. compute.example.com")))
+}
+
+/// The 404 of a registration outside this deployment's scope (§4's example).
+pub(crate) fn registration_not_found(state: &ApiState, name: &str) -> ApiError {
+    ApiError::not_found(format!(
+        "api registration {name:?} not found in platform {}, region {}",
+        state.repo.platform(),
+        state.repo.region()
+    ))
+}
+
+/// A name repeated in a PUT/PATCH body must be the path's.
+pub(crate) fn check_body_name(kind: &str, path: &str, body: Option<&str>) -> Result<(), ApiError> {
+    match body {
+        Some(given) if given != path => {
+            Err(ApiError::bad_request(format!("{kind} name {given:?} in the body does not match {path:?} in the path")))
+        }
+        _ => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashSet;
+
+    use super::*;
+
+    #[test]
+    fn every_route_is_declared_once_and_gated() {
+        let routes = routes();
+        let mut seen = HashSet::new();
+        for route in &routes {
+            assert!(seen.insert((route.method.clone(), route.path)), "{} {} declared twice", route.method, route.path);
+            match route.access {
+                Access::Authenticated => assert_eq!(route.path, "/whoami"),
+                Access::Cluster { resource, .. } => assert!(!resource.is_empty()),
+            }
+        }
+    }
+
+    #[test]
+    fn verbs_follow_the_http_mapping_and_sync_is_patch() {
+        for route in routes() {
+            let Access::Cluster { resource, verb } = route.access else { continue };
+            if route.path.ends_with("/sync") {
+                assert_eq!((route.method.as_str(), verb), ("PUT", Patch), "{}", route.path);
+                assert!(resource.ends_with("/sync"), "{}", route.path);
+                continue;
+            }
+            // A collection path ends in a literal, an item path in a parameter.
+            let collection = !route.path.ends_with('}') && !route.path.ends_with("/status");
+            assert_eq!(Some(verb), kayra_rbac::Verb::from_http(route.method.as_str(), collection), "{} {}", route.method, route.path);
+        }
+    }
+}

@@ -68,7 +68,7 @@ pub(crate) async fn create(
     Ok((StatusCode::CREATED, Json(namespace)))
 }
 
-#[utoipa::path(get, path = "/namespaces/{name}", tag = "namespaces", params(("name" = String, Path)),
+#[utoipa::path(get, path = "/namespaces/{namespace}", tag = "namespaces", params(("namespace" = String, Path)),
     responses((status = 200, body = Namespace), (status = 404, body = ErrorBody)))]
 pub(crate) async fn get(State(state): State<ApiState>, Path(name): Path<String>) -> Result<Json<Namespace>, ApiError> {
     label("namespace", &name)?;
@@ -76,7 +76,7 @@ pub(crate) async fn get(State(state): State<ApiState>, Path(name): Path<String>)
     namespace.map(|ns| Json(ns.value)).ok_or_else(|| ApiError::not_found(format!("{} not found", what(&name))))
 }
 
-#[utoipa::path(put, path = "/namespaces/{name}", tag = "namespaces", params(("name" = String, Path)),
+#[utoipa::path(put, path = "/namespaces/{namespace}", tag = "namespaces", params(("namespace" = String, Path)),
     request_body = NamespaceUpdate,
     responses((status = 200, body = Namespace), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)))]
 pub(crate) async fn update(
@@ -88,7 +88,7 @@ pub(crate) async fn update(
     replace(&state, &name, body).await
 }
 
-#[utoipa::path(patch, path = "/namespaces/{name}", tag = "namespaces", params(("name" = String, Path)),
+#[utoipa::path(patch, path = "/namespaces/{namespace}", tag = "namespaces", params(("namespace" = String, Path)),
     request_body(content = Object, description = "JSON merge patch (RFC 7386) of `description`"),
     responses((status = 200, body = Namespace), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)))]
 pub(crate) async fn patch(
@@ -124,7 +124,7 @@ async fn replace(state: &ApiState, name: &str, body: NamespaceUpdate) -> Result<
     Ok(Json(updated.value))
 }
 
-#[utoipa::path(delete, path = "/namespaces/{name}", tag = "namespaces", params(("name" = String, Path)),
+#[utoipa::path(delete, path = "/namespaces/{namespace}", tag = "namespaces", params(("namespace" = String, Path)),
     responses((status = 204), (status = 404, body = ErrorBody),
         (status = 409, body = ErrorBody, description = "the namespace still has subscriptions, named in the message")))]
 pub(crate) async fn delete(State(state): State<ApiState>, Path(name): Path<String>) -> Result<StatusCode, ApiError> {

@@ -17,7 +17,7 @@ use std::collections::BTreeSet;
 use std::time::SystemTime;
 
 use base64::Engine;
-use kayra_core::{ClusterRoleBinding, Role, Rule, TokenRecord, User};
+use kayra_core::{ClusterRoleBinding, Role, RoleBinding, Rule, TokenRecord, User};
 use rand::RngCore;
 use sha2::{Digest, Sha256};
 
@@ -109,7 +109,8 @@ impl Repository {
     pub async fn store_token(&self, user: &str, token: &str) -> Result<TokenRecord> {
         let hash = hash_token(token);
         let key = keys::token(&hash);
-        let record = TokenRecord { id: token_id(&hash).to_string(), user: user.to_string(), hash, created_at: now_rfc3339() };
+        let record =
+            TokenRecord { id: token_id(&hash).to_string(), user: user.to_string(), hash, created_at: now_rfc3339() };
         match self.create(&key, &record, "token").await {
             Ok(_) => Ok(record),
             Err(Error::Conflict(_)) => {
@@ -171,7 +172,8 @@ impl Repository {
     /// sorted and deduplicated (whether or not the roles exist).
     pub async fn cluster_role_names(&self, user: &str) -> Result<Vec<String>> {
         let (bindings, _) = self.list_all::<ClusterRoleBinding>(keys::CLUSTER_ROLE_BINDINGS).await?;
-        let names: BTreeSet<String> = bindings.into_iter().filter(|b| b.value.user == user).map(|b| b.value.role).collect();
+        let names: BTreeSet<String> =
+            bindings.into_iter().filter(|b| b.value.user == user).map(|b| b.value.role).collect();
         Ok(names.into_iter().collect())
     }
 
@@ -181,6 +183,24 @@ impl Repository {
     pub async fn cluster_roles(&self, user: &str) -> Result<Vec<Role>> {
         let mut roles = Vec::new();
         for name in self.cluster_role_names(user).await? {
+            if let Some(role) = self.get::<Role>(&keys::role(&name)).await? {
+                roles.push(role.value);
+            }
+        }
+        Ok(roles)
+    }
+
+    /// The existing roles bound to `user` by role bindings in `namespace`
+    /// (`/rolebindings/<namespace>/<name>`), deduplicated. They apply only to
+    /// gateway requests into that namespace (§5.3); the gateway decides with
+    /// them together with [`Repository::cluster_roles`]. A binding to a
+    /// missing role grants nothing.
+    pub async fn namespace_roles(&self, namespace: &str, user: &str) -> Result<Vec<Role>> {
+        let (bindings, _) = self.list_all::<RoleBinding>(&keys::role_bindings(namespace)).await?;
+        let names: BTreeSet<String> =
+            bindings.into_iter().filter(|b| b.value.user == user).map(|b| b.value.role).collect();
+        let mut roles = Vec::new();
+        for name in names {
             if let Some(role) = self.get::<Role>(&keys::role(&name)).await? {
                 roles.push(role.value);
             }

@@ -1,9 +1,13 @@
-//! Shared by the integration tests: running the built `kayra-cli` binary.
+//! Shared by the integration tests: running the built `kayra-cli` binary
+//! ([`Cli`]), and a real `kayra serve` (+ reconciler) to run it against
+//! ([`server::Kayra`]).
 //!
 //! Every run starts from a clean environment for the CLI's own variables,
 //! so a developer's `KAYRA_TOKEN` or `KAYRA_SERVER` never leaks into a test.
 
 #![allow(dead_code)] // each test binary uses a different part
+
+pub mod server;
 
 use std::process::Stdio;
 

@@ -1,0 +1,277 @@
+//! `/clusterrolebindings` and `/namespaces/{namespace}/rolebindings`
+//! (§5.3): which user holds which role, everywhere or in one namespace.
+//!
+//! A binding may name a role or user that does not exist (yet): it grants
+//! nothing until both do, as in Kubernetes, so objects can be created in
+//! any order. Role bindings live with their namespace: creating one needs
+//! the namespace, and deleting the namespace deletes them.
+
+use axum::Json;
+use axum::extract::State;
+use axum::http::StatusCode;
+use kayra_core::{ClusterRoleBinding, RoleBinding};
+use serde::Deserialize;
+use serde_json::json;
+use utoipa::ToSchema;
+
+use super::error::{ApiError, ErrorBody};
+use super::extract::{JsonBody, JsonObject, Path, Query, RequestBody, merge_patch, parse};
+use super::list::{List, ListQuery, page};
+use super::{ApiState, check_body_name, label};
+use crate::repo::{Change, keys};
+
+/// POST body of either kind; `name` is optional in PUT and PATCH bodies,
+/// where it must match the path.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct BindingBody {
+    /// A DNS label.
+    #[serde(default)]
+    pub name: Option<String>,
+    /// The role's name.
+    pub role: String,
+    /// The user's name.
+    pub user: String,
+    /// Role bindings only: may be repeated, must match the path.
+    #[serde(default)]
+    pub namespace: Option<String>,
+}
+
+impl RequestBody for BindingBody {}
+
+/// Checks the parts every binding body shares.
+fn validate(body: &BindingBody, namespace: Option<&str>) -> Result<(), ApiError> {
+    label("role", &body.role)?;
+    label("user", &body.user)?;
+    match (namespace, body.namespace.as_deref()) {
+        (None, Some(_)) => Err(ApiError::bad_request("a cluster role binding has no field \"namespace\"")),
+        (Some(path), Some(given)) if path != given => {
+            Err(ApiError::bad_request(format!("body namespace {given:?} does not match the path's {path:?}")))
+        }
+        _ => Ok(()),
+    }
+}
+
+fn body_name(body: &BindingBody) -> Result<&str, ApiError> {
+    let name = body.name.as_deref().ok_or_else(|| ApiError::bad_request("invalid request body: missing field `name`"))?;
+    label("binding", name)?;
+    Ok(name)
+}
+
+fn cluster_what(name: &str) -> String {
+    format!("cluster role binding {name:?}")
+}
+
+fn what(namespace: &str, name: &str) -> String {
+    format!("role binding {name:?} in namespace {namespace:?}")
+}
+
+/// Merges `patch` into a binding's writable fields and parses the result.
+fn merged(current: serde_json::Value, patch: serde_json::Map<String, serde_json::Value>) -> Result<BindingBody, ApiError> {
+    let mut writable = current;
+    merge_patch(&mut writable, &serde_json::Value::Object(patch));
+    match writable {
+        serde_json::Value::Object(object) => parse(object),
+        _ => Err(ApiError::bad_request("a merge patch must be a JSON object")),
+    }
+}
+
+#[utoipa::path(get, path = "/clusterrolebindings", tag = "clusterrolebindings", params(ListQuery),
+    responses((status = 200, body = List<ClusterRoleBinding>), (status = 400, body = ErrorBody)))]
+pub(crate) async fn cluster_list(
+    State(state): State<ApiState>,
+    Query(query): Query<ListQuery>,
+) -> Result<Json<List<ClusterRoleBinding>>, ApiError> {
+    page(&state, keys::CLUSTER_ROLE_BINDINGS, &query, |b: ClusterRoleBinding| b).await.map(Json)
+}
+
+#[utoipa::path(post, path = "/clusterrolebindings", tag = "clusterrolebindings", request_body = BindingBody,
+    responses((status = 201, body = ClusterRoleBinding), (status = 400, body = ErrorBody), (status = 409, body = ErrorBody)))]
+pub(crate) async fn cluster_create(
+    State(state): State<ApiState>,
+    JsonBody(body): JsonBody<BindingBody>,
+) -> Result<(StatusCode, Json<ClusterRoleBinding>), ApiError> {
+    let name = body_name(&body)?.to_string();
+    validate(&body, None)?;
+    let binding = ClusterRoleBinding { name, role: body.role, user: body.user };
+    state.repo.create(&keys::cluster_role_binding(&binding.name), &binding, &cluster_what(&binding.name)).await?;
+    Ok((StatusCode::CREATED, Json(binding)))
+}
+
+#[utoipa::path(get, path = "/clusterrolebindings/{name}", tag = "clusterrolebindings", params(("name" = String, Path)),
+    responses((status = 200, body = ClusterRoleBinding), (status = 404, body = ErrorBody)))]
+pub(crate) async fn cluster_get(
+    State(state): State<ApiState>,
+    Path(name): Path<String>,
+) -> Result<Json<ClusterRoleBinding>, ApiError> {
+    label("binding", &name)?;
+    let binding = state.repo.get::<ClusterRoleBinding>(&keys::cluster_role_binding(&name)).await?;
+    binding.map(|b| Json(b.value)).ok_or_else(|| ApiError::not_found(format!("{} not found", cluster_what(&name))))
+}
+
+#[utoipa::path(put, path = "/clusterrolebindings/{name}", tag = "clusterrolebindings", params(("name" = String, Path)),
+    request_body = BindingBody,
+    responses((status = 200, body = ClusterRoleBinding), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)))]
+pub(crate) async fn cluster_update(
+    State(state): State<ApiState>,
+    Path(name): Path<String>,
+    JsonBody(body): JsonBody<BindingBody>,
+) -> Result<Json<ClusterRoleBinding>, ApiError> {
+    label("binding", &name)?;
+    cluster_replace(&state, &name, body).await
+}
+
+#[utoipa::path(patch, path = "/clusterrolebindings/{name}", tag = "clusterrolebindings", params(("name" = String, Path)),
+    request_body(content = Object, description = "JSON merge patch (RFC 7386) of `role` and `user`"),
+    responses((status = 200, body = ClusterRoleBinding), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)))]
+pub(crate) async fn cluster_patch(
+    State(state): State<ApiState>,
+    Path(name): Path<String>,
+    JsonObject(patch): JsonObject,
+) -> Result<Json<ClusterRoleBinding>, ApiError> {
+    label("binding", &name)?;
+    let current = state.repo.get::<ClusterRoleBinding>(&keys::cluster_role_binding(&name)).await?;
+    let current = current.ok_or_else(|| ApiError::not_found(format!("{} not found", cluster_what(&name))))?.value;
+    let body = merged(json!({"name": current.name, "role": current.role, "user": current.user}), patch)?;
+    cluster_replace(&state, &name, body).await
+}
+
+async fn cluster_replace(state: &ApiState, name: &str, body: BindingBody) -> Result<Json<ClusterRoleBinding>, ApiError> {
+    check_body_name("cluster role binding", name, body.name.as_deref())?;
+    validate(&body, None)?;
+    let updated = state
+        .repo
+        .modify::<ClusterRoleBinding, _>(&keys::cluster_role_binding(name), &cluster_what(name), |b| {
+            if b.role == body.role && b.user == body.user {
+                return Change::Keep;
+            }
+            b.role.clone_from(&body.role);
+            b.user.clone_from(&body.user);
+            Change::Write
+        })
+        .await?;
+    Ok(Json(updated.value))
+}
+
+#[utoipa::path(delete, path = "/clusterrolebindings/{name}", tag = "clusterrolebindings", params(("name" = String, Path)),
+    responses((status = 204), (status = 404, body = ErrorBody)))]
+pub(crate) async fn cluster_delete(State(state): State<ApiState>, Path(name): Path<String>) -> Result<StatusCode, ApiError> {
+    label("binding", &name)?;
+    state.repo.delete(&keys::cluster_role_binding(&name), None, &cluster_what(&name)).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// Checks the namespace of a role binding path: valid and existing.
+async fn namespace_exists(state: &ApiState, namespace: &str) -> Result<(), ApiError> {
+    label("namespace", namespace)?;
+    match state.repo.get_namespace(namespace).await? {
+        Some(_) => Ok(()),
+        None => Err(ApiError::not_found(format!("namespace {namespace:?} not found"))),
+    }
+}
+
+#[utoipa::path(get, path = "/namespaces/{namespace}/rolebindings", tag = "rolebindings",
+    params(("namespace" = String, Path), ListQuery),
+    responses((status = 200, body = List<RoleBinding>), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)))]
+pub(crate) async fn list(
+    State(state): State<ApiState>,
+    Path(namespace): Path<String>,
+    Query(query): Query<ListQuery>,
+) -> Result<Json<List<RoleBinding>>, ApiError> {
+    namespace_exists(&state, &namespace).await?;
+    page(&state, &keys::role_bindings(&namespace), &query, |b: RoleBinding| b).await.map(Json)
+}
+
+#[utoipa::path(post, path = "/namespaces/{namespace}/rolebindings", tag = "rolebindings",
+    params(("namespace" = String, Path)), request_body = BindingBody,
+    responses((status = 201, body = RoleBinding), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody),
+        (status = 409, body = ErrorBody)))]
+pub(crate) async fn create(
+    State(state): State<ApiState>,
+    Path(namespace): Path<String>,
+    JsonBody(body): JsonBody<BindingBody>,
+) -> Result<(StatusCode, Json<RoleBinding>), ApiError> {
+    let name = body_name(&body)?.to_string();
+    validate(&body, Some(&namespace))?;
+    namespace_exists(&state, &namespace).await?;
+    let binding = RoleBinding { name, namespace, role: body.role, user: body.user };
+    let key = keys::role_binding(&binding.namespace, &binding.name);
+    state.repo.create(&key, &binding, &what(&binding.namespace, &binding.name)).await?;
+    Ok((StatusCode::CREATED, Json(binding)))
+}
+
+#[utoipa::path(get, path = "/namespaces/{namespace}/rolebindings/{name}", tag = "rolebindings",
+    params(("namespace" = String, Path), ("name" = String, Path)),
+    responses((status = 200, body = RoleBinding), (status = 404, body = ErrorBody)))]
+pub(crate) async fn get(
+    State(state): State<ApiState>,
+    Path((namespace, name)): Path<(String, String)>,
+) -> Result<Json<RoleBinding>, ApiError> {
+    namespace_exists(&state, &namespace).await?;
+    label("binding", &name)?;
+    let binding = state.repo.get::<RoleBinding>(&keys::role_binding(&namespace, &name)).await?;
+    binding.map(|b| Json(b.value)).ok_or_else(|| ApiError::not_found(format!("{} not found", what(&namespace, &name))))
+}
+
+#[utoipa::path(put, path = "/namespaces/{namespace}/rolebindings/{name}", tag = "rolebindings",
+    params(("namespace" = String, Path), ("name" = String, Path)), request_body = BindingBody,
+    responses((status = 200, body = RoleBinding), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)))]
+pub(crate) async fn update(
+    State(state): State<ApiState>,
+    Path((namespace, name)): Path<(String, String)>,
+    JsonBody(body): JsonBody<BindingBody>,
+) -> Result<Json<RoleBinding>, ApiError> {
+    namespace_exists(&state, &namespace).await?;
+    label("binding", &name)?;
+    replace(&state, &namespace, &name, body).await
+}
+
+#[utoipa::path(patch, path = "/namespaces/{namespace}/rolebindings/{name}", tag = "rolebindings",
+    params(("namespace" = String, Path), ("name" = String, Path)),
+    request_body(content = Object, description = "JSON merge patch (RFC 7386) of `role` and `user`"),
+    responses((status = 200, body = RoleBinding), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)))]
+pub(crate) async fn patch(
+    State(state): State<ApiState>,
+    Path((namespace, name)): Path<(String, String)>,
+    JsonObject(patch): JsonObject,
+) -> Result<Json<RoleBinding>, ApiError> {
+    namespace_exists(&state, &namespace).await?;
+    label("binding", &name)?;
+    let current = state.repo.get::<RoleBinding>(&keys::role_binding(&namespace, &name)).await?;
+    let current = current.ok_or_else(|| ApiError::not_found(format!("{} not found", what(&namespace, &name))))?.value;
+    let body = merged(
+        json!({"name": current.name, "namespace": namespace, "role": current.role, "user": current.user}),
+        patch,
+    )?;
+    replace(&state, &namespace, &name, body).await
+}
+
+async fn replace(state: &ApiState, namespace: &str, name: &str, body: BindingBody) -> Result<Json<RoleBinding>, ApiError> {
+    check_body_name("role binding", name, body.name.as_deref())?;
+    validate(&body, Some(namespace))?;
+    let updated = state
+        .repo
+        .modify::<RoleBinding, _>(&keys::role_binding(namespace, name), &what(namespace, name), |b| {
+            if b.role == body.role && b.user == body.user {
+                return Change::Keep;
+            }
+            b.role.clone_from(&body.role);
+            b.user.clone_from(&body.user);
+            Change::Write
+        })
+        .await?;
+    Ok(Json(updated.value))
+}
+
+#[utoipa::path(delete, path = "/namespaces/{namespace}/rolebindings/{name}", tag = "rolebindings",
+    params(("namespace" = String, Path), ("name" = String, Path)),
+    responses((status = 204), (status = 404, body = ErrorBody)))]
+pub(crate) async fn delete(
+    State(state): State<ApiState>,
+    Path((namespace, name)): Path<(String, String)>,
+) -> Result<StatusCode, ApiError> {
+    namespace_exists(&state, &namespace).await?;
+    label("binding", &name)?;
+    state.repo.delete(&keys::role_binding(&namespace, &name), None, &what(&namespace, &name)).await?;
+    Ok(StatusCode::NO_CONTENT)
+}

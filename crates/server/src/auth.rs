@@ -1,0 +1,77 @@
+//! Authentication (§5.1): `Authorization: Bearer <token>` → a
+//! [`Caller`] in the request's extensions, or 401 with
+//! `WWW-Authenticate: Bearer`.
+//!
+//! Nothing is cached: every request reads its token (by hash) and its user
+//! from the store, which is what makes revocation immediate. The token is
+//! never logged, and neither is the header that carries it.
+
+use axum::extract::{Request, State};
+use axum::http::HeaderMap;
+use axum::http::header::AUTHORIZATION;
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use kayra_catalog::api::{ApiError, Caller};
+use kayra_catalog::repo::Repository;
+
+/// Middleware: authenticates the request or answers 401.
+pub async fn authenticate(State(repo): State<Repository>, mut request: Request, next: Next) -> Response {
+    let token = match bearer_token(request.headers()) {
+        Ok(token) => token,
+        Err(e) => return e.into_response(),
+    };
+    match repo.authenticate(token).await {
+        Ok(Some(user)) => {
+            request.extensions_mut().insert(Caller { user });
+            next.run(request).await
+        }
+        Ok(None) => ApiError::unauthorized("unknown or revoked bearer token").into_response(),
+        Err(e) => ApiError::from(e).into_response(),
+    }
+}
+
+/// The token of an `Authorization: Bearer <token>` header (scheme
+/// case-insensitive, as RFC 7235 says).
+fn bearer_token(headers: &HeaderMap) -> Result<&str, ApiError> {
+    let missing = || ApiError::unauthorized("missing bearer token: send \"Authorization: Bearer <token>\"");
+    let value = headers.get(AUTHORIZATION).ok_or_else(missing)?;
+    let value = value.to_str().map_err(|_| ApiError::unauthorized("malformed Authorization header"))?;
+    let (scheme, token) = value.trim().split_once(' ').ok_or_else(missing)?;
+    if !scheme.eq_ignore_ascii_case("bearer") {
+        return Err(ApiError::unauthorized("the Authorization scheme must be Bearer"));
+    }
+    match token.trim() {
+        "" => Err(missing()),
+        token => Ok(token),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use axum::http::HeaderValue;
+
+    use super::*;
+
+    fn headers(value: &str) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        h.insert(AUTHORIZATION, HeaderValue::from_str(value).unwrap());
+        h
+    }
+
+    #[test]
+    fn parses_bearer_tokens() {
+        assert_eq!(bearer_token(&headers("Bearer abc")).unwrap(), "abc");
+        assert_eq!(bearer_token(&headers("bearer  abc ")).unwrap(), "abc");
+        for bad in ["Basic abc", "Bearer", "Bearer ", "abc", ""] {
+            let e = bearer_token(&headers(bad)).unwrap_err();
+            assert_eq!(e.status().as_u16(), 401, "{bad:?}");
+        }
+        assert!(bearer_token(&HeaderMap::new()).is_err());
+    }
+
+    #[test]
+    fn errors_never_echo_the_token() {
+        let e = bearer_token(&headers("Basic s3cr3t")).unwrap_err();
+        assert!(!e.message().contains("s3cr3t"));
+    }
+}

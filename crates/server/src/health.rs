@@ -1,0 +1,43 @@
+//! The unauthenticated operational endpoints: `/healthz` (the process
+//! answers), `/readyz` (and its store answers too), `/metrics`,
+//! `/openapi.json`.
+
+use std::time::Duration;
+
+use axum::Json;
+use axum::extract::State;
+use axum::http::header::CONTENT_TYPE;
+use axum::response::{IntoResponse, Response};
+use kayra_catalog::api::ApiError;
+use serde_json::{Value, json};
+
+use crate::AppState;
+
+/// How long `/readyz` waits for the store before calling it unreachable.
+const READY_TIMEOUT: Duration = Duration::from_secs(2);
+
+pub async fn healthz() -> Json<Value> {
+    Json(json!({"status": "ok"}))
+}
+
+pub async fn readyz(State(state): State<AppState>) -> Response {
+    match tokio::time::timeout(READY_TIMEOUT, state.api.repo.store().revision()).await {
+        Ok(Ok(_)) => Json(json!({"status": "ready"})).into_response(),
+        Ok(Err(e)) => {
+            tracing::warn!(error = %e, "not ready: store unreachable");
+            ApiError::unavailable("not ready: the store is unreachable").into_response()
+        }
+        Err(_) => {
+            tracing::warn!(timeout = ?READY_TIMEOUT, "not ready: store did not answer in time");
+            ApiError::unavailable("not ready: the store did not answer in time").into_response()
+        }
+    }
+}
+
+pub async fn metrics(State(state): State<AppState>) -> Response {
+    ([(CONTENT_TYPE, "text/plain; version=0.0.4")], state.metrics.render()).into_response()
+}
+
+pub async fn openapi(State(state): State<AppState>) -> Response {
+    ([(CONTENT_TYPE, "application/json")], state.openapi.clone()).into_response()
+}

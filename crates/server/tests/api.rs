@@ -1,0 +1,19 @@
+//! HTTP-level tests of the catalog API and the server around it: a real
+//! server on 127.0.0.1:0, driven with reqwest, every case run against both
+//! store backends (local SQLite and a private etcd) as `<case>::local` and
+//! `<case>::etcd`. One test binary, so the server is linked once.
+
+#[path = "common/mod.rs"]
+mod common;
+
+mod api {
+    mod auth;
+    mod concurrency;
+    mod deployments;
+    mod hostile;
+    mod namespaces;
+    mod operations;
+    mod rbac;
+    mod registrations;
+    mod subscriptions;
+}
