@@ -117,20 +117,6 @@ pub enum Command {
     },
 }
 
-impl Command {
-    /// The HTTP verb this command maps to, `None` for `completion`.
-    pub fn verb(&self) -> Option<Verb> {
-        Some(match self {
-            Command::Get(_) => Verb::Get,
-            Command::Create(_) => Verb::Create,
-            Command::Update(_) => Verb::Update,
-            Command::Patch(_) => Verb::Patch,
-            Command::Delete(_) => Verb::Delete,
-            Command::Completion { .. } => return None,
-        })
-    }
-}
-
 /// A verb of the command line; each maps to one HTTP method.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Verb {

@@ -72,6 +72,7 @@ async fn execute(
     watch: Option<watch::Options>,
 ) -> Result<(), Error> {
     let mut target = Target::new(&args.api, args.namespace.as_deref(), &args.resource, args.name.as_deref())?;
+    // A blocking read is fine here: nothing else runs yet on this runtime.
     let data = data.map(|spec| data::load(spec, std::io::stdin().lock())).transpose()?;
     let mut request = Request::build(verb, &target, data.clone())?;
     let client = Client::new(&global.server, global.token.as_deref())?;
@@ -79,26 +80,70 @@ async fn execute(
         target.api = client.resolve(&target.api).await?;
         request = Request::build(verb, &target, data)?;
     }
-    // Only the catalog's list format is known; a gateway answer is shown as it comes.
-    let page_through = verb == Verb::Get && target.is_collection() && target.is_catalog();
+    let call = Call { client: &client, request: &request, target: &target, verb };
+    match watch {
+        Some(options) => call.watch(global.output.unwrap_or(Format::Table), options).await,
+        None => call.once(global.output).await,
+    }
+}
 
-    if let Some(options) = watch {
-        let format = global.output.unwrap_or(Format::Table);
+/// One request about to be made, with what it takes to show its answer.
+struct Call<'a> {
+    client: &'a Client,
+    request: &'a Request,
+    target: &'a Target,
+    verb: Verb,
+}
+
+impl Call<'_> {
+    async fn fetch(&self) -> Result<Body, Error> {
+        // Only the catalog's list format is known; a gateway answer is shown as it comes.
+        if self.verb == Verb::Get && self.target.is_collection() && self.target.is_catalog() {
+            self.client.get_all(self.request).await
+        } else {
+            self.client.send(self.request).await
+        }
+    }
+
+    /// Sends the request once and prints the answer: lists as a table,
+    /// single objects as JSON, unless `-o` says otherwise.
+    async fn once(&self, format: Option<Format>) -> Result<(), Error> {
+        match self.fetch().await? {
+            Body::Empty => {
+                if self.verb == Verb::Delete {
+                    eprintln!("deleted {}", self.target.describe());
+                }
+                Ok(())
+            }
+            Body::Raw(bytes) => emit(&bytes),
+            Body::Json(value) => {
+                let format = format.unwrap_or(if is_list(&value) { Format::Table } else { Format::Json });
+                if let Some(note) = empty_list_note(&value, format, self.target) {
+                    eprint!("{note}");
+                    return Ok(());
+                }
+                emit(render(&value, self.target.view(), format)?.as_bytes())
+            }
+        }
+    }
+
+    /// `--watch`: prints the answer each time it differs from the last one
+    /// printed, and each distinct transient failure once.
+    async fn watch(&self, format: Format, options: watch::Options) -> Result<(), Error> {
         let mut last_shown: Option<String> = None;
         let mut last_warning: Option<String> = None;
         let fetch = || async {
-            let body = if page_through { client.get_all(&request).await? } else { client.send(&request).await? };
-            match body {
+            match self.fetch().await? {
                 Body::Json(value) => Ok(value),
                 _ => Err(Error::Transport("the answer is not JSON, so it cannot be watched".into())),
             }
         };
-        return watch::run(options, fetch, |update| match update {
+        watch::run(options, fetch, |update| match update {
             watch::Update::Answer(value) => {
                 last_warning = None;
-                let (text, is_note) = match empty_list_note(value, format, &target) {
+                let (text, is_note) = match empty_list_note(value, format, self.target) {
                     Some(note) => (note, true),
-                    None => (render(value, target.view(), format)?, false),
+                    None => (render(value, self.target.view(), format)?, false),
                 };
                 if last_shown.as_deref() != Some(text.as_str()) {
                     if is_note {
@@ -119,26 +164,7 @@ async fn execute(
                 Ok(())
             }
         })
-        .await;
-    }
-
-    let body = if page_through { client.get_all(&request).await? } else { client.send(&request).await? };
-    match body {
-        Body::Empty => {
-            if verb == Verb::Delete {
-                eprintln!("deleted {}", target.describe());
-            }
-            Ok(())
-        }
-        Body::Raw(bytes) => emit(&bytes),
-        Body::Json(value) => {
-            let format = global.output.unwrap_or(if is_list(&value) { Format::Table } else { Format::Json });
-            if let Some(note) = empty_list_note(&value, format, &target) {
-                eprint!("{note}");
-                return Ok(());
-            }
-            emit(render(&value, target.view(), format)?.as_bytes())
-        }
+        .await
     }
 }
 

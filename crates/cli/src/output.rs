@@ -23,16 +23,6 @@ pub enum Format {
     Yaml,
 }
 
-impl Format {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Format::Table => "table",
-            Format::Json => "json",
-            Format::Yaml => "yaml",
-        }
-    }
-}
-
 /// The shown empty value: an empty string or missing field.
 const NONE: &str = "<none>";
 /// Fields that identify an object; a generic table shows them first.

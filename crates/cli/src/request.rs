@@ -96,6 +96,35 @@ pub struct ObjectRef {
 }
 
 impl ObjectRef {
+    /// Splits NAME at its first `/` (a name never contains one; a long API
+    /// name's dots stay in the name) and, in the catalog, checks what follows.
+    fn parse(api: &Api, text: &str) -> Result<ObjectRef, Error> {
+        let mut segments = text.split('/');
+        let name = segments.next().unwrap_or_default();
+        let sub: Vec<String> = segments.map(str::to_string).collect();
+        if name.is_empty() || sub.iter().any(String::is_empty) {
+            return Err(invalid(format!("invalid NAME {text:?}: expected NAME or NAME/SUBRESOURCE")));
+        }
+        if *api == Api::Catalog
+            && let Some(first) = sub.first()
+        {
+            let allowed_len = match first.as_str() {
+                "sync" | "status" => 1,
+                "tokens" => 2,
+                _ => {
+                    return Err(invalid(format!(
+                        "invalid NAME {text:?}: unknown subresource {first:?} (the catalog's are {})",
+                        SUBRESOURCES.join(", ")
+                    )));
+                }
+            };
+            if sub.len() > allowed_len {
+                return Err(invalid(format!("invalid NAME {text:?}: too many segments after {first:?}")));
+            }
+        }
+        Ok(ObjectRef { name: name.to_string(), sub })
+    }
+
     /// The first subresource segment, if any (`sync`, `status`, `tokens`).
     pub fn subresource(&self) -> Option<&str> {
         self.sub.first().map(String::as_str)
@@ -196,35 +225,6 @@ impl Target {
             path.extend(object.sub.iter().cloned());
         }
         path
-    }
-}
-
-impl ObjectRef {
-    fn parse(api: &Api, text: &str) -> Result<ObjectRef, Error> {
-        let mut segments = text.split('/');
-        let name = segments.next().unwrap_or_default();
-        let sub: Vec<String> = segments.map(str::to_string).collect();
-        if name.is_empty() || sub.iter().any(String::is_empty) {
-            return Err(invalid(format!("invalid NAME {text:?}: expected NAME or NAME/SUBRESOURCE")));
-        }
-        if *api == Api::Catalog
-            && let Some(first) = sub.first()
-        {
-            let allowed_len = match first.as_str() {
-                "sync" | "status" => 1,
-                "tokens" => 2,
-                _ => {
-                    return Err(invalid(format!(
-                        "invalid NAME {text:?}: unknown subresource {first:?} (the catalog's are {})",
-                        SUBRESOURCES.join(", ")
-                    )));
-                }
-            };
-            if sub.len() > allowed_len {
-                return Err(invalid(format!("invalid NAME {text:?}: too many segments after {first:?}")));
-            }
-        }
-        Ok(ObjectRef { name: name.to_string(), sub })
     }
 }
 

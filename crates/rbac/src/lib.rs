@@ -218,11 +218,7 @@ mod tests {
 
     #[test]
     fn empty_lists_match_nothing() {
-        for r in [
-            rule(&[], &["*"], &["*"]),
-            rule(&["*"], &[], &["*"]),
-            rule(&["*"], &["*"], &[]),
-        ] {
+        for r in [rule(&[], &["*"], &["*"]), rule(&["*"], &[], &["*"]), rule(&["*"], &["*"], &[])] {
             let roles = [role("r", vec![r])];
             assert!(!allowed(&roles, "namespaces", "get"));
         }

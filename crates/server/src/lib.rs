@@ -1,5 +1,5 @@
 //! `kayra serve`: the HTTP API server — the catalog API behind
-//! authentication, the gateway seam, health, metrics and the OpenAPI
+//! authentication, the gateway to registered APIs, health, metrics and the OpenAPI
 //! document — and its lifecycle (bootstrap, serve, graceful shutdown).
 //!
 //! The entry point is [`run`], mini-redis style: it takes an already bound

@@ -144,7 +144,7 @@ fn tls_options(tls: &kayra_config::EtcdTls) -> Result<TlsOptions> {
 
 /// An etcd client bound to kayra's root: maps API keys to etcd keys and back.
 #[derive(Clone)]
-pub(crate) struct Keyspace {
+struct Keyspace {
     client: Client,
     /// The configured prefix without its trailing `/`; may be empty.
     root: String,

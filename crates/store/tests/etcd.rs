@@ -314,6 +314,19 @@ async fn a_killed_holder_frees_its_lock_after_the_lease_ttl() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropping_the_store_revokes_its_lease_at_once() {
+    let etcd = Etcd::start().await;
+    let (one, two) = (store(&etcd).await, store(&etcd).await);
+    let _forgotten = locker(&one).lock("namespaces/core").await.expect("lock");
+    drop(one);
+    // Well before the 2s TTL could expire it.
+    let started = Instant::now();
+    let held = tokio::time::timeout(WAIT, locker(&two).lock("namespaces/core")).await.expect("in time").expect("lock");
+    assert!(started.elapsed() < Duration::from_secs(1), "freed after {:?}: not revoked", started.elapsed());
+    locker(&two).unlock(held).await.expect("unlock");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lost_lease_is_replaced_transparently() {
     let etcd = Etcd::start().await;
     let backend = EtcdStore::connect(&etcd.config("/kayra")).await.expect("connect");
@@ -346,4 +359,31 @@ async fn username_and_password_authenticate() {
     assert_eq!(next_event(&mut watch).await.revision(), rev);
     let held = locker(&store).lock("namespaces/core").await.expect("lock");
     locker(&store).unlock(held).await.expect("unlock");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_with_a_client_certificate() {
+    let etcd = Etcd::start_tls().await;
+    let config = etcd.config("/kayra");
+    assert!(config.endpoints[0].starts_with("https://"));
+
+    let store = Store::new(EtcdStore::connect(&config).await.expect("connect over TLS"));
+    let mut watch = store.watch("/a/", 1).await.expect("watch");
+    let rev = store.create("/a/b", b"x".to_vec()).await.expect("create");
+    assert_eq!(next_event(&mut watch).await.revision(), rev);
+    let held = locker(&store).lock("namespaces/core").await.expect("lock");
+    locker(&store).unlock(held).await.expect("unlock");
+
+    // --client-cert-auth: trusting the CA is not enough.
+    let mut anonymous = config.clone();
+    anonymous.tls = anonymous.tls.map(|tls| kayra_config::EtcdTls { cert_file: None, key_file: None, ..tls });
+    let store = Store::new(EtcdStore::connect(&anonymous).await.expect("connecting is lazy"));
+    let err = store.revision().await.expect_err("no client certificate");
+    assert!(matches!(err, Error::Unavailable(_)), "want Unavailable, got {err:?}");
+
+    // Half a client identity is a configuration error, named as such.
+    let mut half = config.clone();
+    half.tls = half.tls.map(|tls| kayra_config::EtcdTls { key_file: None, ..tls });
+    let err = EtcdStore::connect(&half).await.expect_err("cert without key");
+    assert!(err.to_string().contains("cert_file and key_file"), "{err}");
 }

@@ -106,7 +106,9 @@ async fn enforce(State(requirement): State<Requirement>, request: Request, next:
     };
     let decided = match requirement.access {
         Access::Authenticated => Ok(()),
-        Access::Cluster { resource, verb } => require_cluster_rbac(&requirement.repo, &caller.user, resource, verb).await,
+        Access::Cluster { resource, verb } => {
+            require_cluster_rbac(&requirement.repo, &caller.user, resource, verb).await
+        }
     };
     match decided {
         Ok(()) => next.run(request).await,

@@ -15,10 +15,10 @@ use serde_json::json;
 use utoipa::ToSchema;
 
 use super::error::{ApiError, ErrorBody};
-use super::extract::{JsonBody, JsonObject, Path, Query, RequestBody, merge_patch, parse};
+use super::extract::{JsonBody, JsonObject, Path, Query, RequestBody, merged};
 use super::list::{List, ListQuery, page};
-use super::{ApiState, check_body_name, label};
-use crate::repo::{Change, keys};
+use super::{ApiState, check_body_name, label, update_with};
+use crate::repo::keys;
 
 /// POST body of either kind; `name` is optional in PUT and PATCH bodies,
 /// where it must match the path.
@@ -53,7 +53,8 @@ fn validate(body: &BindingBody, namespace: Option<&str>) -> Result<(), ApiError>
 }
 
 fn body_name(body: &BindingBody) -> Result<&str, ApiError> {
-    let name = body.name.as_deref().ok_or_else(|| ApiError::bad_request("invalid request body: missing field `name`"))?;
+    let name =
+        body.name.as_deref().ok_or_else(|| ApiError::bad_request("invalid request body: missing field `name`"))?;
     label("binding", name)?;
     Ok(name)
 }
@@ -64,16 +65,6 @@ fn cluster_what(name: &str) -> String {
 
 fn what(namespace: &str, name: &str) -> String {
     format!("role binding {name:?} in namespace {namespace:?}")
-}
-
-/// Merges `patch` into a binding's writable fields and parses the result.
-fn merged(current: serde_json::Value, patch: serde_json::Map<String, serde_json::Value>) -> Result<BindingBody, ApiError> {
-    let mut writable = current;
-    merge_patch(&mut writable, &serde_json::Value::Object(patch));
-    match writable {
-        serde_json::Value::Object(object) => parse(object),
-        _ => Err(ApiError::bad_request("a merge patch must be a JSON object")),
-    }
 }
 
 #[utoipa::path(get, path = "/clusterrolebindings", tag = "clusterrolebindings", params(ListQuery),
@@ -118,7 +109,17 @@ pub(crate) async fn cluster_update(
     JsonBody(body): JsonBody<BindingBody>,
 ) -> Result<Json<ClusterRoleBinding>, ApiError> {
     label("binding", &name)?;
-    cluster_replace(&state, &name, body).await
+    check_body_name("cluster role binding", &name, body.name.as_deref())?;
+    validate(&body, None)?;
+    let not_found = || ApiError::not_found(format!("{} not found", cluster_what(&name)));
+    let updated =
+        update_with(&state, &keys::cluster_role_binding(&name), not_found, |mut current: ClusterRoleBinding| {
+            current.role.clone_from(&body.role);
+            current.user.clone_from(&body.user);
+            async move { Ok(current) }
+        })
+        .await?;
+    Ok(Json(updated))
 }
 
 #[utoipa::path(patch, path = "/clusterrolebindings/{name}", tag = "clusterrolebindings", params(("name" = String, Path)),
@@ -130,32 +131,31 @@ pub(crate) async fn cluster_patch(
     JsonObject(patch): JsonObject,
 ) -> Result<Json<ClusterRoleBinding>, ApiError> {
     label("binding", &name)?;
-    let current = state.repo.get::<ClusterRoleBinding>(&keys::cluster_role_binding(&name)).await?;
-    let current = current.ok_or_else(|| ApiError::not_found(format!("{} not found", cluster_what(&name))))?.value;
-    let body = merged(json!({"name": current.name, "role": current.role, "user": current.user}), patch)?;
-    cluster_replace(&state, &name, body).await
-}
-
-async fn cluster_replace(state: &ApiState, name: &str, body: BindingBody) -> Result<Json<ClusterRoleBinding>, ApiError> {
-    check_body_name("cluster role binding", name, body.name.as_deref())?;
-    validate(&body, None)?;
-    let updated = state
-        .repo
-        .modify::<ClusterRoleBinding, _>(&keys::cluster_role_binding(name), &cluster_what(name), |b| {
-            if b.role == body.role && b.user == body.user {
-                return Change::Keep;
+    let patch = serde_json::Value::Object(patch);
+    let not_found = || ApiError::not_found(format!("{} not found", cluster_what(&name)));
+    let updated =
+        update_with(&state, &keys::cluster_role_binding(&name), not_found, |mut current: ClusterRoleBinding| {
+            let (name, patch) = (&name, &patch);
+            async move {
+                let body: BindingBody =
+                    merged(json!({"name": current.name, "role": current.role, "user": current.user}), patch)?;
+                check_body_name("cluster role binding", name, body.name.as_deref())?;
+                validate(&body, None)?;
+                current.role = body.role;
+                current.user = body.user;
+                Ok(current)
             }
-            b.role.clone_from(&body.role);
-            b.user.clone_from(&body.user);
-            Change::Write
         })
         .await?;
-    Ok(Json(updated.value))
+    Ok(Json(updated))
 }
 
 #[utoipa::path(delete, path = "/clusterrolebindings/{name}", tag = "clusterrolebindings", params(("name" = String, Path)),
     responses((status = 204), (status = 404, body = ErrorBody)))]
-pub(crate) async fn cluster_delete(State(state): State<ApiState>, Path(name): Path<String>) -> Result<StatusCode, ApiError> {
+pub(crate) async fn cluster_delete(
+    State(state): State<ApiState>,
+    Path(name): Path<String>,
+) -> Result<StatusCode, ApiError> {
     label("binding", &name)?;
     state.repo.delete(&keys::cluster_role_binding(&name), None, &cluster_what(&name)).await?;
     Ok(StatusCode::NO_CONTENT)
@@ -223,7 +223,16 @@ pub(crate) async fn update(
 ) -> Result<Json<RoleBinding>, ApiError> {
     namespace_exists(&state, &namespace).await?;
     label("binding", &name)?;
-    replace(&state, &namespace, &name, body).await
+    check_body_name("role binding", &name, body.name.as_deref())?;
+    validate(&body, Some(&namespace))?;
+    let not_found = || ApiError::not_found(format!("{} not found", what(&namespace, &name)));
+    let updated = update_with(&state, &keys::role_binding(&namespace, &name), not_found, |mut current: RoleBinding| {
+        current.role.clone_from(&body.role);
+        current.user.clone_from(&body.user);
+        async move { Ok(current) }
+    })
+    .await?;
+    Ok(Json(updated))
 }
 
 #[utoipa::path(patch, path = "/namespaces/{namespace}/rolebindings/{name}", tag = "rolebindings",
@@ -237,30 +246,23 @@ pub(crate) async fn patch(
 ) -> Result<Json<RoleBinding>, ApiError> {
     namespace_exists(&state, &namespace).await?;
     label("binding", &name)?;
-    let current = state.repo.get::<RoleBinding>(&keys::role_binding(&namespace, &name)).await?;
-    let current = current.ok_or_else(|| ApiError::not_found(format!("{} not found", what(&namespace, &name))))?.value;
-    let body = merged(
-        json!({"name": current.name, "namespace": namespace, "role": current.role, "user": current.user}),
-        patch,
-    )?;
-    replace(&state, &namespace, &name, body).await
-}
-
-async fn replace(state: &ApiState, namespace: &str, name: &str, body: BindingBody) -> Result<Json<RoleBinding>, ApiError> {
-    check_body_name("role binding", name, body.name.as_deref())?;
-    validate(&body, Some(namespace))?;
-    let updated = state
-        .repo
-        .modify::<RoleBinding, _>(&keys::role_binding(namespace, name), &what(namespace, name), |b| {
-            if b.role == body.role && b.user == body.user {
-                return Change::Keep;
-            }
-            b.role.clone_from(&body.role);
-            b.user.clone_from(&body.user);
-            Change::Write
-        })
-        .await?;
-    Ok(Json(updated.value))
+    let patch = serde_json::Value::Object(patch);
+    let not_found = || ApiError::not_found(format!("{} not found", what(&namespace, &name)));
+    let updated = update_with(&state, &keys::role_binding(&namespace, &name), not_found, |mut current: RoleBinding| {
+        let (namespace, name, patch) = (&namespace, &name, &patch);
+        async move {
+            let writable =
+                json!({"name": current.name, "namespace": namespace, "role": current.role, "user": current.user});
+            let body: BindingBody = merged(writable, patch)?;
+            check_body_name("role binding", name, body.name.as_deref())?;
+            validate(&body, Some(namespace))?;
+            current.role = body.role;
+            current.user = body.user;
+            Ok(current)
+        }
+    })
+    .await?;
+    Ok(Json(updated))
 }
 
 #[utoipa::path(delete, path = "/namespaces/{namespace}/rolebindings/{name}", tag = "rolebindings",

@@ -11,6 +11,9 @@
 //! report them as merely "unknown", and so PATCH can merge into a JSON
 //! object before the typed parse (RFC 7386).
 
+use std::time::Duration;
+
+use axum::body::BodyDataStream;
 use axum::extract::{FromRequest, FromRequestParts, Request};
 use axum::http::header::CONTENT_LENGTH;
 use axum::http::request::Parts;
@@ -56,18 +59,31 @@ impl FromRequest<ApiState> for JsonObject {
     }
 }
 
+/// How much of an oversized body is still read (and discarded) before the
+/// 413 is sent, and for how long. A server that answers while the client
+/// is still sending, and closes, makes the client see a reset connection
+/// instead of the 413; reading the rest first (as nginx's lingering close
+/// does) lets an ordinary oversized request get its answer. Beyond these
+/// bounds the connection is simply closed.
+const DRAIN_BYTES: u64 = 64 << 20;
+const DRAIN_TIME: Duration = Duration::from_secs(5);
+
 /// Reads the body (at most `limit` bytes) and parses it as a JSON object.
 async fn read_object(req: Request, limit: usize, empty_is_object: bool) -> Result<Map<String, Value>, ApiError> {
     let declared = req.headers().get(CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
-    if declared.is_some_and(|len| len > limit as u64) {
+    let mut stream = req.into_body().into_data_stream();
+    if let Some(declared) = declared.filter(|len| *len > limit as u64) {
+        if declared - limit as u64 <= DRAIN_BYTES {
+            drain(&mut stream).await;
+        }
         return Err(ApiError::payload_too_large(limit));
     }
     // Counted while streaming too: a chunked body has no Content-Length.
-    let mut stream = req.into_body().into_data_stream();
     let mut bytes = Vec::new();
     while let Some(chunk) = stream.next().await {
         let chunk = chunk.map_err(|_| ApiError::bad_request("could not read the request body"))?;
         if bytes.len() + chunk.len() > limit {
+            drain(&mut stream).await;
             return Err(ApiError::payload_too_large(limit));
         }
         bytes.extend_from_slice(&chunk);
@@ -84,6 +100,20 @@ async fn read_object(req: Request, limit: usize, empty_is_object: bool) -> Resul
         Ok(other) => Err(ApiError::bad_request(format!("request body must be a JSON object, not {}", kind(&other)))),
         Err(e) => Err(ApiError::bad_request(format!("request body is not valid JSON: {e}"))),
     }
+}
+
+/// Reads and discards what remains of a body, within the drain bounds.
+async fn drain(stream: &mut BodyDataStream) {
+    let discard = async {
+        let mut total = 0u64;
+        while let Some(Ok(chunk)) = stream.next().await {
+            total += chunk.len() as u64;
+            if total > DRAIN_BYTES {
+                return;
+            }
+        }
+    };
+    let _ = tokio::time::timeout(DRAIN_TIME, discard).await;
 }
 
 fn kind(value: &Value) -> &'static str {
@@ -116,6 +146,16 @@ pub fn parse<T: DeserializeOwned>(object: Map<String, Value>) -> Result<T, ApiEr
             ApiError::bad_request(format!("invalid request body: field {path:?}: {inner}"))
         }
     })
+}
+
+/// Applies `patch` to a record's writable fields (`writable`, a JSON
+/// object) and parses the result like a PUT body.
+pub fn merged<T: DeserializeOwned>(mut writable: Value, patch: &Value) -> Result<T, ApiError> {
+    merge_patch(&mut writable, patch);
+    match writable {
+        Value::Object(object) => parse(object),
+        _ => Err(ApiError::bad_request("a merge patch must be a JSON object")),
+    }
 }
 
 /// Applies an RFC 7386 JSON merge patch to `target`: `null` removes a

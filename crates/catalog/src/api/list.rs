@@ -105,7 +105,10 @@ mod tests {
     #[test]
     fn tokens_round_trip_and_are_scoped() {
         let token = continue_token(Some("/namespaces/core"));
-        assert_eq!(query(None, Some(token.clone())).after("/namespaces/").unwrap().as_deref(), Some("/namespaces/core"));
+        assert_eq!(
+            query(None, Some(token.clone())).after("/namespaces/").unwrap().as_deref(),
+            Some("/namespaces/core")
+        );
         assert!(query(None, Some(token)).after("/users/").is_err());
         assert!(query(None, Some("!!".into())).after("").is_err());
         assert_eq!(query(None, Some(String::new())).after("/x/").unwrap(), None);

@@ -34,11 +34,15 @@ pub mod roles;
 pub mod subscriptions;
 pub mod users;
 
+use std::future::Future;
+
 use axum::Router;
 use axum::routing::MethodRouter;
 use kayra_core::names;
 use kayra_rbac::Verb::{Create, Delete, Get, List, Patch, Update};
 use serde::Deserialize;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
 use utoipa::ToSchema;
 
 pub use authz::{Access, Caller, RouteSpec, require_cluster_rbac};
@@ -79,7 +83,10 @@ fn declarations() -> Vec<(&'static str, Vec<Endpoint>)> {
     vec![
         (
             "/namespaces",
-            vec![Endpoint::get(cluster("namespaces", List), ns::list), Endpoint::post(cluster("namespaces", Create), ns::create)],
+            vec![
+                Endpoint::get(cluster("namespaces", List), ns::list),
+                Endpoint::post(cluster("namespaces", Create), ns::create),
+            ],
         ),
         (
             "/namespaces/{namespace}",
@@ -128,7 +135,10 @@ fn declarations() -> Vec<(&'static str, Vec<Endpoint>)> {
             "/namespaces/{namespace}/subscriptions/{api}/sync",
             vec![Endpoint::put(cluster("subscriptions/sync", Patch), sub::sync)],
         ),
-        ("/users", vec![Endpoint::get(cluster("users", List), u::list), Endpoint::post(cluster("users", Create), u::create)]),
+        (
+            "/users",
+            vec![Endpoint::get(cluster("users", List), u::list), Endpoint::post(cluster("users", Create), u::create)],
+        ),
         (
             "/users/{name}",
             vec![
@@ -153,7 +163,10 @@ fn declarations() -> Vec<(&'static str, Vec<Endpoint>)> {
             ],
         ),
         ("/whoami", vec![Endpoint::get(Access::Authenticated, u::whoami)]),
-        ("/roles", vec![Endpoint::get(cluster("roles", List), r::list), Endpoint::post(cluster("roles", Create), r::create)]),
+        (
+            "/roles",
+            vec![Endpoint::get(cluster("roles", List), r::list), Endpoint::post(cluster("roles", Create), r::create)],
+        ),
         (
             "/roles/{name}",
             vec![
@@ -181,7 +194,10 @@ fn declarations() -> Vec<(&'static str, Vec<Endpoint>)> {
         ),
         (
             "/namespaces/{namespace}/rolebindings",
-            vec![Endpoint::get(cluster("rolebindings", List), b::list), Endpoint::post(cluster("rolebindings", Create), b::create)],
+            vec![
+                Endpoint::get(cluster("rolebindings", List), b::list),
+                Endpoint::post(cluster("rolebindings", Create), b::create),
+            ],
         ),
         (
             "/namespaces/{namespace}/rolebindings/{name}",
@@ -200,7 +216,8 @@ fn declarations() -> Vec<(&'static str, Vec<Endpoint>)> {
 pub fn router(state: ApiState) -> Router {
     let mut router = Router::new();
     for (path, endpoints) in declarations() {
-        let methods = endpoints.into_iter().fold(MethodRouter::new(), |methods, e| methods.merge(e.guarded(&state.repo)));
+        let methods =
+            endpoints.into_iter().fold(MethodRouter::new(), |methods, e| methods.merge(e.guarded(&state.repo)));
         router = router.route(path, methods);
     }
     router
@@ -245,6 +262,39 @@ pub(crate) fn registration_not_found(state: &ApiState, name: &str) -> ApiError {
     ))
 }
 
+/// Read-modify-write of the record at `key` with compare-and-swap: `change`
+/// turns the current value into the next one (and may await, to validate
+/// against other records); on a concurrent write the record is re-read and
+/// `change` runs again on the fresh value, so no update is lost. PUT and
+/// PATCH both go through here: a merge patch is applied to the value read
+/// in the same iteration, never to a stale copy. Nothing is written when
+/// `change` changes nothing.
+pub(crate) async fn update_with<T, F, Fut>(
+    state: &ApiState,
+    key: &str,
+    not_found: impl Fn() -> ApiError,
+    mut change: F,
+) -> Result<T, ApiError>
+where
+    T: Serialize + DeserializeOwned + Clone + PartialEq,
+    F: FnMut(T) -> Fut,
+    Fut: Future<Output = Result<T, ApiError>>,
+{
+    loop {
+        let current = state.repo.get::<T>(key).await?.ok_or_else(&not_found)?;
+        let next = change(current.value.clone()).await?;
+        if next == current.value {
+            return Ok(next);
+        }
+        match state.repo.update(key, &next, current.revision, key).await {
+            Ok(_) => return Ok(next),
+            Err(crate::repo::Error::Conflict(_)) => continue,
+            Err(crate::repo::Error::NotFound(_)) => return Err(not_found()),
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
 /// A name repeated in a PUT/PATCH body must be the path's.
 pub(crate) fn check_body_name(kind: &str, path: &str, body: Option<&str>) -> Result<(), ApiError> {
     match body {
@@ -285,7 +335,13 @@ mod tests {
             }
             // A collection path ends in a literal, an item path in a parameter.
             let collection = !route.path.ends_with('}') && !route.path.ends_with("/status");
-            assert_eq!(Some(verb), kayra_rbac::Verb::from_http(route.method.as_str(), collection), "{} {}", route.method, route.path);
+            assert_eq!(
+                Some(verb),
+                kayra_rbac::Verb::from_http(route.method.as_str(), collection),
+                "{} {}",
+                route.method,
+                route.path
+            );
         }
     }
 }

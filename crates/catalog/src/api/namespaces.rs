@@ -10,10 +10,10 @@ use serde_json::json;
 use utoipa::ToSchema;
 
 use super::error::{ApiError, ErrorBody};
-use super::extract::{JsonBody, JsonObject, Path, Query, RequestBody, merge_patch, parse, reject_computed};
+use super::extract::{JsonBody, JsonObject, Path, Query, RequestBody, merged, reject_computed};
 use super::list::{List, ListQuery, page};
-use super::{ApiState, check_body_name, label};
-use crate::repo::{Change, keys};
+use super::{ApiState, check_body_name, label, update_with};
+use crate::repo::keys;
 
 const COMPUTED: &[&str] = &["active"];
 
@@ -50,9 +50,16 @@ fn what(name: &str) -> String {
     format!("namespace {name:?}")
 }
 
+fn not_found(name: &str) -> ApiError {
+    ApiError::not_found(format!("{} not found", what(name)))
+}
+
 #[utoipa::path(get, path = "/namespaces", tag = "namespaces", params(ListQuery),
     responses((status = 200, body = List<Namespace>), (status = 400, body = ErrorBody)))]
-pub(crate) async fn list(State(state): State<ApiState>, Query(query): Query<ListQuery>) -> Result<Json<List<Namespace>>, ApiError> {
+pub(crate) async fn list(
+    State(state): State<ApiState>,
+    Query(query): Query<ListQuery>,
+) -> Result<Json<List<Namespace>>, ApiError> {
     page(&state, keys::NAMESPACES, &query, |ns: Namespace| ns).await.map(Json)
 }
 
@@ -73,7 +80,7 @@ pub(crate) async fn create(
 pub(crate) async fn get(State(state): State<ApiState>, Path(name): Path<String>) -> Result<Json<Namespace>, ApiError> {
     label("namespace", &name)?;
     let namespace = state.repo.get_namespace(&name).await?;
-    namespace.map(|ns| Json(ns.value)).ok_or_else(|| ApiError::not_found(format!("{} not found", what(&name))))
+    namespace.map(|ns| Json(ns.value)).ok_or_else(|| not_found(&name))
 }
 
 #[utoipa::path(put, path = "/namespaces/{namespace}", tag = "namespaces", params(("namespace" = String, Path)),
@@ -85,7 +92,18 @@ pub(crate) async fn update(
     JsonBody(body): JsonBody<NamespaceUpdate>,
 ) -> Result<Json<Namespace>, ApiError> {
     label("namespace", &name)?;
-    replace(&state, &name, body).await
+    let updated = update_with(
+        &state,
+        &keys::namespace(&name),
+        || not_found(&name),
+        |current| {
+            let body = &body;
+            let name = &name;
+            async move { apply(name, current, body) }
+        },
+    )
+    .await?;
+    Ok(Json(updated))
 }
 
 #[utoipa::path(patch, path = "/namespaces/{namespace}", tag = "namespaces", params(("namespace" = String, Path)),
@@ -98,30 +116,28 @@ pub(crate) async fn patch(
 ) -> Result<Json<Namespace>, ApiError> {
     label("namespace", &name)?;
     reject_computed(&patch, COMPUTED)?;
-    let current = state.repo.get_namespace(&name).await?.ok_or_else(|| ApiError::not_found(format!("{} not found", what(&name))))?;
-    let mut writable = json!({"name": name, "description": current.value.description});
-    merge_patch(&mut writable, &serde_json::Value::Object(patch));
-    let serde_json::Value::Object(merged) = writable else {
-        return Err(ApiError::bad_request("a merge patch must be a JSON object"));
-    };
-    replace(&state, &name, parse(merged)?).await
+    let patch = serde_json::Value::Object(patch);
+    let updated = update_with(
+        &state,
+        &keys::namespace(&name),
+        || not_found(&name),
+        |current: Namespace| {
+            let (patch, name) = (&patch, &name);
+            async move {
+                let body = merged(json!({"name": current.name, "description": current.description}), patch)?;
+                apply(name, current, &body)
+            }
+        },
+    )
+    .await?;
+    Ok(Json(updated))
 }
 
-/// Writes the validated writable fields with compare-and-swap.
-async fn replace(state: &ApiState, name: &str, body: NamespaceUpdate) -> Result<Json<Namespace>, ApiError> {
+/// The next value of a namespace under a PUT body: only `description` changes.
+fn apply(name: &str, mut current: Namespace, body: &NamespaceUpdate) -> Result<Namespace, ApiError> {
     check_body_name("namespace", name, body.name.as_deref())?;
-    let updated = state
-        .repo
-        .modify::<Namespace, _>(&keys::namespace(name), &what(name), |ns| {
-            if ns.description == body.description {
-                Change::Keep
-            } else {
-                ns.description = body.description.clone();
-                Change::Write
-            }
-        })
-        .await?;
-    Ok(Json(updated.value))
+    current.description.clone_from(&body.description);
+    Ok(current)
 }
 
 #[utoipa::path(delete, path = "/namespaces/{namespace}", tag = "namespaces", params(("namespace" = String, Path)),

@@ -21,30 +21,76 @@ use super::{Access, BASE_PATH, bindings, namespaces, registrations, roles, route
 
 #[derive(OpenApi)]
 #[openapi(
-    info(title = "kayra catalog API", version = "v1",
-        description = "Namespaces, API registrations, subscriptions, users, tokens, roles and bindings of one kayra deployment."),
-    paths(
-        namespaces::list, namespaces::create, namespaces::get, namespaces::update, namespaces::patch, namespaces::delete,
-        registrations::list, registrations::create, registrations::get, registrations::update, registrations::patch,
-        registrations::delete, registrations::sync, registrations::status,
-        subscriptions::list, subscriptions::create, subscriptions::get, subscriptions::update, subscriptions::patch,
-        subscriptions::sync, subscriptions::delete,
-        users::list, users::create, users::get, users::update, users::patch, users::delete,
-        users::list_tokens, users::create_token, users::get_token, users::delete_token, users::whoami,
-        roles::list, roles::create, roles::get, roles::update, roles::patch, roles::delete,
-        bindings::cluster_list, bindings::cluster_create, bindings::cluster_get, bindings::cluster_update,
-        bindings::cluster_patch, bindings::cluster_delete,
-        bindings::list, bindings::create, bindings::get, bindings::update, bindings::patch, bindings::delete,
+    info(
+        title = "kayra catalog API",
+        version = "v1",
+        description = "Namespaces, API registrations, subscriptions, users, tokens, roles and bindings of one kayra deployment."
     ),
-    components(schemas(ErrorBody)),
+    paths(
+        namespaces::list,
+        namespaces::create,
+        namespaces::get,
+        namespaces::update,
+        namespaces::patch,
+        namespaces::delete,
+        registrations::list,
+        registrations::create,
+        registrations::get,
+        registrations::update,
+        registrations::patch,
+        registrations::delete,
+        registrations::sync,
+        registrations::status,
+        subscriptions::list,
+        subscriptions::create,
+        subscriptions::get,
+        subscriptions::update,
+        subscriptions::patch,
+        subscriptions::sync,
+        subscriptions::delete,
+        users::list,
+        users::create,
+        users::get,
+        users::update,
+        users::patch,
+        users::delete,
+        users::list_tokens,
+        users::create_token,
+        users::get_token,
+        users::delete_token,
+        users::whoami,
+        roles::list,
+        roles::create,
+        roles::get,
+        roles::update,
+        roles::patch,
+        roles::delete,
+        bindings::cluster_list,
+        bindings::cluster_create,
+        bindings::cluster_get,
+        bindings::cluster_update,
+        bindings::cluster_patch,
+        bindings::cluster_delete,
+        bindings::list,
+        bindings::create,
+        bindings::get,
+        bindings::update,
+        bindings::patch,
+        bindings::delete,
+    ),
+    components(schemas(ErrorBody))
 )]
 struct CatalogApi;
 
 /// The catalog API's OpenAPI document, paths absolute (under [`BASE_PATH`]).
 pub fn openapi() -> utoipa::openapi::OpenApi {
-    let mut doc = utoipa::openapi::OpenApiBuilder::new().info(CatalogApi::openapi().info).build().nest(BASE_PATH, CatalogApi::openapi());
+    let mut doc = utoipa::openapi::OpenApiBuilder::new()
+        .info(CatalogApi::openapi().info)
+        .build()
+        .nest(BASE_PATH, CatalogApi::openapi());
     let components = doc.components.get_or_insert_with(Default::default);
-    components.add_security_scheme("bearer", SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Bearer).build()));
+    components
+        .add_security_scheme("bearer", SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Bearer).build()));
     doc.security = Some(vec![SecurityRequirement::new("bearer", Vec::<String>::new())]);
 
     for route in routes() {
@@ -60,10 +106,15 @@ pub fn openapi() -> utoipa::openapi::OpenApi {
         };
         let Some(operation) = operation else { continue };
         let rbac = match route.access {
-            Access::Cluster { resource, verb } => json!({"api": kayra_core::CATALOG_API, "resource": resource, "verb": verb.as_str()}),
+            Access::Cluster { resource, verb } => {
+                json!({"api": kayra_core::CATALOG_API, "resource": resource, "verb": verb.as_str()})
+            }
             Access::Authenticated => json!({"authenticated": true}),
         };
-        operation.extensions.get_or_insert_with(Default::default).merge(ExtensionsBuilder::new().add("x-kayra-rbac", rbac).build());
+        operation
+            .extensions
+            .get_or_insert_with(Default::default)
+            .merge(ExtensionsBuilder::new().add("x-kayra-rbac", rbac).build());
         let mut common = vec![
             ("401", "missing, unknown or revoked bearer token"),
             ("403", "no cluster role of the caller grants this; the message names user, api, resource and verb"),
@@ -71,7 +122,10 @@ pub fn openapi() -> utoipa::openapi::OpenApi {
             ("503", "the store is unavailable"),
         ];
         if operation.request_body.is_some() {
-            common.push(("400", "the body is not valid JSON, not an object, or has an unknown, computed or mistyped field"));
+            common.push((
+                "400",
+                "the body is not valid JSON, not an object, or has an unknown, computed or mistyped field",
+            ));
             common.push(("413", "the body exceeds server.max_body_bytes"));
         }
         for (code, description) in common {

@@ -15,11 +15,11 @@ use serde_json::json;
 use utoipa::ToSchema;
 
 use super::error::{ApiError, ErrorBody};
-use super::extract::{JsonBody, JsonObject, Path, Query, RequestBody, merge_patch, parse, reject_computed};
+use super::extract::{JsonBody, JsonObject, Path, Query, RequestBody, merged, reject_computed};
 use super::list::{List, ListQuery, page};
-use super::{ApiState, Empty, check_body_name, label, long_name, registration_not_found};
+use super::{ApiState, Empty, check_body_name, label, long_name, registration_not_found, update_with};
+use crate::repo::keys;
 use crate::repo::tenancy::new_sync_id;
-use crate::repo::{Change, keys};
 
 const COMPUTED: &[&str] = &["platform", "region"];
 
@@ -114,7 +114,9 @@ async fn validate(state: &ApiState, name: &str, short_name: &str, endpoint: &str
     }
     label("short name", short_name)?;
     let (all, _) = state.repo.list_registrations().await?;
-    if let Some(other) = all.iter().map(|r| &r.value).find(|r| r.name != name && (r.short_name == short_name || r.name == short_name)) {
+    if let Some(other) =
+        all.iter().map(|r| &r.value).find(|r| r.name != name && (r.short_name == short_name || r.name == short_name))
+    {
         return Err(ApiError::conflict(format!(
             "short name {short_name:?} is already used by api registration {:?}",
             other.name
@@ -158,7 +160,10 @@ pub(crate) async fn create(
 
 #[utoipa::path(get, path = "/apiregistrations/{name}", tag = "apiregistrations", params(("name" = String, Path)),
     responses((status = 200, body = ApiRegistration), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)))]
-pub(crate) async fn get(State(state): State<ApiState>, Path(name): Path<String>) -> Result<Json<ApiRegistration>, ApiError> {
+pub(crate) async fn get(
+    State(state): State<ApiState>,
+    Path(name): Path<String>,
+) -> Result<Json<ApiRegistration>, ApiError> {
     long_name(&state, &name).await?;
     let registration = state.repo.get_registration(&name).await?;
     registration.map(|r| Json(r.value)).ok_or_else(|| registration_not_found(&state, &name))
@@ -174,7 +179,18 @@ pub(crate) async fn update(
     JsonBody(body): JsonBody<RegistrationUpdate>,
 ) -> Result<Json<ApiRegistration>, ApiError> {
     long_name(&state, &name).await?;
-    replace(&state, &name, body).await
+    let key = keys::registration(state.repo.platform(), state.repo.region(), &name);
+    let updated = update_with(
+        &state,
+        &key,
+        || registration_not_found(&state, &name),
+        |current| {
+            let (state, name, body) = (&state, &name, &body);
+            async move { apply(state, name, current, body).await }
+        },
+    )
+    .await?;
+    Ok(Json(updated))
 }
 
 #[utoipa::path(patch, path = "/apiregistrations/{name}", tag = "apiregistrations", params(("name" = String, Path)),
@@ -188,51 +204,49 @@ pub(crate) async fn patch(
 ) -> Result<Json<ApiRegistration>, ApiError> {
     long_name(&state, &name).await?;
     reject_computed(&patch, COMPUTED)?;
-    let current = state.repo.get_registration(&name).await?.ok_or_else(|| registration_not_found(&state, &name))?.value;
-    let mut writable = json!({
-        "name": current.name,
-        "short_name": current.short_name,
-        "mode": current.mode,
-        "sync_id": current.sync_id,
-        "endpoint": current.endpoint,
-        "description": current.description,
-    });
-    merge_patch(&mut writable, &serde_json::Value::Object(patch));
-    let serde_json::Value::Object(merged) = writable else {
-        return Err(ApiError::bad_request("a merge patch must be a JSON object"));
-    };
-    replace(&state, &name, parse(merged)?).await
+    let patch = serde_json::Value::Object(patch);
+    let key = keys::registration(state.repo.platform(), state.repo.region(), &name);
+    let updated = update_with(
+        &state,
+        &key,
+        || registration_not_found(&state, &name),
+        |current: ApiRegistration| {
+            let (state, name, patch) = (&state, &name, &patch);
+            async move {
+                let writable = json!({
+                    "name": current.name,
+                    "short_name": current.short_name,
+                    "mode": current.mode,
+                    "sync_id": current.sync_id,
+                    "endpoint": current.endpoint,
+                    "description": current.description,
+                });
+                let body = merged(writable, patch)?;
+                apply(state, name, current, &body).await
+            }
+        },
+    )
+    .await?;
+    Ok(Json(updated))
 }
 
-/// Validates and writes the writable fields with compare-and-swap.
-async fn replace(state: &ApiState, name: &str, body: RegistrationUpdate) -> Result<Json<ApiRegistration>, ApiError> {
+/// The next value of a registration under a PUT body, validated.
+async fn apply(
+    state: &ApiState,
+    name: &str,
+    mut current: ApiRegistration,
+    body: &RegistrationUpdate,
+) -> Result<ApiRegistration, ApiError> {
     check_body_name("api registration", name, body.name.as_deref())?;
     validate(state, name, &body.short_name, &body.endpoint).await?;
-    let key = keys::registration(state.repo.platform(), state.repo.region(), name);
-    let sync_id = body.sync_id.filter(|s| !s.is_empty());
-    let updated = state
-        .repo
-        .modify::<ApiRegistration, _>(&key, &what(name), |r| {
-            let mut next = r.clone();
-            next.short_name.clone_from(&body.short_name);
-            next.mode.clone_from(&body.mode);
-            next.endpoint.clone_from(&body.endpoint);
-            next.description.clone_from(&body.description);
-            if let Some(sync_id) = &sync_id {
-                next.sync_id.clone_from(sync_id);
-            }
-            if next == *r {
-                return Change::Keep;
-            }
-            *r = next;
-            Change::Write
-        })
-        .await;
-    match updated {
-        Ok(r) => Ok(Json(r.value)),
-        Err(crate::repo::Error::NotFound(_)) => Err(registration_not_found(state, name)),
-        Err(e) => Err(e.into()),
+    current.short_name.clone_from(&body.short_name);
+    current.mode.clone_from(&body.mode);
+    current.endpoint.clone_from(&body.endpoint);
+    current.description.clone_from(&body.description);
+    if let Some(sync_id) = body.sync_id.as_ref().filter(|s| !s.is_empty()) {
+        current.sync_id.clone_from(sync_id);
     }
+    Ok(current)
 }
 
 #[utoipa::path(delete, path = "/apiregistrations/{name}", tag = "apiregistrations", params(("name" = String, Path)),
@@ -271,7 +285,8 @@ pub(crate) async fn status(
     Path(name): Path<String>,
 ) -> Result<Json<RegistrationStatus>, ApiError> {
     long_name(&state, &name).await?;
-    let registration = state.repo.get_registration(&name).await?.ok_or_else(|| registration_not_found(&state, &name))?.value;
+    let registration =
+        state.repo.get_registration(&name).await?.ok_or_else(|| registration_not_found(&state, &name))?.value;
     let subscribers: Vec<Subscriber> = state
         .repo
         .registration_subscribers(&name)

@@ -11,10 +11,10 @@ use serde_json::json;
 use utoipa::ToSchema;
 
 use super::error::{ApiError, ErrorBody};
-use super::extract::{JsonBody, JsonObject, Path, Query, RequestBody, merge_patch, parse};
+use super::extract::{JsonBody, JsonObject, Path, Query, RequestBody, merged};
 use super::list::{List, ListQuery, page};
-use super::{ApiState, check_body_name, label};
-use crate::repo::{Change, keys};
+use super::{ApiState, check_body_name, label, update_with};
+use crate::repo::keys;
 
 /// A rule as a body gives it. Unlike the stored [`Rule`], unknown fields
 /// are refused, so a misspelt `resource` is a 400, not a silent no-grant.
@@ -64,7 +64,9 @@ fn rules(bodies: Vec<RuleBody>) -> Result<Vec<Rule>, ApiError> {
             let apis = body.apis.unwrap_or_else(|| vec!["*".to_string()]);
             for (field, list) in [("apis", &apis), ("resources", &body.resources), ("verbs", &body.verbs)] {
                 if list.iter().any(|entry| entry.trim().is_empty()) {
-                    return Err(ApiError::bad_request(format!("rules[{index}].{field} must not contain empty entries")));
+                    return Err(ApiError::bad_request(format!(
+                        "rules[{index}].{field} must not contain empty entries"
+                    )));
                 }
             }
             Ok(Rule { apis, resources: body.resources, verbs: body.verbs })
@@ -82,7 +84,10 @@ fn not_found(name: &str) -> ApiError {
 
 #[utoipa::path(get, path = "/roles", tag = "roles", params(ListQuery),
     responses((status = 200, body = List<Role>), (status = 400, body = ErrorBody)))]
-pub(crate) async fn list(State(state): State<ApiState>, Query(query): Query<ListQuery>) -> Result<Json<List<Role>>, ApiError> {
+pub(crate) async fn list(
+    State(state): State<ApiState>,
+    Query(query): Query<ListQuery>,
+) -> Result<Json<List<Role>>, ApiError> {
     page(&state, keys::ROLES, &query, |r: Role| r).await.map(Json)
 }
 
@@ -114,7 +119,19 @@ pub(crate) async fn update(
     JsonBody(body): JsonBody<RoleUpdate>,
 ) -> Result<Json<Role>, ApiError> {
     label("role", &name)?;
-    replace(&state, &name, body).await
+    check_body_name("role", &name, body.name.as_deref())?;
+    let new_rules = rules(body.rules)?;
+    let updated = update_with(
+        &state,
+        &keys::role(&name),
+        || not_found(&name),
+        |mut current: Role| {
+            current.rules.clone_from(&new_rules);
+            async move { Ok(current) }
+        },
+    )
+    .await?;
+    Ok(Json(updated))
 }
 
 #[utoipa::path(patch, path = "/roles/{name}", tag = "roles", params(("name" = String, Path)),
@@ -126,30 +143,23 @@ pub(crate) async fn patch(
     JsonObject(patch): JsonObject,
 ) -> Result<Json<Role>, ApiError> {
     label("role", &name)?;
-    let current = state.repo.get::<Role>(&keys::role(&name)).await?.ok_or_else(|| not_found(&name))?.value;
-    let mut writable = json!({"name": current.name, "rules": current.rules});
-    merge_patch(&mut writable, &serde_json::Value::Object(patch));
-    let serde_json::Value::Object(merged) = writable else {
-        return Err(ApiError::bad_request("a merge patch must be a JSON object"));
-    };
-    replace(&state, &name, parse(merged)?).await
-}
-
-async fn replace(state: &ApiState, name: &str, body: RoleUpdate) -> Result<Json<Role>, ApiError> {
-    check_body_name("role", name, body.name.as_deref())?;
-    let new_rules = rules(body.rules)?;
-    let updated = state
-        .repo
-        .modify::<Role, _>(&keys::role(name), &what(name), |r| {
-            if r.rules == new_rules {
-                Change::Keep
-            } else {
-                r.rules.clone_from(&new_rules);
-                Change::Write
+    let patch = serde_json::Value::Object(patch);
+    let updated = update_with(
+        &state,
+        &keys::role(&name),
+        || not_found(&name),
+        |mut current: Role| {
+            let (name, patch) = (&name, &patch);
+            async move {
+                let body: RoleUpdate = merged(json!({"name": current.name, "rules": current.rules}), patch)?;
+                check_body_name("role", name, body.name.as_deref())?;
+                current.rules = rules(body.rules)?;
+                Ok(current)
             }
-        })
-        .await?;
-    Ok(Json(updated.value))
+        },
+    )
+    .await?;
+    Ok(Json(updated))
 }
 
 #[utoipa::path(delete, path = "/roles/{name}", tag = "roles", params(("name" = String, Path)),

@@ -102,7 +102,8 @@ pub(crate) async fn list(
     let page = state.repo.list::<Subscription>(&prefix, after.as_deref(), query.limit()).await?;
     // One read of the registrations serves the whole page.
     let (registrations, _) = state.repo.list_registrations().await?;
-    let sync_ids: HashMap<String, String> = registrations.into_iter().map(|r| (r.value.name, r.value.sync_id)).collect();
+    let sync_ids: HashMap<String, String> =
+        registrations.into_iter().map(|r| (r.value.name, r.value.sync_id)).collect();
     let items = page
         .items
         .iter()
@@ -146,7 +147,12 @@ pub(crate) async fn get(
 
 /// The no-op confirmation behind PUT and PATCH: `api` is fixed by the path
 /// and everything else is computed, so nothing is written.
-async fn confirm(state: &ApiState, namespace: &str, api: &str, body: SubscriptionConfirm) -> Result<Json<SubscriptionView>, ApiError> {
+async fn confirm(
+    state: &ApiState,
+    namespace: &str,
+    api: &str,
+    body: SubscriptionConfirm,
+) -> Result<Json<SubscriptionView>, ApiError> {
     let subscription = existing(state, namespace, api).await?;
     if let Some(given) = body.api.as_deref().filter(|given| *given != api) {
         return Err(ApiError::bad_request(format!(

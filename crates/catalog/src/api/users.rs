@@ -14,10 +14,10 @@ use utoipa::ToSchema;
 
 use super::authz::Caller;
 use super::error::{ApiError, ErrorBody};
-use super::extract::{JsonBody, JsonObject, Path, Query, RequestBody, merge_patch, parse};
+use super::extract::{JsonBody, JsonObject, Path, Query, RequestBody, merged};
 use super::list::{List, ListQuery, page, page_in_memory};
-use super::{ApiState, Empty, check_body_name, label};
-use crate::repo::{Change, keys};
+use super::{ApiState, Empty, check_body_name, label, update_with};
+use crate::repo::keys;
 
 /// POST body.
 #[derive(Debug, Deserialize, ToSchema)]
@@ -78,7 +78,10 @@ fn not_found(name: &str) -> ApiError {
 
 #[utoipa::path(get, path = "/users", tag = "users", params(ListQuery),
     responses((status = 200, body = List<User>), (status = 400, body = ErrorBody)))]
-pub(crate) async fn list(State(state): State<ApiState>, Query(query): Query<ListQuery>) -> Result<Json<List<User>>, ApiError> {
+pub(crate) async fn list(
+    State(state): State<ApiState>,
+    Query(query): Query<ListQuery>,
+) -> Result<Json<List<User>>, ApiError> {
     page(&state, keys::USERS, &query, |u: User| u).await.map(Json)
 }
 
@@ -109,7 +112,17 @@ pub(crate) async fn update(
     JsonBody(body): JsonBody<UserUpdate>,
 ) -> Result<Json<User>, ApiError> {
     label("user", &name)?;
-    replace(&state, &name, body).await
+    let updated = update_with(
+        &state,
+        &keys::user(&name),
+        || not_found(&name),
+        |current| {
+            let (name, body) = (&name, &body);
+            async move { apply(name, current, body) }
+        },
+    )
+    .await?;
+    Ok(Json(updated))
 }
 
 #[utoipa::path(patch, path = "/users/{name}", tag = "users", params(("name" = String, Path)),
@@ -121,29 +134,28 @@ pub(crate) async fn patch(
     JsonObject(patch): JsonObject,
 ) -> Result<Json<User>, ApiError> {
     label("user", &name)?;
-    let current = state.repo.get_user(&name).await?.ok_or_else(|| not_found(&name))?.value;
-    let mut writable = json!({"name": current.name, "description": current.description});
-    merge_patch(&mut writable, &serde_json::Value::Object(patch));
-    let serde_json::Value::Object(merged) = writable else {
-        return Err(ApiError::bad_request("a merge patch must be a JSON object"));
-    };
-    replace(&state, &name, parse(merged)?).await
+    let patch = serde_json::Value::Object(patch);
+    let updated = update_with(
+        &state,
+        &keys::user(&name),
+        || not_found(&name),
+        |current: User| {
+            let (name, patch) = (&name, &patch);
+            async move {
+                let body = merged(json!({"name": current.name, "description": current.description}), patch)?;
+                apply(name, current, &body)
+            }
+        },
+    )
+    .await?;
+    Ok(Json(updated))
 }
 
-async fn replace(state: &ApiState, name: &str, body: UserUpdate) -> Result<Json<User>, ApiError> {
+/// The next value of a user under a PUT body: only `description` changes.
+fn apply(name: &str, mut current: User, body: &UserUpdate) -> Result<User, ApiError> {
     check_body_name("user", name, body.name.as_deref())?;
-    let updated = state
-        .repo
-        .modify::<User, _>(&keys::user(name), &what(name), |u| {
-            if u.description == body.description {
-                Change::Keep
-            } else {
-                u.description.clone_from(&body.description);
-                Change::Write
-            }
-        })
-        .await?;
-    Ok(Json(updated.value))
+    current.description.clone_from(&body.description);
+    Ok(current)
 }
 
 #[utoipa::path(delete, path = "/users/{name}", tag = "users", params(("name" = String, Path)),
@@ -207,7 +219,10 @@ pub(crate) async fn delete_token(
 }
 
 #[utoipa::path(get, path = "/whoami", tag = "users", responses((status = 200, body = Whoami)))]
-pub(crate) async fn whoami(State(state): State<ApiState>, Extension(caller): Extension<Caller>) -> Result<Json<Whoami>, ApiError> {
+pub(crate) async fn whoami(
+    State(state): State<ApiState>,
+    Extension(caller): Extension<Caller>,
+) -> Result<Json<Whoami>, ApiError> {
     let cluster_roles = state.repo.cluster_role_names(&caller.user).await?;
     Ok(Json(Whoami { user: caller.user, cluster_roles }))
 }

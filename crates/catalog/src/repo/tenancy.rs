@@ -250,7 +250,8 @@ impl Repository {
         let namespace_gone = self.get_namespace(namespace).await?.is_none();
         if namespace_gone || self.get_registration(api).await?.is_none() {
             self.delete_if_present(&key).await?;
-            let missing = if namespace_gone { format!("namespace {namespace:?}") } else { format!("api registration {api:?}") };
+            let missing =
+                if namespace_gone { format!("namespace {namespace:?}") } else { format!("api registration {api:?}") };
             return Err(Error::NotFound(missing));
         }
         Ok(Versioned { value: subscription, revision })

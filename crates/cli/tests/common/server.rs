@@ -57,8 +57,8 @@ impl Kayra {
         let stop = CancellationToken::new();
         let server = tokio::spawn(kayra_server::run(config.clone(), store, listener, stop.clone().cancelled_owned()));
         if reconcile {
-            let reconciler =
-                Reconciler::new(repo.clone(), config.reconciler.clone(), stop.child_token()).expect("reconciler config");
+            let reconciler = Reconciler::new(repo.clone(), config.reconciler.clone(), stop.child_token())
+                .expect("reconciler config");
             tokio::spawn(reconciler.run());
         }
         let kayra = Kayra {
@@ -92,7 +92,9 @@ impl Kayra {
     /// `noop`, the given endpoint) and nothing else, through the CLI.
     pub async fn register(&self, namespace: &str, api: &str, short: &str, endpoint: &str) {
         self.cli.run(&["create", "catalog", "namespaces", namespace]).await.ok();
-        let body = format!("{{\"name\": \"{api}\", \"short_name\": \"{short}\", \"mode\": \"noop\", \"endpoint\": \"{endpoint}\"}}");
+        let body = format!(
+            "{{\"name\": \"{api}\", \"short_name\": \"{short}\", \"mode\": \"noop\", \"endpoint\": \"{endpoint}\"}}"
+        );
         self.cli.run(&["create", "catalog", "apiregistrations", "-d", &body]).await.ok();
     }
 }

@@ -14,15 +14,18 @@
 //! registration's long name once step 2 found one and `unknown` before
 //! that, so a caller cannot mint label values by inventing API names.
 //!
-//! Metrics: `kayra_gateway_requests_total{api, code}` (counter) and
-//! `kayra_gateway_request_duration_seconds{api}` (histogram, seconds until
-//! the response head).
+//! Metrics: [`REQUESTS`] `{api, code}` and [`DURATION`] `{api}`.
 
 use std::time::Instant;
 
 use axum::http::{Method, StatusCode};
 
 use super::path::Target;
+
+/// Counter: gateway requests by `api` and `code`.
+pub const REQUESTS: &str = "kayra_gateway_requests_total";
+/// Histogram: seconds until the response head, by `api`.
+pub const DURATION: &str = "kayra_gateway_request_duration_seconds";
 
 /// The status logged when the caller hung up before any answer (nginx's 499).
 const CALLER_GONE: u16 = 499;
@@ -76,11 +79,12 @@ impl Exchange {
     /// The response head is ready: counts it and records its latency.
     pub(crate) fn answered(&mut self, status: StatusCode) {
         self.status = Some(status);
-        let api = self.registration.clone().unwrap_or_else(|| UNKNOWN_API.to_string());
-        metrics::counter!("kayra_gateway_requests_total", "api" => api.clone(), "code" => status.as_str().to_string())
-            .increment(1);
-        metrics::histogram!("kayra_gateway_request_duration_seconds", "api" => api)
-            .record(self.started.elapsed().as_secs_f64());
+        metrics::counter!(REQUESTS, "api" => self.api_label(), "code" => status.as_str().to_string()).increment(1);
+        metrics::histogram!(DURATION, "api" => self.api_label()).record(self.started.elapsed().as_secs_f64());
+    }
+
+    fn api_label(&self) -> String {
+        self.registration.clone().unwrap_or_else(|| UNKNOWN_API.to_string())
     }
 }
 
@@ -89,12 +93,7 @@ impl Drop for Exchange {
         let status = match self.status {
             Some(status) => status.as_u16(),
             None => {
-                metrics::counter!(
-                    "kayra_gateway_requests_total",
-                    "api" => self.registration.clone().unwrap_or_else(|| UNKNOWN_API.to_string()),
-                    "code" => CALLER_GONE.to_string()
-                )
-                .increment(1);
+                metrics::counter!(REQUESTS, "api" => self.api_label(), "code" => CALLER_GONE.to_string()).increment(1);
                 CALLER_GONE
             }
         };

@@ -62,7 +62,7 @@ pub(crate) enum Failure {
     /// The registration has no usable endpoint (see [`backend_url`]): 503.
     NoEndpoint,
     /// The backend could not be reached or broke off: 502.
-    Unreachable,
+    Unreachable(reqwest::Error),
     /// The backend did not answer in time: 504.
     Timeout,
     /// A stored name is not a valid header value (validation let it in): 500.
@@ -93,25 +93,18 @@ pub(crate) async fn forward(
         *request.body_mut() = Some(reqwest::Body::wrap_stream(stream));
     }
 
-    let answer = tokio::select! {
-        answer = client.execute(request) => answer,
+    let mut answer = tokio::select! {
+        answer = client.execute(request) => answer.map_err(Failure::Unreachable)?,
         () = backend_silent(progress_seen, timeout) => return Err(Failure::Timeout),
     };
-    let answer = answer.map_err(|e| {
-        tracing::warn!(error = %error_chain(&e), connect = e.is_connect(), "backend request failed");
-        Failure::Unreachable
-    })?;
 
-    let mut response = Response::builder().status(answer.status());
-    if let Some(headers) = response.headers_mut() {
-        let mut from_backend = answer.headers().clone();
-        strip_hop_by_hop(&mut from_backend);
-        *headers = from_backend;
-    }
-    response.body(Body::from_stream(answer.bytes_stream())).map_err(|e| {
-        tracing::warn!(error = %e, "backend response is not valid HTTP");
-        Failure::Unreachable
-    })
+    let status = answer.status();
+    let mut headers = std::mem::take(answer.headers_mut());
+    strip_hop_by_hop(&mut headers);
+    let mut response = Response::new(Body::from_stream(answer.bytes_stream()));
+    *response.status_mut() = status;
+    *response.headers_mut() = headers;
+    Ok(response)
 }
 
 /// Completes once the backend has gone `limit` without progress: no chunk
@@ -189,10 +182,14 @@ impl Failure {
                 "api {api:?} has no usable endpoint (an http or https base URL); \
                  an operator must set the endpoint of its api registration"
             )),
-            Failure::Unreachable => ApiError::new(
-                StatusCode::BAD_GATEWAY,
-                format!("the backend of api {api:?} could not be reached or failed to answer; retry later"),
-            ),
+            Failure::Unreachable(error) => {
+                // Logged here, once; the caller gets no internal detail.
+                tracing::warn!(api, error = %error_chain(&error), connect = error.is_connect(), "backend request failed");
+                ApiError::new(
+                    StatusCode::BAD_GATEWAY,
+                    format!("the backend of api {api:?} could not be reached or failed to answer; retry later"),
+                )
+            }
             Failure::Internal => {
                 tracing::error!(api, "a user or namespace name is not a valid header value");
                 ApiError::internal()

@@ -54,6 +54,7 @@ use kayra_rbac::{Decision, Verb, authorize};
 use access::Exchange;
 use path::{Refusal, Target};
 
+pub use access::{DURATION, REQUESTS};
 pub use forward::{NAMESPACE_HEADER, USER_HEADER};
 
 /// How long a backend may go without progress before answering (§6: 60s).
@@ -108,7 +109,7 @@ impl Gateway {
 
     /// Runs the six steps for one request. Never fails: every refusal is a
     /// response in the contract's error shape.
-    pub async fn handle(&self, request: Request) -> Response {
+    async fn handle(&self, request: Request) -> Response {
         let mut exchange = Exchange::begin(request.method().clone());
         match self.admit_and_forward(request, &mut exchange).await {
             Ok(response) => {
@@ -126,7 +127,7 @@ impl Gateway {
     async fn admit_and_forward(&self, request: Request, exchange: &mut Exchange) -> Result<Response, ApiError> {
         let (parts, body) = request.into_parts();
 
-        // 1. Authentication happened in the server's middleware.
+        // Step 1 happened in the server's authentication middleware.
         let user = match parts.extensions.get::<Caller>() {
             Some(caller) => caller.user.clone(),
             None => {
@@ -140,7 +141,10 @@ impl Gateway {
         // The path as it arrived: what is authorized is what is forwarded.
         let uri = parts.extensions.get::<OriginalUri>().map_or(&parts.uri, |original| &original.0).clone();
         let target = path::parse(uri.path()).map_err(|refusal| match refusal {
-            Refusal::NotAGatewayPath => ApiError::not_found(format!("no route for {:?}", uri.path())),
+            Refusal::NotAGatewayPath => ApiError::not_found(format!(
+                "no route for {:?}; gateway paths are /apis/<api>/<version>/namespaces/<namespace>/<resource>[/...]",
+                uri.path()
+            )),
             Refusal::Unsafe(why) => ApiError::bad_request(why),
         })?;
         exchange.target(&target);
@@ -151,7 +155,7 @@ impl Gateway {
         self.authorize(&user, &target, &parts.method).await?;
         self.active_subscription(target.namespace, &registration.name).await?;
 
-        // 6.
+        // Step 6.
         let timeout = self.response_timeout;
         let failed = |failure: forward::Failure| failure.into_api_error(&registration.name, timeout);
         let path_and_query = uri.path_and_query().map_or("/", |pq| pq.as_str());
@@ -194,8 +198,9 @@ impl Gateway {
         }
     }
 
-    /// Step 4, RBAC: cluster roles first (one listing shared with the catalog),
-    /// then the role bindings of the target namespace.
+    /// Step 4, RBAC: the user's cluster roles, and only when they do not
+    /// grant the request, the roles of the user's role bindings in the
+    /// target namespace (bindings elsewhere grant nothing here).
     async fn authorize(&self, user: &str, target: &Target<'_>, method: &Method) -> Result<(), ApiError> {
         let verb = verb(method, target.names_an_object());
         let request = kayra_rbac::Request::new(target.api, target.resource, &verb);

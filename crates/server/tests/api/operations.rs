@@ -113,28 +113,27 @@ both_backends! {
     }
 }
 
-/// HTTPS with `server.tls`: a throwaway self-signed certificate made by
-/// `openssl`, trusted by the client.
+/// HTTPS with `server.tls`: a throwaway CA and server certificate made by
+/// `openssl`, the CA trusted by the client.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn https_when_tls_is_configured() {
     let plain = Server::start(crate::common::Backend::Local).await;
     let dir = tempfile::tempdir().unwrap();
-    let (cert, key) = (dir.path().join("server.pem"), dir.path().join("server-key.pem"));
-    let status = std::process::Command::new("openssl")
-        .args(["req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes", "-days", "1"])
-        .args(["-subj", "/CN=localhost", "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost"])
-        .arg("-keyout")
-        .arg(&key)
-        .arg("-out")
-        .arg(&cert)
-        .stderr(std::process::Stdio::null())
-        .status()
-        .expect("run openssl");
-    assert!(status.success());
-    let tls = kayra_config::ServerTls { cert_file: cert.clone(), key_file: key };
+    const SCRIPT: &str = r#"set -e
+        openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 1 -subj /CN=kayra-test-ca -keyout ca-key.pem -out ca.pem
+        openssl req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -subj /CN=localhost -keyout server-key.pem -out server.csr
+        printf 'subjectAltName=IP:127.0.0.1,DNS:localhost\nbasicConstraints=CA:FALSE\n' > server.ext
+        openssl x509 -req -in server.csr -CA ca.pem -CAkey ca-key.pem -CAcreateserial -days 1 -extfile server.ext -out server.pem"#;
+    let output =
+        std::process::Command::new("sh").args(["-c", SCRIPT]).current_dir(dir.path()).output().expect("run openssl");
+    assert!(output.status.success(), "openssl: {}", String::from_utf8_lossy(&output.stderr));
+    let tls = kayra_config::ServerTls {
+        cert_file: dir.path().join("server.pem"),
+        key_file: dir.path().join("server-key.pem"),
+    };
     let mut server = plain.restart_with(|c| c.server.tls = Some(tls)).await;
-    let ca = reqwest::Certificate::from_pem(&std::fs::read(&cert).unwrap()).unwrap();
-    server.client = reqwest::Client::builder().add_root_certificate(ca).build().unwrap();
+    let ca = reqwest::Certificate::from_pem(&std::fs::read(dir.path().join("ca.pem")).unwrap()).unwrap();
+    server.client = reqwest::Client::builder().tls_certs_only([ca]).build().unwrap();
     server.wait_ready().await;
     assert!(server.base.starts_with("https://"));
     server.namespace("secure").await;

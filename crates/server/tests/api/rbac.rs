@@ -25,7 +25,10 @@ fn rule(resources: &[&str], verbs: &[&str]) -> Value {
 /// A concrete path for a route template: every parameter gets a value that
 /// is valid for its position.
 fn concrete(template: &str) -> String {
-    let mut path = template.replace("{namespace}", "core").replace("{api}", "compute.example.com").replace("{id}", "0123456789abcdef");
+    let mut path = template
+        .replace("{namespace}", "core")
+        .replace("{api}", "compute.example.com")
+        .replace("{id}", "0123456789abcdef");
     if path.starts_with("/apiregistrations/") {
         path = path.replace("{name}", "compute.example.com");
     } else if path.starts_with("/users/") {

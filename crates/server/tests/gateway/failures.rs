@@ -3,6 +3,7 @@
 
 use std::time::{Duration, Instant};
 
+use futures::StreamExt;
 use reqwest::Method;
 use serde_json::json;
 
@@ -55,4 +56,35 @@ async fn silent_backend_is_504_after_the_response_timeout() {
     let url = format!("{base}{}", gw(crate::COMPUTE, "core", "vms"));
     let response = world.server.client.get(url).bearer_auth(&token).send().await.expect("request");
     assert_eq!(response.status(), 200);
+}
+
+/// The timeout is about a silent backend, not a long upload: it restarts
+/// with every chunk forwarded, so a body that keeps moving for longer than
+/// the timeout still gets through.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn uploads_that_keep_moving_outlast_the_response_timeout() {
+    let world = World::new(Server::start(Backend::Local).await).await;
+    world.activate("core", crate::COMPUTE).await;
+    let token = world.user("alice", everything()).await;
+    let base = with_response_timeout(&world.server, Duration::from_millis(300)).await;
+
+    let chunks = futures::stream::iter(0..10).then(|_| async {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        Ok::<_, std::io::Error>(vec![b'x'; 1024])
+    });
+    let started = Instant::now();
+    let url = format!("{base}{}", gw(crate::COMPUTE, "core", "upload"));
+    let response = world
+        .server
+        .client
+        .post(url)
+        .bearer_auth(&token)
+        .body(reqwest::Body::wrap_stream(chunks))
+        .send()
+        .await
+        .expect("upload");
+    assert_eq!(response.status(), 200, "cut off after {:?}", started.elapsed());
+    assert!(started.elapsed() >= Duration::from_secs(1));
+    let answer: serde_json::Value = response.json().await.expect("answer");
+    assert_eq!(answer["bytes"], 10 * 1024);
 }
