@@ -89,7 +89,10 @@ impl LocalStore {
         })
     }
 
-    async fn blocking<T: Send + 'static>(&self, f: impl FnOnce(&mut Connection) -> Result<T> + Send + 'static) -> Result<T> {
+    async fn blocking<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&mut Connection) -> Result<T> + Send + 'static,
+    ) -> Result<T> {
         let inner = self.inner.clone();
         tokio::task::spawn_blocking(move || {
             let mut conn = inner.conn.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
@@ -274,8 +277,9 @@ impl Backend for LocalStore {
     async fn create(&self, key: &str, value: Vec<u8>) -> Result<Revision> {
         let key = key.to_string();
         self.write(move |tx, next| {
-            let exists: Option<i64> =
-                tx.query_row("SELECT mod_rev FROM kv WHERE key = ?1", params![key.as_bytes()], |r| r.get(0)).optional()?;
+            let exists: Option<i64> = tx
+                .query_row("SELECT mod_rev FROM kv WHERE key = ?1", params![key.as_bytes()], |r| r.get(0))
+                .optional()?;
             Ok(match exists {
                 Some(_) => Err(Error::Conflict(key.clone())),
                 None => Ok(WriteOp::Put { key: key.clone(), value: value.clone(), create_rev: next }),

@@ -113,6 +113,23 @@ both_backends! {
     }
 }
 
+/// `/readyz` follows the store: 503 while etcd is down, ready again once
+/// it is back. `/healthz` only says the process answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readiness_follows_the_store() {
+    let server = Server::start(crate::common::Backend::Etcd).await;
+    server.call(Method::GET, "/readyz", None, None).await.expect(200);
+    server.stop_etcd().await;
+    server.call(Method::GET, "/readyz", None, None).await.error(503, &["store"]);
+    server.call(Method::GET, "/healthz", None, None).await.expect(200);
+    server.restart_etcd().await;
+    kayra_testkit::eventually("readyz to recover", || async {
+        server.call(Method::GET, "/readyz", None, None).await.status == 200
+    })
+    .await;
+    server.get("/namespaces").await.expect(200);
+}
+
 /// HTTPS with `server.tls`: a throwaway CA and server certificate made by
 /// `openssl`, the CA trusted by the client.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -55,7 +55,7 @@ macro_rules! both_backends {
 /// What keeps a store alive: its temp dir or its etcd process.
 enum Keep {
     Dir(tempfile::TempDir),
-    Etcd(kayra_testkit::Etcd),
+    Etcd(tokio::sync::Mutex<kayra_testkit::Etcd>),
 }
 
 /// A running `kayra serve`, stopped when dropped.
@@ -101,7 +101,8 @@ impl Server {
             }
             Backend::Etcd => {
                 let etcd = kayra_testkit::Etcd::start().await;
-                (DatabaseConfig { local: None, etcd: Some(etcd.config("/kayra")) }, Keep::Etcd(etcd))
+                let database = DatabaseConfig { local: None, etcd: Some(etcd.config("/kayra")) };
+                (database, Keep::Etcd(tokio::sync::Mutex::new(etcd)))
             }
         };
         let mut config = Config { database, ..Config::default() };
@@ -166,6 +167,22 @@ impl Server {
         match self.task.take() {
             Some(task) => task.await.expect("server task panicked"),
             None => Ok(()),
+        }
+    }
+
+    /// Kills the etcd behind an etcd-backed server (data kept).
+    pub async fn stop_etcd(&self) {
+        match &*self.keep {
+            Keep::Etcd(etcd) => etcd.lock().await.stop(),
+            Keep::Dir(_) => panic!("stop_etcd on a local store"),
+        }
+    }
+
+    /// Starts the etcd stopped by [`Server::stop_etcd`] again.
+    pub async fn restart_etcd(&self) {
+        match &*self.keep {
+            Keep::Etcd(etcd) => etcd.lock().await.restart().await,
+            Keep::Dir(_) => panic!("restart_etcd on a local store"),
         }
     }
 
