@@ -91,7 +91,9 @@ pub fn router(state: AppState) -> Router {
         .nest("/apis", apis)
         .fallback(|| async { ApiError::not_found("no such route") })
         .layer(axum::middleware::from_fn(metrics::track))
-        .layer(TraceLayer::new_for_http())
+        // A span per request; errors are logged once, where they are
+        // handled (`ApiError`), not again by the trace layer.
+        .layer(TraceLayer::new_for_http().on_failure(()))
 }
 
 /// Runs `kayra serve` on `listener` until `shutdown` completes, then stops
