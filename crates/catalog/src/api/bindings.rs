@@ -17,7 +17,7 @@ use utoipa::ToSchema;
 use super::error::{ApiError, ErrorBody};
 use super::extract::{JsonBody, JsonObject, Path, Query, RequestBody, merged};
 use super::list::{List, ListQuery, page};
-use super::{ApiState, check_body_name, label, update_with};
+use super::{ApiState, check_body_name, label, shown, update_with};
 use crate::repo::keys;
 
 /// POST body of either kind; `name` is optional in PUT and PATCH bodies,
@@ -45,9 +45,11 @@ fn validate(body: &BindingBody, namespace: Option<&str>) -> Result<(), ApiError>
     label("user", &body.user)?;
     match (namespace, body.namespace.as_deref()) {
         (None, Some(_)) => Err(ApiError::bad_request("a cluster role binding has no field \"namespace\"")),
-        (Some(path), Some(given)) if path != given => {
-            Err(ApiError::bad_request(format!("body namespace {given:?} does not match the path's {path:?}")))
-        }
+        (Some(path), Some(given)) if path != given => Err(ApiError::bad_request(format!(
+            "body namespace {} does not match the path's {}",
+            shown(given),
+            shown(path)
+        ))),
         _ => Ok(()),
     }
 }

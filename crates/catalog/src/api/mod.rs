@@ -295,12 +295,24 @@ where
     }
 }
 
+/// A caller-supplied value quoted in a message, cut to 80 characters so a
+/// hostile body cannot blow up the error it provokes.
+pub(crate) fn shown(value: &str) -> String {
+    if value.chars().count() <= 80 {
+        format!("{value:?}")
+    } else {
+        format!("{:?}…", value.chars().take(80).collect::<String>())
+    }
+}
+
 /// A name repeated in a PUT/PATCH body must be the path's.
 pub(crate) fn check_body_name(kind: &str, path: &str, body: Option<&str>) -> Result<(), ApiError> {
     match body {
-        Some(given) if given != path => {
-            Err(ApiError::bad_request(format!("{kind} name {given:?} in the body does not match {path:?} in the path")))
-        }
+        Some(given) if given != path => Err(ApiError::bad_request(format!(
+            "{kind} name {} in the body does not match {} in the path",
+            shown(given),
+            shown(path)
+        ))),
         _ => Ok(()),
     }
 }

@@ -17,7 +17,7 @@ use utoipa::ToSchema;
 use super::error::{ApiError, ErrorBody};
 use super::extract::{JsonBody, JsonObject, Path, Query, RequestBody, merged, reject_computed};
 use super::list::{List, ListQuery, page};
-use super::{ApiState, Empty, check_body_name, label, long_name, registration_not_found, update_with};
+use super::{ApiState, Empty, check_body_name, label, long_name, registration_not_found, shown, update_with};
 use crate::repo::keys;
 use crate::repo::tenancy::new_sync_id;
 
@@ -106,7 +106,12 @@ async fn validate(state: &ApiState, name: &str, short_name: &str, endpoint: &str
     if !endpoint.is_empty() {
         match reqwest::Url::parse(endpoint) {
             Ok(url) if matches!(url.scheme(), "http" | "https") && url.has_host() => {}
-            _ => return Err(ApiError::bad_request(format!("endpoint {endpoint:?} must be an http or https URL"))),
+            _ => {
+                return Err(ApiError::bad_request(format!(
+                    "endpoint {} must be an http or https URL",
+                    shown(endpoint)
+                )));
+            }
         }
     }
     if short_name.is_empty() {

@@ -24,7 +24,7 @@ use utoipa::ToSchema;
 use super::error::{ApiError, ErrorBody};
 use super::extract::{JsonBody, Path, Query, RequestBody};
 use super::list::{List, ListQuery, continue_token};
-use super::{ApiState, Empty, label, long_name, registration_not_found};
+use super::{ApiState, Empty, label, long_name, registration_not_found, shown};
 use crate::repo::keys;
 
 /// The computed fields, and the response-only ones.
@@ -124,7 +124,11 @@ pub(crate) async fn create(
     JsonBody(body): JsonBody<SubscriptionCreate>,
 ) -> Result<(StatusCode, Json<SubscriptionView>), ApiError> {
     if let Some(given) = body.namespace.as_deref().filter(|given| *given != namespace) {
-        return Err(ApiError::bad_request(format!("body namespace {given:?} does not match the path's {namespace:?}")));
+        return Err(ApiError::bad_request(format!(
+            "body namespace {} does not match the path's {}",
+            shown(given),
+            shown(&namespace)
+        )));
     }
     check_path(&state, &namespace, Some(&body.api)).await?;
     let Some(registration) = state.repo.get_registration(&body.api).await? else {
@@ -156,7 +160,8 @@ async fn confirm(
     let subscription = existing(state, namespace, api).await?;
     if let Some(given) = body.api.as_deref().filter(|given| *given != api) {
         return Err(ApiError::bad_request(format!(
-            "field \"api\" is fixed by the path: {given:?} does not match {api:?}; the body may only be {{}} or {{\"api\": {api:?}}}"
+            "field \"api\" is fixed by the path: {} does not match {api:?}; the body may only be {{}} or {{\"api\": {api:?}}}",
+            shown(given)
         )));
     }
     Ok(Json(view(state, &subscription).await?))

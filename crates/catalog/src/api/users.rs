@@ -16,7 +16,7 @@ use super::authz::Caller;
 use super::error::{ApiError, ErrorBody};
 use super::extract::{JsonBody, JsonObject, Path, Query, RequestBody, merged};
 use super::list::{List, ListQuery, page, page_in_memory};
-use super::{ApiState, Empty, check_body_name, label, update_with};
+use super::{ApiState, Empty, check_body_name, label, shown, update_with};
 use crate::repo::keys;
 
 /// POST body.
@@ -203,7 +203,7 @@ pub(crate) async fn get_token(
     let token = state.repo.get_user_token(&name, &id).await?;
     token
         .map(|t| Json(TokenInfo { id: t.id, created_at: t.created_at }))
-        .ok_or_else(|| ApiError::not_found(format!("token {id:?} of user {name:?} not found")))
+        .ok_or_else(|| ApiError::not_found(format!("token {} of user {name:?} not found", shown(&id))))
 }
 
 #[utoipa::path(delete, path = "/users/{name}/tokens/{id}", tag = "users", params(("name" = String, Path), ("id" = String, Path)),
@@ -213,6 +213,9 @@ pub(crate) async fn delete_token(
     Path((name, id)): Path<(String, String)>,
 ) -> Result<StatusCode, ApiError> {
     label("user", &name)?;
+    if !crate::repo::auth::is_token_id(&id) {
+        return Err(ApiError::not_found(format!("token {} of user {name:?} not found", shown(&id))));
+    }
     state.repo.revoke_token(&name, &id).await?;
     tracing::info!(user = %name, token_id = %id, "token revoked");
     Ok(StatusCode::NO_CONTENT)

@@ -60,6 +60,11 @@ pub fn token_id(hash: &str) -> &str {
     hash.get(..TOKEN_ID_LEN).unwrap_or(hash)
 }
 
+/// Whether `id` has the shape of a token id (lowercase hex of the right length).
+pub fn is_token_id(id: &str) -> bool {
+    id.len() == TOKEN_ID_LEN && id.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+}
+
 /// A new random token: [`TOKEN_BYTES`] from the OS-seeded CSPRNG, base64url.
 pub fn generate_token() -> String {
     let mut bytes = [0u8; TOKEN_BYTES];
@@ -141,7 +146,7 @@ impl Repository {
 
     /// One of `user`'s tokens, by id.
     pub async fn get_user_token(&self, user: &str, id: &str) -> Result<Option<TokenRecord>> {
-        if id.len() != TOKEN_ID_LEN || !id.bytes().all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase()) {
+        if !is_token_id(id) {
             return Ok(None);
         }
         let (matches, _) = self.list_all::<TokenRecord>(&keys::token(id)).await?;

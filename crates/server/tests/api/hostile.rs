@@ -116,7 +116,18 @@ both_backends! {
         server.post("/apiregistrations", json!({"name": long_api})).await.error(400, &[]);
         server.post("/namespaces/core/subscriptions", json!({"api": long_api})).await.error(400, &[]);
         // Error messages stay short even for huge names.
-        let message = server.post("/namespaces", json!({"name": "x".repeat(100_000)})).await.error(400, &[]);
+        let huge = "x".repeat(100_000);
+        for (path, body) in [
+            ("/namespaces", json!({"name": huge})),
+            ("/namespaces/core/subscriptions", json!({"api": huge})),
+            ("/namespaces/core/subscriptions", json!({"api": "compute.example.com", "namespace": huge})),
+            ("/apiregistrations", json!({"name": "h.example.com", "endpoint": huge})),
+            ("/clusterrolebindings", json!({"name": "b", "role": huge, "user": "u"})),
+        ] {
+            let message = server.post(path, body).await.error(400, &[]);
+            assert!(message.len() < 500, "{path}: {}", message.len());
+        }
+        let message = server.put("/namespaces/core", json!({"name": huge})).await.error(400, &[]);
         assert!(message.len() < 500, "{}", message.len());
         let names: Vec<_> = server.get("/namespaces").await.expect(200)["items"].as_array().unwrap()
             .iter().map(|n| n["name"].as_str().unwrap().to_string()).collect();

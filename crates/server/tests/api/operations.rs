@@ -122,6 +122,11 @@ async fn readiness_follows_the_store() {
     server.stop_etcd().await;
     server.call(Method::GET, "/readyz", None, None).await.error(503, &["store"]);
     server.call(Method::GET, "/healthz", None, None).await.expect(200);
+    // API requests fail as 503 with a generic message, never the store's own text.
+    let started = std::time::Instant::now();
+    let message = server.get("/namespaces").await.error(503, &["store"]);
+    assert!(!message.contains("127.0.0.1") && !message.contains("transport"), "{message}");
+    assert!(started.elapsed() < Duration::from_secs(15), "took {:?}", started.elapsed());
     server.restart_etcd().await;
     kayra_testkit::eventually("readyz to recover", || async {
         server.call(Method::GET, "/readyz", None, None).await.status == 200

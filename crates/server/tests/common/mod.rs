@@ -55,7 +55,7 @@ macro_rules! both_backends {
 /// What keeps a store alive: its temp dir or its etcd process.
 enum Keep {
     Dir(tempfile::TempDir),
-    Etcd(tokio::sync::Mutex<kayra_testkit::Etcd>),
+    Etcd(Box<tokio::sync::Mutex<kayra_testkit::Etcd>>),
 }
 
 /// A running `kayra serve`, stopped when dropped.
@@ -102,7 +102,7 @@ impl Server {
             Backend::Etcd => {
                 let etcd = kayra_testkit::Etcd::start().await;
                 let database = DatabaseConfig { local: None, etcd: Some(etcd.config("/kayra")) };
-                (database, Keep::Etcd(tokio::sync::Mutex::new(etcd)))
+                (database, Keep::Etcd(Box::new(tokio::sync::Mutex::new(etcd))))
             }
         };
         let mut config = Config { database, ..Config::default() };
