@@ -15,8 +15,28 @@ use kayra_core::SubscriptionState;
 
 const API: &str = "compute.example.com";
 
-fn repo(store: &common::TestStore) -> Repository {
-    Repository::new(store.store.clone(), "dev", "local")
+/// A store of one backend, its repository and a recording HTTP backend.
+struct World {
+    store: common::TestStore,
+    repo: Repository,
+    backend: TestBackend,
+}
+
+impl World {
+    async fn new(kind: Kind) -> Self {
+        let store = store(kind).await;
+        let repo = Repository::new(store.store.clone(), "dev", "local");
+        Self { store, repo, backend: TestBackend::start().await }
+    }
+
+    fn seed(&self) -> Seed<'_> {
+        Seed(&self.repo)
+    }
+
+    /// Adds mode `name`: one POST to the backend's `path` (a template).
+    fn mode(&self, config: &mut ReconcilerConfig, name: &str, path: &str) {
+        one_step_mode(config, name, &format!("{}/{path}", self.backend.base));
+    }
 }
 
 fn config() -> ReconcilerConfig {
@@ -29,14 +49,13 @@ async fn synced(seed: &Seed<'_>, ns: &str, api: &str, sync_id: &str) -> bool {
 }
 
 async fn activates_namespaces_and_new_subscriptions(kind: Kind) {
-    let s = store(kind).await;
-    let repo = repo(&s);
-    let seed = Seed(&repo);
+    let w = World::new(kind).await;
+    let (repo, seed) = (&w.repo, w.seed());
     // Written before the reconciler starts: reconcileExisting picks them up.
     seed.namespace("core").await;
     seed.registration(API, "placeholder", "s1").await;
     seed.subscription("core", API).await;
-    let running = start_reconciler(&repo, config());
+    let running = start_reconciler(repo, config());
     eventually("core synced", || synced(&seed, "core", API, "s1")).await;
     eventually("core active", || async { repo.get_namespace("core").await.unwrap().unwrap().value.active }).await;
     // Written after: the watch picks them up.
@@ -48,13 +67,11 @@ async fn activates_namespaces_and_new_subscriptions(kind: Kind) {
 }
 
 async fn ongoing_action_reaches_active_subscribers_only(kind: Kind) {
-    let s = store(kind).await;
-    let repo = repo(&s);
-    let seed = Seed(&repo);
-    let backend = TestBackend::start().await;
+    let w = World::new(kind).await;
+    let (repo, seed, backend) = (&w.repo, w.seed(), &w.backend);
     let mut cfg = config();
-    one_step_mode(&mut cfg, "api", &format!("{}/ok/{{{{ .Subscription.Namespace }}}}", backend.base));
-    one_step_mode(&mut cfg, "broken", &format!("{}/fail/{{{{ .Subscription.Namespace }}}}", backend.base));
+    w.mode(&mut cfg, "api", "ok/{{ .Subscription.Namespace }}");
+    w.mode(&mut cfg, "broken", "fail/{{ .Subscription.Namespace }}");
     seed.registration(API, "api", "s1").await;
     seed.registration("broken.example.com", "broken", "s1").await;
     for ns in ["a", "b", "c"] {
@@ -63,7 +80,7 @@ async fn ongoing_action_reaches_active_subscribers_only(kind: Kind) {
     }
     seed.namespace("never").await;
     seed.subscription("never", "broken.example.com").await;
-    let running = start_reconciler(&repo, cfg);
+    let running = start_reconciler(repo, cfg);
     for ns in ["a", "b", "c"] {
         eventually("initial sync", || synced(&seed, ns, API, "s1")).await;
     }
@@ -91,10 +108,8 @@ async fn ongoing_action_reaches_active_subscribers_only(kind: Kind) {
 }
 
 async fn mode_resolution(kind: Kind) {
-    let s = store(kind).await;
-    let repo = repo(&s);
-    let seed = Seed(&repo);
-    let backend = TestBackend::start().await;
+    let w = World::new(kind).await;
+    let (repo, seed, backend) = (&w.repo, w.seed(), &w.backend);
     seed.namespace("core").await;
     seed.registration("nomode.example.com", "", "s1").await;
     seed.registration("explicit.example.com", "api", "s1").await;
@@ -103,9 +118,9 @@ async fn mode_resolution(kind: Kind) {
 
     // No mode and no default_mode: reconcile fails, never synced.
     let mut cfg = config();
-    one_step_mode(&mut cfg, "api", &format!("{}/ok/api", backend.base));
-    one_step_mode(&mut cfg, "trigger", &format!("{}/ok/trigger", backend.base));
-    let running = start_reconciler(&repo, cfg.clone());
+    w.mode(&mut cfg, "api", "ok/api");
+    w.mode(&mut cfg, "trigger", "ok/trigger");
+    let running = start_reconciler(repo, cfg.clone());
     eventually("explicit synced", || synced(&seed, "core", "explicit.example.com", "s1")).await;
     eventually("no-mode error", || async {
         seed.get("core", "nomode.example.com").await.state == SubscriptionState::Error
@@ -119,7 +134,7 @@ async fn mode_resolution(kind: Kind) {
     // mode still wins.
     cfg.default_mode = "trigger".into();
     seed.force_resync("core", "nomode.example.com").await;
-    let running = start_reconciler(&repo, cfg);
+    let running = start_reconciler(repo, cfg);
     eventually("default mode synced", || synced(&seed, "core", "nomode.example.com", "s1")).await;
     assert_eq!(backend.count("/ok/trigger"), 1);
     assert_eq!(backend.count("/ok/api"), 1, "the explicit mode ran once, never the default");
@@ -127,19 +142,17 @@ async fn mode_resolution(kind: Kind) {
 }
 
 async fn pool_bound_holds_under_fan_out(kind: Kind) {
-    let s = store(kind).await;
-    let repo = repo(&s);
-    let seed = Seed(&repo);
-    let backend = TestBackend::start().await;
+    let w = World::new(kind).await;
+    let (repo, seed, backend) = (&w.repo, w.seed(), &w.backend);
     let mut cfg = config();
     cfg.max_concurrent_reconciles = 4;
-    one_step_mode(&mut cfg, "api", &format!("{}/slow/{{{{ .Subscription.Namespace }}}}", backend.base));
+    w.mode(&mut cfg, "api", "slow/{{ .Subscription.Namespace }}");
     seed.registration(API, "api", "s1").await;
     let n = 120;
     for i in 0..n {
         seed.subscription(&format!("t{i}"), API).await;
     }
-    let running = start_reconciler(&repo, cfg);
+    let running = start_reconciler(repo, cfg);
     backend.wait_for("/slow/", n).await;
     seed.bump(API, "s2").await;
     backend.wait_for("/slow/", 2 * n).await;
@@ -155,16 +168,14 @@ async fn pool_bound_holds_under_fan_out(kind: Kind) {
 }
 
 async fn failing_sync_is_attempted_twice_then_left_alone(kind: Kind) {
-    let s = store(kind).await;
-    let repo = repo(&s);
-    let seed = Seed(&repo);
-    let backend = TestBackend::start().await;
+    let w = World::new(kind).await;
+    let (repo, seed, backend) = (&w.repo, w.seed(), &w.backend);
     let mut cfg = config();
-    one_step_mode(&mut cfg, "api", &format!("{}/fail/x", backend.base));
+    w.mode(&mut cfg, "api", "fail/x");
     seed.namespace("core").await;
     seed.registration(API, "api", "s1").await;
     seed.subscription("core", API).await;
-    let running = start_reconciler(&repo, cfg);
+    let running = start_reconciler(repo, cfg);
     backend.wait_for("/fail/x", 2).await;
     eventually("state error", || async { seed.get("core", API).await.state == SubscriptionState::Error }).await;
     // Several seconds, many poll intervals: no third attempt.
@@ -182,15 +193,13 @@ async fn failing_sync_is_attempted_twice_then_left_alone(kind: Kind) {
 }
 
 async fn force_resync_racing_a_reconcile_causes_exactly_one_more(kind: Kind) {
-    let s = store(kind).await;
-    let repo = repo(&s);
-    let seed = Seed(&repo);
-    let backend = TestBackend::start().await;
+    let w = World::new(kind).await;
+    let (repo, seed, backend) = (&w.repo, w.seed(), &w.backend);
     let mut cfg = config();
-    one_step_mode(&mut cfg, "api", &format!("{}/hold/x", backend.base));
+    w.mode(&mut cfg, "api", "hold/x");
     seed.registration(API, "api", "s1").await;
     seed.subscription("core", API).await;
-    let running = start_reconciler(&repo, cfg);
+    let running = start_reconciler(repo, cfg);
     backend.wait_for("/hold/x", 1).await;
     // The reconcile is in flight; the force re-sync lands now.
     seed.force_resync("core", API).await;
@@ -205,15 +214,13 @@ async fn force_resync_racing_a_reconcile_causes_exactly_one_more(kind: Kind) {
 }
 
 async fn racing_triggers_never_run_concurrently(kind: Kind) {
-    let s = store(kind).await;
-    let repo = repo(&s);
-    let seed = Seed(&repo);
-    let backend = TestBackend::start().await;
+    let w = World::new(kind).await;
+    let (repo, seed, backend) = (&w.repo, w.seed(), &w.backend);
     let mut cfg = config();
-    one_step_mode(&mut cfg, "api", &format!("{}/hold/x", backend.base));
+    w.mode(&mut cfg, "api", "hold/x");
     seed.registration(API, "api", "s1").await;
     seed.subscription("core", API).await;
-    let running = start_reconciler(&repo, cfg);
+    let running = start_reconciler(repo, cfg);
     backend.wait_for("/hold/x", 1).await;
     backend.release(1);
     eventually("synced s1", || synced(&seed, "core", API, "s1")).await;
@@ -240,49 +247,45 @@ async fn racing_triggers_never_run_concurrently(kind: Kind) {
 }
 
 async fn idle_reconciler_writes_nothing_and_calls_nothing(kind: Kind) {
-    let s = store(kind).await;
-    let repo = repo(&s);
-    let seed = Seed(&repo);
-    let backend = TestBackend::start().await;
+    let w = World::new(kind).await;
+    let (repo, seed, backend) = (&w.repo, w.seed(), &w.backend);
     let mut cfg = config();
-    one_step_mode(&mut cfg, "api", &format!("{}/ok/{{{{ .Subscription.Namespace }}}}", backend.base));
+    w.mode(&mut cfg, "api", "ok/{{ .Subscription.Namespace }}");
     seed.registration(API, "api", "s1").await;
     for ns in ["a", "b"] {
         seed.namespace(ns).await;
         seed.subscription(ns, API).await;
     }
-    let running = start_reconciler(&repo, cfg.clone());
+    let running = start_reconciler(repo, cfg.clone());
     for ns in ["a", "b"] {
         eventually("synced", || synced(&seed, ns, API, "s1")).await;
         eventually("active", || async { repo.get_namespace(ns).await.unwrap().unwrap().value.active }).await;
     }
     // Let the events of the reconciler's own writes arrive and settle.
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let revision = s.store.revision().await.unwrap();
+    let revision = w.store.store.revision().await.unwrap();
     let calls = backend.calls().len();
     tokio::time::sleep(Duration::from_secs(2)).await;
-    assert_eq!(s.store.revision().await.unwrap(), revision, "an idle reconciler moved the store revision");
+    assert_eq!(w.store.store.revision().await.unwrap(), revision, "an idle reconciler moved the store revision");
     assert_eq!(backend.calls().len(), calls, "an idle reconciler made HTTP calls");
     running.stop().await;
 
     // A restart over a converged store is idle too.
-    let running = start_reconciler(&repo, cfg);
+    let running = start_reconciler(repo, cfg);
     tokio::time::sleep(Duration::from_secs(1)).await;
-    assert_eq!(s.store.revision().await.unwrap(), revision);
+    assert_eq!(w.store.store.revision().await.unwrap(), revision);
     assert_eq!(backend.calls().len(), calls);
     running.stop().await;
 }
 
 async fn stop_waits_for_in_flight_reconciles(kind: Kind) {
-    let s = store(kind).await;
-    let repo = repo(&s);
-    let seed = Seed(&repo);
-    let backend = TestBackend::start().await;
+    let w = World::new(kind).await;
+    let (repo, seed, backend) = (&w.repo, w.seed(), &w.backend);
     let mut cfg = config();
-    one_step_mode(&mut cfg, "api", &format!("{}/hold/x", backend.base));
+    w.mode(&mut cfg, "api", "hold/x");
     seed.registration(API, "api", "s1").await;
     seed.subscription("core", API).await;
-    let running = start_reconciler(&repo, cfg);
+    let running = start_reconciler(repo, cfg);
     backend.wait_for("/hold/x", 1).await;
     let stopping = tokio::spawn(running.stop());
     tokio::time::sleep(Duration::from_millis(200)).await;

@@ -193,6 +193,14 @@ fn retry_busy<T>(mut f: impl FnMut() -> rusqlite::Result<T>) -> rusqlite::Result
     }
 }
 
+/// `(create_rev, mod_rev)` of `key`, when present.
+fn revisions_of(tx: &rusqlite::Transaction<'_>, key: &str) -> rusqlite::Result<Option<(Revision, Revision)>> {
+    tx.query_row("SELECT create_rev, mod_rev FROM kv WHERE key = ?1", params![key.as_bytes()], |r| {
+        Ok((r.get(0)?, r.get(1)?))
+    })
+    .optional()
+}
+
 fn read_kv(row: &rusqlite::Row<'_>) -> rusqlite::Result<KeyValue> {
     let key: Vec<u8> = row.get(0)?;
     Ok(KeyValue {
@@ -291,11 +299,7 @@ impl Backend for LocalStore {
     async fn update(&self, key: &str, value: Vec<u8>, expected: Revision) -> Result<Revision> {
         let key = key.to_string();
         self.write(move |tx, _| {
-            let found: Option<(i64, i64)> = tx
-                .query_row("SELECT create_rev, mod_rev FROM kv WHERE key = ?1", params![key.as_bytes()], |r| {
-                    Ok((r.get(0)?, r.get(1)?))
-                })
-                .optional()?;
+            let found = revisions_of(tx, &key)?;
             Ok(match found {
                 None => Err(Error::NotFound(key.clone())),
                 Some((_, m)) if m != expected => Err(Error::Conflict(key.clone())),
@@ -308,11 +312,7 @@ impl Backend for LocalStore {
     async fn delete(&self, key: &str, expected: Option<Revision>) -> Result<Revision> {
         let key = key.to_string();
         self.write(move |tx, _| {
-            let found: Option<(i64, i64)> = tx
-                .query_row("SELECT create_rev, mod_rev FROM kv WHERE key = ?1", params![key.as_bytes()], |r| {
-                    Ok((r.get(0)?, r.get(1)?))
-                })
-                .optional()?;
+            let found = revisions_of(tx, &key)?;
             Ok(match found {
                 None => Err(Error::NotFound(key.clone())),
                 Some((_, m)) if expected.is_some_and(|e| e != m) => Err(Error::Conflict(key.clone())),
