@@ -175,7 +175,7 @@ async fn failing_sync_is_attempted_twice_then_left_alone(kind: Kind) {
     seed.namespace("core").await;
     seed.registration(API, "api", "s1").await;
     seed.subscription("core", API).await;
-    let running = start_reconciler(repo, cfg);
+    let running = start_reconciler(repo, cfg.clone());
     backend.wait_for("/fail/x", 2).await;
     eventually("state error", || async { seed.get("core", API).await.state == SubscriptionState::Error }).await;
     // Several seconds, many poll intervals: no third attempt.
@@ -189,6 +189,13 @@ async fn failing_sync_is_attempted_twice_then_left_alone(kind: Kind) {
     backend.wait_for("/fail/x", 4).await;
     tokio::time::sleep(Duration::from_secs(1)).await;
     assert_eq!(backend.count("/fail/x"), 4);
+    running.stop().await;
+
+    // A restart's reconcileExisting tries every record again, unconditionally.
+    let running = start_reconciler(repo, cfg);
+    backend.wait_for("/fail/x", 6).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(backend.count("/fail/x"), 6);
     running.stop().await;
 }
 

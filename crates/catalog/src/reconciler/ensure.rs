@@ -59,6 +59,16 @@ struct Attempt {
     registration_revision: Revision,
 }
 
+/// What dispatched a job.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Trigger {
+    /// reconcileExisting at startup: every record, unconditionally, so a
+    /// subscription that gave up before the restart is tried again (seed).
+    Startup,
+    /// A watch event (a write to the subscription or its registration).
+    Event,
+}
+
 /// How many times one decision is attempted before waiting for the next write.
 const ATTEMPTS_PER_DECISION: u32 = 2;
 
@@ -86,10 +96,10 @@ impl Worker {
     }
 
     /// `ensureReconciled` for one subscription.
-    pub async fn ensure_reconciled(self: Arc<Self>, namespace: String, api: String, lock_id: usize) {
+    pub async fn ensure_reconciled(self: Arc<Self>, namespace: String, api: String, trigger: Trigger, lock_id: usize) {
         // Unlocked fast path: reads only, so an idle reconciler takes no
         // locks and makes no writes.
-        match self.needs_work(&namespace, &api).await {
+        match self.needs_work(&namespace, &api, trigger).await {
             Ok(true) => {}
             Ok(false) => return,
             Err(e) => {
@@ -99,22 +109,28 @@ impl Worker {
         }
         let job = format!("subscriptions/{namespace}/{api}");
         let Some(guard) = self.locks.lock(&job, &self.cancel).await else { return };
-        if let Err(e) = self.ensure_locked(&namespace, &api, lock_id).await {
+        if let Err(e) = self.ensure_locked(&namespace, &api, trigger, lock_id).await {
             tracing::warn!(namespace, api, lock_id, sync_id = "", error = %e, "reconcile aborted: store error");
         }
         guard.release().await;
     }
 
-    async fn needs_work(&self, namespace: &str, api: &str) -> crate::repo::Result<bool> {
+    async fn needs_work(&self, namespace: &str, api: &str, trigger: Trigger) -> crate::repo::Result<bool> {
         let Some(sub) = self.repo.get_subscription(namespace, api).await? else { return Ok(false) };
         let Some(reg) = self.repo.get_registration(api).await? else { return Ok(false) };
         if sub.value.is_synced(&reg.value.sync_id) {
             return Ok(false);
         }
-        Ok(self.last_attempt(namespace, api).await? != Some(attempt_of(&sub, &reg)))
+        Ok(trigger == Trigger::Startup || self.last_attempt(namespace, api).await? != Some(attempt_of(&sub, &reg)))
     }
 
-    async fn ensure_locked(&self, namespace: &str, api: &str, lock_id: usize) -> crate::repo::Result<()> {
+    async fn ensure_locked(
+        &self,
+        namespace: &str,
+        api: &str,
+        trigger: Trigger,
+        lock_id: usize,
+    ) -> crate::repo::Result<()> {
         let mut failures = 0;
         loop {
             if self.cancel.is_cancelled() {
@@ -130,7 +146,10 @@ impl Worker {
             if sub.value.is_synced(&sync_id) {
                 return Ok(());
             }
-            if failures == 0 && self.last_attempt(namespace, api).await? == Some(attempt_of(&sub, &reg)) {
+            if failures == 0
+                && trigger == Trigger::Event
+                && self.last_attempt(namespace, api).await? == Some(attempt_of(&sub, &reg))
+            {
                 return Ok(()); // this exact state already failed: wait for the next write
             }
             let started = Instant::now();

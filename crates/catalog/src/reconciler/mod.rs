@@ -41,7 +41,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::pipeline::{Pipelines, ValidationError};
 use crate::repo::{Repository, keys};
-use ensure::Worker;
+use ensure::{Trigger, Worker};
 use index::Index;
 use locks::JobLocks;
 use pool::Pool;
@@ -135,7 +135,7 @@ impl Reconciler {
         }
         for sub in subscriptions {
             if !self.index.is_converged(&sub.value) {
-                self.dispatch_subscription(sub.value.namespace, sub.value.api).await;
+                self.dispatch_subscription(sub.value.namespace, sub.value.api, Trigger::Startup).await;
             }
         }
         self.ready.store(true, Ordering::SeqCst);
@@ -178,7 +178,7 @@ impl Reconciler {
                     self.index.put_registration(&reg);
                     // The ongoing action: every active subscriber behind the new SyncID.
                     for namespace in self.index.behind(&reg.name, &reg.sync_id) {
-                        self.dispatch_subscription(namespace, reg.name.clone()).await;
+                        self.dispatch_subscription(namespace, reg.name.clone(), Trigger::Event).await;
                     }
                 }
                 Err(e) => tracing::warn!(key = %kv.key, error = %e, "unreadable api registration record ignored"),
@@ -192,7 +192,7 @@ impl Reconciler {
                 Ok(sub) => {
                     self.index.put_subscription(&sub);
                     if !self.index.is_converged(&sub) {
-                        self.dispatch_subscription(sub.namespace, sub.api).await;
+                        self.dispatch_subscription(sub.namespace, sub.api, Trigger::Event).await;
                     }
                 }
                 Err(e) => tracing::warn!(key = %kv.key, error = %e, "unreadable subscription record ignored"),
@@ -214,9 +214,9 @@ impl Reconciler {
         self.pool.submit(move |slot| worker.activate_namespace(name, slot)).await;
     }
 
-    async fn dispatch_subscription(&self, namespace: String, api: String) {
+    async fn dispatch_subscription(&self, namespace: String, api: String, trigger: Trigger) {
         let worker = self.worker.clone();
-        self.pool.submit(move |slot| worker.ensure_reconciled(namespace, api, slot)).await;
+        self.pool.submit(move |slot| worker.ensure_reconciled(namespace, api, trigger, slot)).await;
     }
 }
 
