@@ -9,14 +9,14 @@ use axum::Router;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::routing::get;
-use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use metrics_exporter_prometheus::PrometheusHandle;
 use tokio_util::sync::CancellationToken;
 
 #[derive(Clone)]
 struct AdminState {
     store: kayra_store::Store,
     ready: Arc<AtomicBool>,
-    metrics: Option<PrometheusHandle>,
+    metrics: PrometheusHandle,
 }
 
 pub async fn serve(
@@ -25,13 +25,7 @@ pub async fn serve(
     ready: Arc<AtomicBool>,
     cancel: CancellationToken,
 ) {
-    let metrics = match PrometheusBuilder::new().install_recorder() {
-        Ok(handle) => Some(handle),
-        Err(e) => {
-            tracing::warn!(error = %e, "metrics recorder not installed");
-            None
-        }
-    };
+    let metrics = kayra_server::metrics::handle();
     let app = Router::new()
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(readyz))
@@ -53,5 +47,5 @@ async fn readyz(State(state): State<AdminState>) -> (StatusCode, &'static str) {
 }
 
 async fn render(State(state): State<AdminState>) -> String {
-    state.metrics.map(|h| h.render()).unwrap_or_default()
+    state.metrics.render()
 }

@@ -8,7 +8,8 @@
 //!
 //! The `metrics` facade has one recorder per process. [`handle`] installs
 //! kayra's Prometheus recorder on first use and hands out the same handle
-//! afterwards, so several servers in one process (tests) share it.
+//! afterwards, so several servers in one process (tests) share it; the
+//! reconciler process uses the same recorder for its own metrics.
 
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
@@ -16,15 +17,18 @@ use std::time::{Duration, Instant};
 use axum::extract::{MatchedPath, Request};
 use axum::middleware::Next;
 use axum::response::Response;
-use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 
 /// Counter: requests by `method`, `route` and `code`.
 pub const REQUESTS: &str = "kayra_http_requests_total";
 /// Histogram: request latency in seconds by `method` and `route`.
 pub const DURATION: &str = "kayra_http_request_duration_seconds";
 
-/// Latency buckets (seconds): a store read is ~1ms, an etcd write ~1–10ms.
-const BUCKETS: &[f64] = &[0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0];
+/// Buckets (seconds) of every histogram of a kayra process: a store read is
+/// ~1ms, an etcd write ~1–10ms, a gateway call or a lock wait up to a minute,
+/// a reconcile running HTTP step pipelines up to an hour.
+const BUCKETS: &[f64] =
+    &[0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 1800.0, 3600.0];
 
 /// How often histogram samples are folded in when nobody scrapes.
 pub const UPKEEP_INTERVAL: Duration = Duration::from_secs(5);
@@ -36,8 +40,8 @@ pub fn handle() -> PrometheusHandle {
         .get_or_init(|| {
             let builder = PrometheusBuilder::new();
             // Only fails for an empty bucket list, which BUCKETS is not;
-            // without buckets the histogram would render as a summary.
-            let builder = builder.set_buckets_for_metric(Matcher::Full(DURATION.into()), BUCKETS).unwrap_or_default();
+            // without buckets a histogram would render as a summary.
+            let builder = builder.set_buckets(BUCKETS).unwrap_or_default();
             let recorder = builder.build_recorder();
             let handle = recorder.handle();
             if metrics::set_global_recorder(recorder).is_err() {
