@@ -232,8 +232,14 @@ async fn sigterm_finishes_the_in_flight_reconcile_and_exits_zero() {
     let lines = proc.lines();
     assert!(!lines.iter().any(|l| l.contains("s3cr3t-token-value")), "a token reached the logs");
     // Text format: every reconcile-path line shows both ids as key=value.
-    let on_path: Vec<&String> =
-        lines.iter().filter(|l| (l.contains("namespace=") && l.contains("api=")) || l.contains("step=")).collect();
+    let on_path: Vec<&String> = lines
+        .iter()
+        .filter(|l| {
+            (l.contains("namespace=") && l.contains("api="))
+                || l.contains("step=")
+                || RECONCILE_PATH.iter().any(|m| l.contains(&format!("{m}:")) || l.contains(&format!("{m}::")))
+        })
+        .collect();
     assert!(!on_path.is_empty(), "no reconcile-path line logged:\n{}", lines.join("\n"));
     for line in on_path {
         assert!(line.contains("lock_id=") && line.contains("sync_id="), "ids missing: {line}");
@@ -275,8 +281,12 @@ fn unknown_config_key_stops_serve_naming_the_key() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("max_body_bytez"));
 }
 
+/// Modules whose every line is on the reconcile path.
+const RECONCILE_PATH: [&str; 2] = ["kayra_catalog::reconciler::ensure", "kayra_catalog::pipeline"];
+
 /// Platform contract §8: any reconciler line with both `namespace` and
-/// `api`, or with `step`, also has `lock_id` and `sync_id`.
+/// `api`, or with `step`, also has `lock_id` and `sync_id` (and so does any
+/// line logged by the reconcile path's own modules).
 fn assert_json_lines_carry_ids(lines: impl IntoIterator<Item = String>) {
     let mut checked = 0;
     for line in lines {
@@ -284,7 +294,10 @@ fn assert_json_lines_carry_ids(lines: impl IntoIterator<Item = String>) {
         for key in ["timestamp", "level", "message"] {
             assert!(value.get(key).is_some(), "{key} missing: {line}");
         }
-        let on_path = (value.get("namespace").is_some() && value.get("api").is_some()) || value.get("step").is_some();
+        let target = value.get("target").and_then(|t| t.as_str()).unwrap_or_default();
+        let on_path = (value.get("namespace").is_some() && value.get("api").is_some())
+            || value.get("step").is_some()
+            || RECONCILE_PATH.iter().any(|m| target.starts_with(m));
         if on_path {
             checked += 1;
             assert!(value.get("lock_id").is_some() && value.get("sync_id").is_some(), "ids missing: {line}");

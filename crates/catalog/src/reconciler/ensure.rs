@@ -69,6 +69,15 @@ pub enum Trigger {
     Event,
 }
 
+/// What `ensureReconciled` does after one attempt.
+enum Next {
+    Done,
+    /// Read the records fresh and decide again, with this many failures so far.
+    Again {
+        failures: u32,
+    },
+}
+
 /// How many times one decision is attempted before waiting for the next write.
 const ATTEMPTS_PER_DECISION: u32 = 2;
 
@@ -141,9 +150,7 @@ impl Worker {
                 // The registration is gone (or out of scope): nothing to reconcile toward.
                 return Ok(());
             };
-            let sync_id = reg.value.sync_id.clone();
-            let span = tracing::info_span!("reconcile", namespace, api, lock_id, sync_id = %sync_id);
-            if sub.value.is_synced(&sync_id) {
+            if sub.value.is_synced(&reg.value.sync_id) {
                 return Ok(());
             }
             if failures == 0
@@ -152,59 +159,72 @@ impl Worker {
             {
                 return Ok(()); // this exact state already failed: wait for the next write
             }
-            let started = Instant::now();
-            metrics::gauge!(super::METRIC_IN_FLIGHT).increment(1.0);
-            let result = self.reconcile(&reg.value, &sub.value, lock_id).instrument(span.clone()).await;
-            metrics::gauge!(super::METRIC_IN_FLIGHT).decrement(1.0);
-            metrics::histogram!(super::METRIC_DURATION).record(started.elapsed().as_secs_f64());
-            let _entered = span.enter();
-            match result {
-                Ok(()) => {
-                    metrics::counter!(super::METRIC_RECONCILES, "result" => "success").increment(1);
-                    let first = !sub.value.active;
-                    let recorded = if first {
-                        self.repo.activate_subscription(&sub, &sync_id).await?
-                    } else {
-                        self.repo.set_subscription_sync_id(&sub, &sync_id).await?
-                    };
-                    match recorded {
-                        Recorded::Stale => {
-                            tracing::info!("subscription changed during reconcile; deciding again");
-                            failures = 0;
-                        }
-                        _ => {
-                            let what = if first { "subscription activated" } else { "subscription reconciled" };
-                            tracing::info!(result = "success", "{what}");
-                            return Ok(());
-                        }
+            // One span per attempt, instrumenting (never entered across an
+            // await), so every line inside carries all four fields.
+            let span = tracing::info_span!("reconcile", namespace, api, lock_id, sync_id = %reg.value.sync_id);
+            match self.attempt(&sub, &reg, failures, lock_id).instrument(span).await? {
+                Next::Done => return Ok(()),
+                Next::Again { failures: f } => failures = f,
+            }
+        }
+    }
+
+    /// One reconcile of `sub` toward `reg`, and its recorded result.
+    async fn attempt(
+        &self,
+        sub: &Versioned<Subscription>,
+        reg: &Versioned<ApiRegistration>,
+        mut failures: u32,
+        lock_id: usize,
+    ) -> crate::repo::Result<Next> {
+        let sync_id = &reg.value.sync_id;
+        let started = Instant::now();
+        metrics::gauge!(super::METRIC_IN_FLIGHT).increment(1.0);
+        let result = self.reconcile(&reg.value, &sub.value, lock_id).await;
+        metrics::gauge!(super::METRIC_IN_FLIGHT).decrement(1.0);
+        metrics::histogram!(super::METRIC_DURATION).record(started.elapsed().as_secs_f64());
+        match result {
+            Ok(()) => {
+                metrics::counter!(super::METRIC_RECONCILES, "result" => "success").increment(1);
+                let first = !sub.value.active;
+                let recorded = if first {
+                    self.repo.activate_subscription(sub, sync_id).await?
+                } else {
+                    self.repo.set_subscription_sync_id(sub, sync_id).await?
+                };
+                if recorded == Recorded::Stale {
+                    tracing::info!("subscription changed during reconcile; deciding again");
+                    return Ok(Next::Again { failures: 0 });
+                }
+                let what = if first { "subscription activated" } else { "subscription reconciled" };
+                tracing::info!(result = "success", "{what}");
+                Ok(Next::Done)
+            }
+            Err(ReconcileError::Pipeline(PipelineError::Cancelled)) => {
+                metrics::counter!(super::METRIC_RECONCILES, "result" => "cancelled").increment(1);
+                tracing::info!("reconcile stopped between steps: shutting down");
+                Ok(Next::Done)
+            }
+            Err(e) => {
+                metrics::counter!(super::METRIC_RECONCILES, "result" => "error").increment(1);
+                failures += 1;
+                tracing::warn!(result = "error", attempt = failures, error = %e, "reconcile failed");
+                let after = match self.repo.mark_subscription_error(sub).await? {
+                    Recorded::Stale => {
+                        tracing::info!("subscription changed during reconcile; deciding again");
+                        return Ok(Next::Again { failures: 0 });
                     }
+                    Recorded::Written(revision) => revision,
+                    Recorded::Unchanged => sub.revision,
+                };
+                if failures >= ATTEMPTS_PER_DECISION {
+                    let attempt = Attempt { subscription_revision: after, registration_revision: reg.revision };
+                    self.record_attempt(&sub.value.namespace, &sub.value.api, &attempt).await?;
+                    tracing::warn!("giving up until the subscription or its registration is written again");
+                    return Ok(Next::Done);
                 }
-                Err(ReconcileError::Pipeline(PipelineError::Cancelled)) => {
-                    metrics::counter!(super::METRIC_RECONCILES, "result" => "cancelled").increment(1);
-                    tracing::info!("reconcile stopped between steps: shutting down");
-                    return Ok(());
-                }
-                Err(e) => {
-                    metrics::counter!(super::METRIC_RECONCILES, "result" => "error").increment(1);
-                    failures += 1;
-                    tracing::warn!(result = "error", attempt = failures, error = %e, "reconcile failed");
-                    let after = match self.repo.mark_subscription_error(&sub).await? {
-                        Recorded::Stale => {
-                            tracing::info!("subscription changed during reconcile; deciding again");
-                            failures = 0;
-                            continue;
-                        }
-                        Recorded::Written(revision) => revision,
-                        Recorded::Unchanged => sub.revision,
-                    };
-                    if failures >= ATTEMPTS_PER_DECISION {
-                        let attempt = Attempt { subscription_revision: after, registration_revision: reg.revision };
-                        self.record_attempt(namespace, api, &attempt).await?;
-                        tracing::warn!("giving up until the subscription or its registration is written again");
-                        return Ok(());
-                    }
-                    tracing::info!("retrying once right away");
-                }
+                tracing::info!("retrying once right away");
+                Ok(Next::Again { failures })
             }
         }
     }
