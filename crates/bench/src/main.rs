@@ -9,6 +9,9 @@
 //! Measured per backend (local SQLite file, a private etcd):
 //! - raw store creates, 1 and 32 in flight;
 //! - `Repository` typed creates (JSON encoding + key layout), same concurrency;
+//! - the catalog API over HTTP (authentication, RBAC, validation, JSON,
+//!   axum): `POST /namespaces` and `GET /namespaces/{name}`, 32 in flight,
+//!   against raw creates and gets at the same concurrency;
 //! - reconciler fan-out: after a SyncID bump, reconciles completed per
 //!   second (placeholder mode: the cost is kayra's, not a backend's),
 //!   against raw compare-and-swap updates of the same records.
@@ -74,7 +77,57 @@ async fn run(backend: &str, store: Store, args: &Args) -> anyhow::Result<()> {
         .await?;
         row(&format!("Repository create, {inflight} in flight"), typed, raw);
     }
+    api(backend, store.clone(), args).await?;
     fan_out(backend, store, args).await
+}
+
+/// The catalog API on a real server on loopback, against the raw store.
+async fn api(backend: &str, store: Store, args: &Args) -> anyhow::Result<()> {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let token = "bench-admin-token-0123456789abcdef0123456789";
+    let mut config = kayra_config::Config::default();
+    config.auth.bootstrap_token = token.into();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let base = format!("http://{}/apis/catalog.example.com/v1/namespaces", listener.local_addr()?);
+    let cancel = CancellationToken::new();
+    let server = tokio::spawn(kayra_server::run(config, store.clone(), listener, cancel.clone().cancelled_owned()));
+    let http = reqwest::Client::new();
+    kayra_testkit::eventually("api up", || async {
+        http.get(&base).bearer_auth(token).send().await.is_ok_and(|r| r.status().is_success())
+    })
+    .await;
+
+    let raw_create = rate(args.ops, 32, |i| {
+        let store = store.clone();
+        async move { store.create(&format!("/bench/api-raw/{i:08}"), vec![b'x'; 64]).await.map(|_| ()) }
+    })
+    .await?;
+    let api_create = rate(args.ops, 32, |i| {
+        let (http, base) = (http.clone(), base.clone());
+        async move {
+            let r =
+                http.post(&base).bearer_auth(token).json(&serde_json::json!({"name": format!("b{i}")})).send().await?;
+            r.error_for_status().map(|_| ())
+        }
+    })
+    .await?;
+    println!("| {backend} | raw store create, 32 in flight | {raw_create:.0} | 1.00 |");
+    println!("| {backend} | API POST /namespaces, 32 in flight | {api_create:.0} | {:.2} |", api_create / raw_create);
+    let raw_get = rate(args.ops, 32, |i| {
+        let store = store.clone();
+        async move { store.get(&format!("/bench/api-raw/{i:08}")).await.map(|_| ()) }
+    })
+    .await?;
+    let api_get = rate(args.ops, 32, |i| {
+        let (http, base) = (http.clone(), base.clone());
+        async move { http.get(format!("{base}/b{i}")).bearer_auth(token).send().await?.error_for_status().map(|_| ()) }
+    })
+    .await?;
+    println!("| {backend} | raw store get, 32 in flight | {raw_get:.0} | 1.00 |");
+    println!("| {backend} | API GET /namespaces/{{name}}, 32 in flight | {api_get:.0} | {:.2} |", api_get / raw_get);
+    cancel.cancel();
+    server.await??;
+    Ok(())
 }
 
 /// Ops per second of `ops` calls of `op`, `inflight` at a time.

@@ -26,6 +26,7 @@ pub async fn serve(
     cancel: CancellationToken,
 ) {
     let metrics = kayra_server::metrics::handle();
+    tokio::spawn(kayra_server::metrics::upkeep(metrics.clone(), cancel.clone()));
     let app = Router::new()
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(readyz))

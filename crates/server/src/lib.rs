@@ -119,7 +119,7 @@ pub async fn run(
     };
 
     let stopping = CancellationToken::new();
-    let upkeep = tokio::spawn(upkeep(state.metrics.clone(), stopping.clone()));
+    let upkeep = tokio::spawn(metrics::upkeep(state.metrics.clone(), stopping.clone()));
     let app = router(state);
     let signal = {
         let stopping = stopping.clone();
@@ -152,15 +152,4 @@ pub async fn run(
     stopping.cancel();
     let _ = upkeep.await;
     result
-}
-
-/// Folds histogram samples in periodically, so memory stays bounded even
-/// when nobody scrapes `/metrics`.
-async fn upkeep(handle: PrometheusHandle, stopping: CancellationToken) {
-    loop {
-        tokio::select! {
-            () = stopping.cancelled() => return,
-            () = tokio::time::sleep(metrics::UPKEEP_INTERVAL) => handle.run_upkeep(),
-        }
-    }
 }

@@ -18,6 +18,7 @@ use axum::extract::{MatchedPath, Request};
 use axum::middleware::Next;
 use axum::response::Response;
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use tokio_util::sync::CancellationToken;
 
 /// Counter: requests by `method`, `route` and `code`.
 pub const REQUESTS: &str = "kayra_http_requests_total";
@@ -65,4 +66,15 @@ pub async fn track(request: Request, next: Next) -> Response {
         .record(started.elapsed().as_secs_f64());
     metrics::counter!(REQUESTS, "method" => method, "route" => route, "code" => code).increment(1);
     response
+}
+
+/// Folds histogram samples in periodically, so memory stays bounded even
+/// when nobody scrapes `/metrics`.
+pub async fn upkeep(handle: PrometheusHandle, stopping: CancellationToken) {
+    loop {
+        tokio::select! {
+            () = stopping.cancelled() => return,
+            () = tokio::time::sleep(UPKEEP_INTERVAL) => handle.run_upkeep(),
+        }
+    }
 }
