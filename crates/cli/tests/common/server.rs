@@ -97,4 +97,12 @@ impl Kayra {
         );
         self.cli.run(&["create", "catalog", "apiregistrations", "-d", &body]).await.ok();
     }
+
+    /// Subscribes `namespace` to `api` through the CLI and waits, with
+    /// `--until-synced`, until the reconciler has synced it.
+    pub async fn subscribe_synced(&self, namespace: &str, api: &str) {
+        self.cli.run(&["create", "catalog", "-n", namespace, "subscriptions", api]).await.ok();
+        let wait = ["get", "catalog", "-n", namespace, "subscriptions", api, "--until-synced", "--interval", "50ms"];
+        self.cli.run(&wait).await.ok();
+    }
 }

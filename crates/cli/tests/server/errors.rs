@@ -52,19 +52,7 @@ async fn server_errors_exit_2() {
     // A registration without an endpoint: the gateway answers 503 once the
     // subscription is active.
     kayra.register("core", "compute.example.com", "compute", "").await;
-    cli.run(&["create", "catalog", "-n", "core", "subscriptions", "compute.example.com"]).await.ok();
-    let wait = [
-        "get",
-        "catalog",
-        "-n",
-        "core",
-        "subscriptions",
-        "compute.example.com",
-        "--until-synced",
-        "--interval",
-        "50ms",
-    ];
-    cli.run(&wait).await.ok();
+    kayra.subscribe_synced("core", "compute.example.com").await;
     let run = cli.run(&["get", "compute", "-n", "core", "vms"]).await.expect_code(2);
     assert!(run.stderr.starts_with("Error from server (Unavailable): "), "{run:#?}");
 

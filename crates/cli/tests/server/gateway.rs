@@ -54,19 +54,7 @@ async fn short_and_long_names_reach_the_backend() {
     let cli = &kayra.cli;
     let (endpoint, seen) = backend().await;
     kayra.register("core", "compute.example.com", "compute", &endpoint).await;
-    cli.run(&["create", "catalog", "-n", "core", "subscriptions", "compute.example.com"]).await.ok();
-    let wait = [
-        "get",
-        "catalog",
-        "-n",
-        "core",
-        "subscriptions",
-        "compute.example.com",
-        "--until-synced",
-        "--interval",
-        "50ms",
-    ];
-    cli.run(&wait).await.ok();
+    kayra.subscribe_synced("core", "compute.example.com").await;
 
     let run = cli.run(&["get", "compute", "-n", "core", "vms"]).await.ok();
     assert_eq!(run.stdout, "NAME    CPUS\nweb-1   2\n");
