@@ -33,6 +33,16 @@ impl World {
         Seed(&self.repo)
     }
 
+    /// `core` subscribed to `API` (mode `api`: one POST to the backend's
+    /// `path`, at SyncID `s1`), and a reconciler running.
+    async fn one_subscription(&self, path: &str) -> common::Running {
+        let mut cfg = config();
+        self.mode(&mut cfg, "api", path);
+        self.seed().registration(API, "api", "s1").await;
+        self.seed().subscription("core", API).await;
+        start_reconciler(&self.repo, cfg)
+    }
+
     /// Adds mode `name`: one POST to the backend's `path` (a template).
     fn mode(&self, config: &mut ReconcilerConfig, name: &str, path: &str) {
         one_step_mode(config, name, &format!("{}/{path}", self.backend.base));
@@ -201,12 +211,8 @@ async fn failing_sync_is_attempted_twice_then_left_alone(kind: Kind) {
 
 async fn force_resync_racing_a_reconcile_causes_exactly_one_more(kind: Kind) {
     let w = World::new(kind).await;
-    let (repo, seed, backend) = (&w.repo, w.seed(), &w.backend);
-    let mut cfg = config();
-    w.mode(&mut cfg, "api", "hold/x");
-    seed.registration(API, "api", "s1").await;
-    seed.subscription("core", API).await;
-    let running = start_reconciler(repo, cfg);
+    let (seed, backend) = (w.seed(), &w.backend);
+    let running = w.one_subscription("hold/x").await;
     backend.wait_for("/hold/x", 1).await;
     // The reconcile is in flight; the force re-sync lands now.
     seed.force_resync("core", API).await;
@@ -223,11 +229,7 @@ async fn force_resync_racing_a_reconcile_causes_exactly_one_more(kind: Kind) {
 async fn racing_triggers_never_run_concurrently(kind: Kind) {
     let w = World::new(kind).await;
     let (repo, seed, backend) = (&w.repo, w.seed(), &w.backend);
-    let mut cfg = config();
-    w.mode(&mut cfg, "api", "hold/x");
-    seed.registration(API, "api", "s1").await;
-    seed.subscription("core", API).await;
-    let running = start_reconciler(repo, cfg);
+    let running = w.one_subscription("hold/x").await;
     backend.wait_for("/hold/x", 1).await;
     backend.release(1);
     eventually("synced s1", || synced(&seed, "core", API, "s1")).await;
@@ -287,12 +289,8 @@ async fn idle_reconciler_writes_nothing_and_calls_nothing(kind: Kind) {
 
 async fn stop_waits_for_in_flight_reconciles(kind: Kind) {
     let w = World::new(kind).await;
-    let (repo, seed, backend) = (&w.repo, w.seed(), &w.backend);
-    let mut cfg = config();
-    w.mode(&mut cfg, "api", "hold/x");
-    seed.registration(API, "api", "s1").await;
-    seed.subscription("core", API).await;
-    let running = start_reconciler(repo, cfg);
+    let (seed, backend) = (w.seed(), &w.backend);
+    let running = w.one_subscription("hold/x").await;
     backend.wait_for("/hold/x", 1).await;
     let stopping = tokio::spawn(running.stop());
     tokio::time::sleep(Duration::from_millis(200)).await;
