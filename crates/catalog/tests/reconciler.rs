@@ -300,7 +300,32 @@ async fn stop_waits_for_in_flight_reconciles(kind: Kind) {
     assert!(synced(&seed, "core", API, "s1").await, "the in-flight reconcile finished and was recorded");
 }
 
+async fn reconciles_only_its_own_deployment(kind: Kind) {
+    let w = World::new(kind).await;
+    let (repo, seed) = (&w.repo, w.seed());
+    // Another deployment's records on the same store.
+    let other = Repository::new(w.store.store.clone(), "prod", "eu");
+    let other_seed = Seed(&other);
+    other_seed.registration(API, "placeholder", "p1").await;
+    other_seed.subscription("core", API).await;
+    seed.registration(API, "placeholder", "s1").await;
+    seed.subscription("core", API).await;
+    let running = start_reconciler(repo, config());
+    eventually("own subscription synced", || synced(&seed, "core", API, "s1")).await;
+    other_seed.bump(API, "p2").await;
+    seed.bump(API, "s2").await;
+    eventually("own subscription synced to s2", || synced(&seed, "core", API, "s2")).await;
+    let theirs = other_seed.get("core", API).await;
+    assert!(
+        !theirs.active && theirs.current_sync_id.is_empty(),
+        "touched another deployment's subscription: {theirs:?}"
+    );
+    assert_eq!(theirs.state, SubscriptionState::Init);
+    running.stop().await;
+}
+
 both_backends!(
+    reconciles_only_its_own_deployment,
     activates_namespaces_and_new_subscriptions,
     ongoing_action_reaches_active_subscribers_only,
     mode_resolution,
