@@ -82,12 +82,22 @@ impl Default for Config {
 pub struct ServerConfig {
     pub listen: String,
     pub max_body_bytes: usize,
+    /// A request head must be complete within this, else the connection is closed.
+    pub request_header_timeout: Duration,
+    /// An idle keep-alive connection is closed after this.
+    pub idle_timeout: Duration,
     pub tls: Option<ServerTls>,
 }
 
 impl Default for ServerConfig {
     fn default() -> Self {
-        Self { listen: "127.0.0.1:8080".into(), max_body_bytes: 1_048_576, tls: None }
+        Self {
+            listen: "127.0.0.1:8080".into(),
+            max_body_bytes: 1_048_576,
+            request_header_timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(120),
+            tls: None,
+        }
     }
 }
 
@@ -106,11 +116,34 @@ pub struct ServerTls {
 pub struct DatabaseConfig {
     pub local: Option<LocalConfig>,
     pub etcd: Option<EtcdConfig>,
+    /// Deadline of every store call, all retries included; past it the
+    /// call fails as unavailable (the API answers 503).
+    #[serde(default = "default_request_timeout")]
+    pub request_timeout: Duration,
+}
+
+/// Default for `database.request_timeout`.
+pub const DEFAULT_REQUEST_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
+fn default_request_timeout() -> Duration {
+    Duration(DEFAULT_REQUEST_TIMEOUT)
 }
 
 impl Default for DatabaseConfig {
     fn default() -> Self {
-        Self { local: Some(LocalConfig::default()), etcd: None }
+        Self::local(LocalConfig::default())
+    }
+}
+
+impl DatabaseConfig {
+    /// The local store, with the default request timeout.
+    pub fn local(local: LocalConfig) -> Self {
+        Self { local: Some(local), etcd: None, request_timeout: default_request_timeout() }
+    }
+
+    /// etcd, with the default request timeout.
+    pub fn etcd(etcd: EtcdConfig) -> Self {
+        Self { local: None, etcd: Some(etcd), request_timeout: default_request_timeout() }
     }
 }
 
@@ -199,9 +232,72 @@ pub struct ReconcilerConfig {
     pub default_mode: String,
     pub async_ack_timeout: Duration,
     pub wait_poll_interval: Duration,
+    /// Runs kept per subscription (platform §4.4); 0 keeps none.
+    pub run_history: usize,
+    /// Async requests a process keeps open after their ack; past it the
+    /// oldest is abandoned.
+    pub max_detached_requests: usize,
+    /// A newer SyncID stops a run still working toward an older one.
+    pub supersede: bool,
+    /// Mode name → limits on its pipelines (platform §7).
+    pub limits: BTreeMap<String, ModeLimits>,
+    /// Secret name → where its value is read from, afresh at every run.
+    pub secrets: BTreeMap<String, SecretSource>,
     /// Mode name → HTTP step pipeline.
     pub mode: BTreeMap<String, Vec<Step>>,
 }
+
+/// `reconciler.limits.<mode>`: either key may be left out.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModeLimits {
+    /// Pipelines of the mode running at once (fleet-wide on etcd).
+    #[serde(default)]
+    pub max_in_flight: Option<usize>,
+    /// Pipeline starts of the mode in any 60 s (fleet-wide on etcd).
+    #[serde(default)]
+    pub per_minute: Option<usize>,
+}
+
+/// `reconciler.secrets.<name>`: exactly one of `env` / `file`.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(try_from = "RawSecretSource")]
+pub enum SecretSource {
+    /// The value of this environment variable.
+    Env(String),
+    /// The contents of this file, less one trailing newline.
+    File(PathBuf),
+}
+
+/// The file form of a [`SecretSource`], before "exactly one" is checked.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawSecretSource {
+    #[serde(default)]
+    env: Option<String>,
+    #[serde(default)]
+    file: Option<PathBuf>,
+}
+
+impl TryFrom<RawSecretSource> for SecretSource {
+    type Error = String;
+    fn try_from(raw: RawSecretSource) -> Result<Self, String> {
+        match (raw.env, raw.file) {
+            (Some(env), None) => Ok(Self::Env(env)),
+            (None, Some(file)) => Ok(Self::File(file)),
+            _ => Err("set exactly one of env and file".into()),
+        }
+    }
+}
+
+/// Upper bound of `reconciler.max_concurrent_reconciles`.
+pub const MAX_CONCURRENT_RECONCILES_LIMIT: usize = 10_000;
+/// Default for `reconciler.run_history`.
+pub const DEFAULT_RUN_HISTORY: usize = 20;
+/// Upper bound of `reconciler.run_history`.
+pub const MAX_RUN_HISTORY: usize = 1_000;
+/// Default for `reconciler.max_detached_requests`.
+pub const DEFAULT_MAX_DETACHED_REQUESTS: usize = 1_000;
 
 impl Default for ReconcilerConfig {
     fn default() -> Self {
@@ -211,6 +307,11 @@ impl Default for ReconcilerConfig {
             default_mode: String::new(),
             async_ack_timeout: Duration(ASYNC_STEP_ACK_TIMEOUT),
             wait_poll_interval: Duration(WAIT_POLL_INTERVAL),
+            run_history: DEFAULT_RUN_HISTORY,
+            max_detached_requests: DEFAULT_MAX_DETACHED_REQUESTS,
+            supersede: true,
+            limits: BTreeMap::new(),
+            secrets: BTreeMap::new(),
             mode: BTreeMap::new(),
         }
     }
@@ -298,11 +399,25 @@ impl Config {
     /// Checks the rules serde cannot express.
     pub fn validate(&self) -> Result<(), Error> {
         let invalid = |key: &str, message: &str| Error::Invalid { key: key.into(), message: message.into() };
-        if self.platform.is_empty() {
-            return Err(invalid("platform", "must not be empty"));
+        for (key, value) in [("platform", &self.platform), ("region", &self.region)] {
+            if !kayra_core::names::is_label(value) {
+                return Err(Error::Invalid {
+                    key: key.into(),
+                    message: format!(
+                        "{value:?} is not a DNS label (lower-case letters, digits and '-', at most 63, \
+                         starting and ending with a letter or digit)"
+                    ),
+                });
+            }
         }
-        if self.region.is_empty() {
-            return Err(invalid("region", "must not be empty"));
+        if self.database.request_timeout.0.is_zero() {
+            return Err(invalid("database.request_timeout", "must be greater than zero"));
+        }
+        if self.server.request_header_timeout.0.is_zero() {
+            return Err(invalid("server.request_header_timeout", "must be greater than zero"));
+        }
+        if self.server.idle_timeout.0.is_zero() {
+            return Err(invalid("server.idle_timeout", "must be greater than zero"));
         }
         match (&self.database.local, &self.database.etcd) {
             (Some(_), Some(_)) => {
@@ -329,8 +444,42 @@ impl Config {
         if self.server.max_body_bytes == 0 {
             return Err(invalid("server.max_body_bytes", "must be greater than zero"));
         }
-        if self.reconciler.max_concurrent_reconciles == 0 {
-            return Err(invalid("reconciler.max_concurrent_reconciles", "must be at least 1"));
+        if !(1..=MAX_CONCURRENT_RECONCILES_LIMIT).contains(&self.reconciler.max_concurrent_reconciles) {
+            return Err(Error::Invalid {
+                key: "reconciler.max_concurrent_reconciles".into(),
+                message: format!("must be between 1 and {MAX_CONCURRENT_RECONCILES_LIMIT}"),
+            });
+        }
+        if self.reconciler.run_history > MAX_RUN_HISTORY {
+            return Err(Error::Invalid {
+                key: "reconciler.run_history".into(),
+                message: format!("must be between 0 and {MAX_RUN_HISTORY}"),
+            });
+        }
+        if self.reconciler.max_detached_requests == 0 {
+            return Err(invalid("reconciler.max_detached_requests", "must be at least 1"));
+        }
+        for (mode, limits) in &self.reconciler.limits {
+            for (name, value) in [("max_in_flight", limits.max_in_flight), ("per_minute", limits.per_minute)] {
+                if value == Some(0) {
+                    return Err(Error::Invalid {
+                        key: format!("reconciler.limits.{mode}.{name}"),
+                        message: "must be at least 1".into(),
+                    });
+                }
+            }
+        }
+        for (name, source) in &self.reconciler.secrets {
+            let empty = match source {
+                SecretSource::Env(var) => var.is_empty(),
+                SecretSource::File(path) => path.as_os_str().is_empty(),
+            };
+            if empty {
+                return Err(Error::Invalid {
+                    key: format!("reconciler.secrets.{name}"),
+                    message: "names no environment variable or file".into(),
+                });
+            }
         }
         if self.reconciler.wait_poll_interval.0.is_zero() {
             return Err(invalid("reconciler.wait_poll_interval", "must be greater than zero"));
@@ -458,6 +607,46 @@ reconciler:
             "reconciler:\n  mode:\n    api:\n      - method: get\n        endpoint: x\n      - method: fetch\n        endpoint: x\n",
         );
         assert!(e.contains("reconciler.mode.api[1].method"), "{e}");
+    }
+
+    #[test]
+    fn new_keys_parse_with_defaults() {
+        let c = Config::parse(
+            "server:\n  request_header_timeout: 3s\n  idle_timeout: 30s\ndatabase:\n  request_timeout: 2s\n  local: {}\n\
+             reconciler:\n  run_history: 5\n  max_detached_requests: 10\n  supersede: false\n  limits:\n    trigger: {max_in_flight: 2}\n\
+             \x20 secrets:\n    gitlab: {env: GITLAB_TOKEN}\n    other: {file: /run/secrets/x}\n",
+            "t",
+        )
+        .unwrap();
+        c.validate().unwrap();
+        assert_eq!(c.server.request_header_timeout.0, std::time::Duration::from_secs(3));
+        assert_eq!(c.database.request_timeout.0, std::time::Duration::from_secs(2));
+        assert_eq!(c.reconciler.run_history, 5);
+        assert!(!c.reconciler.supersede);
+        assert_eq!(c.reconciler.limits["trigger"], ModeLimits { max_in_flight: Some(2), per_minute: None });
+        assert_eq!(c.reconciler.secrets["gitlab"], SecretSource::Env("GITLAB_TOKEN".into()));
+        let d = Config::default();
+        assert_eq!(d.database.request_timeout.0, DEFAULT_REQUEST_TIMEOUT);
+        assert_eq!((d.reconciler.run_history, d.reconciler.max_detached_requests), (20, 1000));
+        assert!(d.reconciler.supersede);
+    }
+
+    #[test]
+    fn out_of_range_values_are_named() {
+        let e = err("reconciler:\n  max_concurrent_reconciles: 4611686018427387904\n");
+        assert!(e.contains("max_concurrent_reconciles"), "{e}");
+        let e = err("reconciler:\n  max_concurrent_reconciles: 10001\n");
+        assert!(e.contains("max_concurrent_reconciles"), "{e}");
+        let e = err("reconciler:\n  limits:\n    trigger: {per_minute: 0}\n");
+        assert!(e.contains("reconciler.limits.trigger.per_minute"), "{e}");
+        let e = err("reconciler:\n  secrets:\n    x: {env: A, file: /b}\n");
+        assert!(e.contains("secrets"), "{e}");
+        let e = err("platform: prod/eu\n");
+        assert!(e.contains("platform"), "{e}");
+        let e = err("region: EU\n");
+        assert!(e.contains("region"), "{e}");
+        let e = err("database:\n  request_timeout: 0s\n  local: {}\n");
+        assert!(e.contains("database.request_timeout"), "{e}");
     }
 
     #[test]

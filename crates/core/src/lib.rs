@@ -11,8 +11,10 @@
 
 pub mod names;
 pub mod resources;
+pub mod runs;
 
 pub use resources::*;
+pub use runs::{Run, RunResult, RunStep, RunTrigger};
 
 /// The API group of kayra's own catalog API.
 pub const CATALOG_API: &str = "catalog.example.com";

@@ -20,7 +20,8 @@ const LABEL_RULE: &str =
     "must be a DNS label: lowercase letters, digits and '-', starting and ending with a letter or digit";
 const SUBDOMAIN_RULE: &str = "must be a DNS subdomain with at least one dot: dot-separated DNS labels";
 
-fn is_label(s: &str) -> bool {
+/// Whether `s` is a DNS label: `[a-z0-9]([-a-z0-9]*[a-z0-9])?`, at most 63.
+pub fn is_label(s: &str) -> bool {
     let b = s.as_bytes();
     !b.is_empty()
         && b.len() <= 63

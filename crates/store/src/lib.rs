@@ -19,6 +19,9 @@
 pub mod etcd;
 pub mod local;
 pub mod testsuite;
+pub mod txn;
+
+pub use txn::{Compare, Op, Txn, TxnResponse};
 
 use std::sync::Arc;
 
@@ -101,6 +104,28 @@ impl Event {
 /// present (at its current revision) before resuming, so a consumer that
 /// treats puts idempotently loses nothing but intermediate deletes' timing.
 pub type WatchStream = BoxStream<'static, Event>;
+
+/// What a consumer of [`Store::watcher`] sees (kube-runtime's `watcher`
+/// events): a list as `Init`, `InitApply`…, `InitDone`, then changes. A
+/// re-list (a compacted revision, a trimmed change log, a lost position)
+/// is `Init`…`InitDone` again: the consumer replaces its whole view at
+/// `InitDone`, so it learns of every delete it missed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WatcherEvent {
+    /// A (re-)list starts; buffer `InitApply`s until `InitDone`.
+    Init,
+    /// One key present at the list's revision.
+    InitApply(KeyValue),
+    /// The list is complete at this revision; replace the view.
+    InitDone { revision: Revision },
+    /// A key was created or updated.
+    Apply(KeyValue),
+    /// A key was deleted at `revision`.
+    Delete { key: String, revision: Revision },
+    /// Nothing under the prefix changed up to `revision` (etcd progress
+    /// notification; the local poll): the view is current as of it.
+    Progress { revision: Revision },
+}
 
 /// What a backend implements. Private in spirit: use [`Store`].
 #[async_trait]

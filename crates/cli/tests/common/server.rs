@@ -45,10 +45,8 @@ impl Kayra {
     async fn start_inner(reconcile: bool) -> Kayra {
         let _ = rustls::crypto::ring::default_provider().install_default();
         let dir = tempfile::tempdir().expect("temp dir");
-        let mut config = Config {
-            database: DatabaseConfig { local: Some(kayra_testkit::local_config(dir.path())), etcd: None },
-            ..Config::default()
-        };
+        let mut config =
+            Config { database: DatabaseConfig::local(kayra_testkit::local_config(dir.path())), ..Config::default() };
         config.auth.bootstrap_token = ADMIN_TOKEN.into();
         let store = Store::open(&config.database).await.expect("open store");
         let repo = Repository::new(store.clone(), &config.platform, &config.region);

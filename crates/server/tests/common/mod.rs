@@ -97,11 +97,11 @@ impl Server {
             Backend::Local => {
                 let dir = tempfile::tempdir().expect("temp dir");
                 let local = kayra_testkit::local_config(dir.path());
-                (DatabaseConfig { local: Some(local), etcd: None }, Keep::Dir(dir))
+                (DatabaseConfig::local(local), Keep::Dir(dir))
             }
             Backend::Etcd => {
                 let etcd = kayra_testkit::Etcd::start().await;
-                let database = DatabaseConfig { local: None, etcd: Some(etcd.config("/kayra")) };
+                let database = DatabaseConfig::etcd(etcd.config("/kayra"));
                 (database, Keep::Etcd(Box::new(tokio::sync::Mutex::new(etcd))))
             }
         };
