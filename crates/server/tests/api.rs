@@ -7,6 +7,7 @@
 mod common;
 
 mod api {
+    mod atomicity;
     mod auth;
     mod concurrency;
     mod deployments;

@@ -263,6 +263,16 @@ fn apply(tx: &rusqlite::Transaction<'_>, txn: &Txn, retain: i64) -> rusqlite::Re
                     .optional()?
                     .is_none()
             }
+            Compare::PrefixUnchangedSince(prefix, revision) => {
+                let (lo, hi) = bounds(prefix);
+                tx.query_row(
+                    "SELECT 1 FROM kv WHERE key >= ?1 AND key < ?2 AND mod_rev > ?3 LIMIT 1",
+                    params![lo, hi, revision],
+                    |_| Ok(()),
+                )
+                .optional()?
+                .is_none()
+            }
         };
         if !holds {
             succeeded = false;
