@@ -188,7 +188,7 @@ impl Store {
     pub async fn open(config: &kayra_config::DatabaseConfig) -> Result<Self> {
         match (&config.local, &config.etcd) {
             (Some(local), None) => Ok(Self::new(local::LocalStore::open(&local.path, local.poll_interval.0)?)),
-            (None, Some(etcd)) => Ok(Self::new(etcd::EtcdStore::connect(etcd).await?)),
+            (None, Some(etcd)) => Ok(Self::new(etcd::EtcdStore::connect_within(etcd, config.request_timeout.0).await?)),
             _ => Err(Error::Unavailable("exactly one of database.local / database.etcd must be set".into())),
         }
     }
