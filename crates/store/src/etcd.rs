@@ -147,14 +147,10 @@ impl EtcdStore {
         Ok(Self { keys, locker, shutdown: CancellationToken::new() })
     }
 
-    /// The member calls go to now (its endpoint without user info).
-    pub fn endpoint_in_use(&self) -> String {
-        self.keys.cluster.pinned_endpoint()
-    }
-
-    /// The members whose last health check passed.
-    pub fn healthy_endpoints(&self) -> Vec<String> {
-        self.keys.cluster.healthy_endpoints()
+    /// A view of which members this store uses and finds healthy; it
+    /// stays valid after the store is moved into a [`crate::Store`].
+    pub fn endpoints(&self) -> Endpoints {
+        Endpoints(self.keys.cluster.clone())
     }
 
     /// The job locker of this store (also reachable as [`Backend::job_locker`]).
@@ -182,6 +178,22 @@ fn tls_options(tls: &kayra_config::EtcdTls) -> Result<TlsOptions> {
         }
     }
     Ok(options)
+}
+
+/// Which cluster members an [`EtcdStore`] uses (endpoints without user info).
+#[derive(Clone)]
+pub struct Endpoints(Cluster);
+
+impl Endpoints {
+    /// The member calls go to now.
+    pub fn in_use(&self) -> String {
+        self.0.pinned_endpoint()
+    }
+
+    /// The members whose last health check passed.
+    pub fn healthy(&self) -> Vec<String> {
+        self.0.healthy_endpoints()
+    }
 }
 
 /// An etcd client bound to kayra's root: maps API keys to etcd keys and back.
