@@ -56,15 +56,15 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use etcd_client::{
-    Certificate, Compare, CompareOp, ConnectOptions, GetOptions, Identity, ResponseHeader, TlsOptions, Txn, TxnOp,
-    TxnOpResponse, TxnResponse,
+    Certificate, Compare, CompareOp, ConnectOptions, DeleteOptions, GetOptions, Identity, ResponseHeader, TlsOptions,
+    Txn, TxnOp, TxnOpResponse, TxnResponse,
 };
 use kayra_config::EtcdConfig;
 
 use self::cluster::{Attempted, Cluster};
 use tokio_util::sync::CancellationToken;
 
-use crate::{Backend, Error, JobLocker, KeyValue, ListPage, Result, Revision, WatchStream};
+use crate::{Backend, ChangeStream, Error, JobLocker, KeyValue, ListPage, Result, Revision, WatchStream};
 
 /// The environment variable holding the password of `database.etcd.username`.
 pub const PASSWORD_ENV: &str = "KAYRA_ETCD_PASSWORD";
@@ -236,6 +236,41 @@ impl Keyspace {
         self.cluster.txn(txn).await
     }
 
+    /// The etcd compares of one [`crate::Compare`].
+    fn compare(&self, compare: &crate::Compare) -> Vec<Compare> {
+        use crate::Compare as C;
+        match compare {
+            C::Absent(key) => vec![Compare::create_revision(self.full(key), CompareOp::Equal, 0)],
+            C::Exists(key) => vec![Compare::create_revision(self.full(key), CompareOp::Greater, 0)],
+            // etcd reports a missing key's mod_revision as 0: require existence too.
+            C::ModRevision(key, revision) => vec![
+                Compare::create_revision(self.full(key), CompareOp::Greater, 0),
+                Compare::mod_revision(self.full(key), CompareOp::Equal, *revision),
+            ],
+            // A range compare holds when it holds for every key in the range,
+            // and an empty range compares as one absent key (create_revision 0):
+            // `create_revision < 1` holds exactly when no key is in the range.
+            C::PrefixEmpty(prefix) => {
+                let (start, end) = self.range(prefix);
+                vec![Compare::create_revision(start, CompareOp::Less, 1).with_range(end)]
+            }
+        }
+    }
+
+    /// The etcd operation of one [`crate::Op`].
+    fn op(&self, op: &crate::Op) -> TxnOp {
+        use crate::Op as O;
+        match op {
+            O::Put { key, value } => TxnOp::put(self.full(key), value.clone(), None),
+            O::Delete { key } => TxnOp::delete(self.full(key), None),
+            O::DeletePrefix { prefix } => {
+                let (start, end) = self.range(prefix);
+                TxnOp::delete(start, Some(DeleteOptions::new().with_range(end)))
+            }
+            O::Get { key } => TxnOp::get(self.full(key), None),
+        }
+    }
+
     /// Every key in `[start, end)` at one revision, read page by page.
     async fn snapshot(&self, start: &[u8], end: &[u8]) -> Result<(Vec<KeyValue>, Revision)> {
         const PAGE: i64 = 1000;
@@ -397,6 +432,42 @@ impl Backend for EtcdStore {
         let options = GetOptions::new().with_count_only();
         let resp = self.keys.cluster.get(self.keys.root.clone(), Some(options)).await?;
         revision_of(resp.header())
+    }
+
+    async fn txn(&self, txn: crate::Txn) -> Result<crate::TxnResponse> {
+        let compares: Vec<Compare> = txn.compares.iter().flat_map(|c| self.keys.compare(c)).collect();
+        let success: Vec<TxnOp> = txn.success.iter().map(|op| self.keys.op(op)).collect();
+        let failure: Vec<TxnOp> = txn.failure.iter().map(|op| self.keys.op(op)).collect();
+        let Attempted { value: resp, ambiguous } =
+            self.keys.txn(Txn::new().when(compares).and_then(success).or_else(failure)).await?;
+        if ambiguous && !resp.succeeded() {
+            // The compares failed on a retry, perhaps because the earlier
+            // attempt applied the success branch: no general check can
+            // tell, so say "unknown" rather than "the compares failed".
+            return Err(Error::Unavailable(
+                "etcd transaction: outcome unknown (a member failed while it ran; the retry found the compares \
+                 false)"
+                    .into(),
+            ));
+        }
+        let gets = resp
+            .op_responses()
+            .into_iter()
+            .filter_map(|op| match op {
+                TxnOpResponse::Get(get) => Some(get.kvs().first().and_then(|kv| self.keys.record(kv))),
+                _ => None,
+            })
+            .collect();
+        Ok(crate::TxnResponse { succeeded: resp.succeeded(), revision: revision_of(resp.header())?, gets })
+    }
+
+    async fn snapshot(&self, prefix: &str) -> Result<(Vec<KeyValue>, Revision)> {
+        let (start, end) = self.keys.range(prefix);
+        self.keys.snapshot(&start, &end).await
+    }
+
+    async fn changes(&self, prefix: &str, from: Revision) -> Result<ChangeStream> {
+        watcher::changes(self.keys.clone(), prefix, from, self.shutdown.child_token()).await
     }
 
     fn job_locker(&self) -> Option<Arc<dyn JobLocker>> {
