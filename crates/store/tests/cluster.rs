@@ -269,3 +269,44 @@ async fn write_until_done(store: &Store, key: &str) -> i64 {
         }
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_watcher_resumes_on_another_member_without_a_relist_or_a_repeat() {
+    use kayra_store::WatcherEvent;
+    let mut cluster = EtcdCluster::start().await;
+    let watching = Store::new(connect(&cluster).await).with_request_timeout(REQUEST_TIMEOUT);
+    let mut config = cluster.config("/kayra", LOCK_TTL);
+    config.endpoints.remove(0);
+    let writer = Store::new(EtcdStore::connect_within(&config, REQUEST_TIMEOUT).await.expect("writer"));
+    writer.create("/w/before", b"x".to_vec()).await.expect("create");
+    let mut events = watching.watcher("/w/");
+    // The initial list.
+    assert_eq!(next_watcher_event(&mut events).await, WatcherEvent::Init);
+    assert!(matches!(next_watcher_event(&mut events).await, WatcherEvent::InitApply(kv) if kv.key == "/w/before"));
+    assert!(matches!(next_watcher_event(&mut events).await, WatcherEvent::InitDone { .. }));
+
+    cluster.kill(0);
+    let mut written = BTreeSet::new();
+    for n in 0..10 {
+        let key = format!("/w/{n:03}");
+        write_until_done(&writer, &key).await;
+        written.insert(key);
+    }
+    let mut seen = BTreeSet::new();
+    while seen.len() < written.len() {
+        match next_watcher_event(&mut events).await {
+            WatcherEvent::Apply(kv) => assert!(seen.insert(kv.key.clone()), "{kv:?} delivered twice"),
+            WatcherEvent::Progress { .. } => {}
+            other => panic!("the history covers the gap, so no re-list: got {other:?}"),
+        }
+    }
+    assert_eq!(seen, written);
+}
+
+async fn next_watcher_event(
+    events: &mut futures::stream::BoxStream<'static, kayra_store::WatcherEvent>,
+) -> kayra_store::WatcherEvent {
+    use futures::StreamExt;
+    let next = tokio::time::timeout(kayra_testkit::WAIT, events.next()).await;
+    next.expect("a watcher event in time").expect("the watcher never ends")
+}
