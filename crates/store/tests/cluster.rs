@@ -310,3 +310,150 @@ async fn next_watcher_event(
     let next = tokio::time::timeout(kayra_testkit::WAIT, events.next()).await;
     next.expect("a watcher event in time").expect("the watcher never ends")
 }
+
+/// A TCP proxy in front of one member that, once armed with a needle,
+/// forwards the request containing it but loses every reply on that
+/// connection and then cuts it: the write is applied, its caller cannot
+/// know. (DATA frames of plain-text gRPC carry keys and values as is.)
+struct LossyProxy {
+    port: u16,
+    needle: Arc<std::sync::Mutex<Option<Vec<u8>>>>,
+    cuts: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl LossyProxy {
+    async fn start(upstream: String) -> LossyProxy {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind proxy");
+        let port = listener.local_addr().expect("proxy address").port();
+        let needle: Arc<std::sync::Mutex<Option<Vec<u8>>>> = Arc::default();
+        let cuts: Arc<std::sync::atomic::AtomicUsize> = Arc::default();
+        let upstream = upstream.trim_start_matches("http://").to_string();
+        let (n, c) = (needle.clone(), cuts.clone());
+        tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                let Ok(server) = tokio::net::TcpStream::connect(&upstream).await else { continue };
+                tokio::spawn(pipe(client, server, n.clone(), c.clone()));
+            }
+        });
+        LossyProxy { port, needle, cuts }
+    }
+
+    fn endpoint(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    fn lose_reply_to(&self, needle: &[u8]) {
+        *self.needle.lock().unwrap() = Some(needle.to_vec());
+    }
+
+    fn cuts(&self) -> usize {
+        self.cuts.load(Ordering::SeqCst)
+    }
+}
+
+async fn pipe(
+    client: tokio::net::TcpStream,
+    server: tokio::net::TcpStream,
+    needle: Arc<std::sync::Mutex<Option<Vec<u8>>>>,
+    cuts: Arc<std::sync::atomic::AtomicUsize>,
+) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let (mut client_rx, mut client_tx) = client.into_split();
+    let (mut server_rx, mut server_tx) = server.into_split();
+    let lost = Arc::new(AtomicBool::new(false));
+    let cut = tokio_util::sync::CancellationToken::new();
+    let up = {
+        let (lost, cut) = (lost.clone(), cut.clone());
+        async move {
+            let mut buf = vec![0u8; 64 * 1024];
+            loop {
+                let n = match client_rx.read(&mut buf).await {
+                    Ok(0) | Err(_) => return,
+                    Ok(n) => n,
+                };
+                let chunk = &buf[..n];
+                let hit = {
+                    let mut needle = needle.lock().unwrap();
+                    let hit = needle.as_ref().is_some_and(|x| chunk.windows(x.len()).any(|w| w == x.as_slice()));
+                    if hit {
+                        *needle = None;
+                    }
+                    hit
+                };
+                if hit {
+                    lost.store(true, Ordering::SeqCst);
+                    cuts.fetch_add(1, Ordering::SeqCst);
+                    let cut = cut.clone();
+                    tokio::spawn(async move {
+                        // Long enough for the member to apply the write.
+                        tokio::time::sleep(Duration::from_millis(300)).await;
+                        cut.cancel();
+                    });
+                }
+                if server_tx.write_all(chunk).await.is_err() {
+                    return;
+                }
+            }
+        }
+    };
+    let down = async move {
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            let n = match server_rx.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => n,
+            };
+            if !lost.load(Ordering::SeqCst) && client_tx.write_all(&buf[..n]).await.is_err() {
+                return;
+            }
+        }
+    };
+    tokio::select! {
+        () = up => {}
+        () = down => {}
+        () = cut.cancelled() => {}
+    }
+}
+
+/// A store whose first (preferred) member is behind `proxy`.
+async fn behind(cluster: &EtcdCluster, proxy: &LossyProxy) -> Store {
+    let mut config = cluster.config("/kayra", LOCK_TTL);
+    config.endpoints[0] = proxy.endpoint();
+    Store::new(EtcdStore::connect_within(&config, REQUEST_TIMEOUT).await.expect("connect"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writes_whose_reply_was_lost_are_reported_as_they_happened() {
+    let cluster = EtcdCluster::start().await;
+    let proxy = LossyProxy::start(cluster.endpoint(0)).await;
+    let direct = Store::new(connect(&cluster).await);
+
+    // A create applied, its reply lost: the retry finds our own value.
+    let store = behind(&cluster, &proxy).await;
+    proxy.lose_reply_to(b"value-of-the-lost-create");
+    let rev = store.create("/lost/create", b"value-of-the-lost-create".to_vec()).await.expect("not a conflict");
+    assert_eq!(proxy.cuts(), 1, "the reply was lost");
+    let (kv, _) = direct.get("/lost/create").await.expect("get");
+    let kv = kv.expect("created once");
+    assert_eq!(
+        (kv.mod_revision, kv.create_revision, kv.value.as_slice()),
+        (rev, rev, &b"value-of-the-lost-create"[..])
+    );
+
+    // A CAS update applied, its reply lost: the retry finds our own value.
+    let store = behind(&cluster, &proxy).await;
+    let base = direct.create("/lost/cas", b"before".to_vec()).await.expect("create");
+    proxy.lose_reply_to(b"value-of-the-lost-update");
+    let rev = store.update("/lost/cas", b"value-of-the-lost-update".to_vec(), base).await.expect("not a conflict");
+    assert_eq!(proxy.cuts(), 2, "the reply was lost");
+    let (kv, _) = direct.get("/lost/cas").await.expect("get");
+    assert_eq!(kv.expect("present").mod_revision, rev, "updated once");
+
+    // A create that really conflicted is still a conflict.
+    let store = behind(&cluster, &proxy).await;
+    direct.create("/lost/taken", b"theirs".to_vec()).await.expect("create");
+    proxy.lose_reply_to(b"value-of-a-conflicting-create");
+    let err = store.create("/lost/taken", b"value-of-a-conflicting-create".to_vec()).await.expect_err("conflict");
+    assert!(matches!(err, Error::Conflict(_)), "{err:?}");
+    assert_eq!(proxy.cuts(), 3, "the reply was lost");
+}
