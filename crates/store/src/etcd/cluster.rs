@@ -494,7 +494,7 @@ mod tests {
             Duration::from_millis(300),
         );
         let started = std::time::Instant::now();
-        let err = cluster.get("k", None).await.err().expect("no member is up");
+        let err = cluster.get("k", None).await.expect_err("no member is up");
         assert!(started.elapsed() < Duration::from_secs(1), "{:?}", started.elapsed());
         assert!(err.to_string().contains("within 300ms"), "{err}");
         assert!(cluster.healthy_endpoints().is_empty());
