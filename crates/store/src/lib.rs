@@ -239,7 +239,8 @@ impl Store {
             }
             (None, Some(etcd)) => {
                 // Connecting is lazy; the first call is what can hang.
-                Self::new(etcd::EtcdStore::connect(etcd).await?)
+                // The backend bounds its failover attempts by the same timeout.
+                Self::new(etcd::EtcdStore::connect_within(etcd, timeout).await?)
             }
             _ => return Err(Error::Unavailable("exactly one of database.local / database.etcd must be set".into())),
         };
