@@ -27,9 +27,9 @@ use kayra_core::{ApiRegistration, Subscription};
 use kayra_store::Revision;
 
 use super::locks::JobLocks;
-use crate::pipeline::{PipelineError, Pipelines, SubscriptionContext};
 use crate::repo::tenancy::Recorded;
 use crate::repo::{Repository, Versioned, keys};
+use kayra_pipeline::{PipelineError, Pipelines, SubscriptionContext};
 
 /// Everything a job needs; shared by every job of one reconciler.
 pub struct Worker {

@@ -7,10 +7,8 @@ use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::{HeaderMap, Method, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
-use kayra_catalog::pipeline::{
-    PipelineError, PipelineSettings, Pipelines, SubscriptionContext, ValidationError, http_client,
-};
 use kayra_config::Config;
+use kayra_pipeline::{PipelineError, PipelineSettings, Pipelines, SubscriptionContext, ValidationError, http_client};
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 

@@ -4,7 +4,7 @@ use std::collections::HashMap;
 use std::io::Write;
 use std::sync::{Arc, Mutex, PoisonError};
 
-use kayra_catalog::pipeline::PipelineError;
+use kayra_pipeline::PipelineError;
 use serde_json::{Value, json};
 
 use crate::support::*;

@@ -22,7 +22,7 @@ mod wait;
 use std::time::{Duration, Instant};
 
 use axum::http::Method;
-use kayra_catalog::pipeline::PipelineError;
+use kayra_pipeline::PipelineError;
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 

@@ -3,8 +3,8 @@
 use std::time::Duration;
 
 use axum::http::Method;
-use kayra_catalog::pipeline::{PipelineError, PipelineSettings, Pipelines, http_client};
 use kayra_config::Config;
+use kayra_pipeline::{PipelineError, PipelineSettings, Pipelines, http_client};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
