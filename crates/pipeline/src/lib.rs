@@ -18,55 +18,74 @@
 //!
 //! Each step writes exactly one event when it finishes, win or lose, with
 //! `step` (0-based index), `method`, `endpoint` (rendered), `async`,
-//! `attempts`, `status` and/or `error`, and `outputs` (compact JSON). The
-//! reconciler runs [`Pipeline::run`] inside its reconcile span, but every
-//! event here also carries `lock_id` and `sync_id` itself, so the contract's
-//! rule ("a line with `step` has `lock_id` and `sync_id`") holds whatever a
-//! formatter does with span fields.
+//! `attempts`, `status` and/or `error`, and `outputs` (compact JSON), and
+//! returns the same facts as a [`RunStep`] for the run record (platform
+//! §4.4). The reconciler runs [`Pipeline::run`] inside its reconcile span,
+//! but every event here also carries `lock_id`, `sync_id` and `run_id`
+//! itself, so the contract's rule ("a line with `step` has `lock_id` and
+//! `sync_id`") holds whatever a formatter does with span fields.
 //!
-//! Header values and request bodies are never logged or put in an error:
-//! they are where tokens live. The rendered endpoint is logged (with any
-//! userinfo password redacted); by convention it carries no secret, so
-//! tokens belong in headers, not in query strings.
+//! Header values and request bodies are never logged, recorded or put in an
+//! error: they are where tokens live. The endpoint is shown without user
+//! info, and as `<redacted>` when it contains a secret's value; an output
+//! that the next step's headers read, or that contains a secret's value, is
+//! shown as `<redacted>` (platform §2, §8). See `secrets`.
 //!
-//! # Cancellation
+//! # Stopping early
 //!
-//! A run checks its [`CancellationToken`] before each step and stops with
-//! [`PipelineError::Cancelled`] once shutdown began. The step in flight is
-//! never interrupted (platform contract §7: in-flight reconciles finish), so
-//! its outcome and log line are always complete. The price: a `wait` step
-//! still polling holds shutdown until it resolves or its `timeout` elapses.
-//! An async step's detached request is not tied to the token either; it
-//! ends with its own timeout or when the runtime shuts down.
+//! A run checks its [`RunControl`] before each step: shutdown stops it with
+//! [`PipelineError::Cancelled`], a newer SyncID with
+//! [`PipelineError::Superseded`]. A newer SyncID also ends a `wait` step's
+//! pause between two polls at once. The call in flight is never interrupted
+//! (platform §7: in-flight reconciles finish), so a step's outcome and log
+//! line are always complete; for the same reason shutdown does not cut a
+//! `wait` short, and a step still polling holds shutdown until it resolves
+//! or its `timeout` elapses. An async step's detached request is tied to
+//! neither; it ends with its own timeout, when `max_detached_requests`
+//! abandons it, or when the runtime shuts down.
 //!
 //! # Layout
-//! - this file: the public handle ([`Pipelines`], [`Pipeline::run`]) and logging.
+//! - this file: the public handle ([`Pipelines`], [`Pipeline::run`]), run
+//!   records and logging.
 //! - `step`: one compiled step; awaited, polled and async execution.
-//! - `template`: Go templates via `gotmpl`; rendering `data` recursively.
+//! - `render`: [`Pipeline::render`], what a run would send, for `kayra render`.
+//! - `template`: Go templates via `gotmpl`; rendering `data` recursively; `secret`.
+//! - `secrets`: reading `reconciler.secrets` per run; redaction.
+//! - `detached`: async requests that outlive their step, bounded.
 //! - `dotpath`: `.a.b[0]` paths into a JSON body.
 //! - `http`: the shared client, one request attempt, redaction.
 //! - `error`: [`ValidationError`], [`PipelineError`].
 
+mod detached;
 mod dotpath;
 mod error;
 mod http;
+mod render;
+mod secrets;
 mod step;
 mod template;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
+use std::sync::Arc;
 use std::time::Duration;
 
 use kayra_config::ReconcilerConfig;
+use kayra_core::RunStep;
 use tokio_util::sync::CancellationToken;
 
 pub use error::{PipelineError, ValidationError};
-pub use http::http_client;
+pub use http::{MAX_RETRY_AFTER, http_client};
+pub use render::{RenderedStep, format_rendered};
+pub use secrets::REDACTED;
 
-use step::{CompiledStep, Outcome};
+use detached::DetachedRequests;
+use secrets::{Redactor, SecretSources};
+use step::{CompiledStep, Outcome, StepEnv};
 use template::Scope;
 
-/// What the templates see as `.Subscription`, plus the slot running it.
+/// What the templates see as `.Subscription` and `.Run`, plus the slot
+/// running it.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct SubscriptionContext {
     /// The registration's long name (`.Subscription.Api`).
@@ -82,6 +101,12 @@ pub struct SubscriptionContext {
     /// The concurrency slot running this reconcile; logged on every step
     /// line, not visible to templates.
     pub lock_id: usize,
+    /// The run's id (`.Run.ID`, logged as `run_id`): an idempotency key for
+    /// backends. Not a secret.
+    pub run_id: String,
+    /// Grows each time any process takes this job's lock
+    /// (`.Run.FencingToken`, platform §7). Not a secret.
+    pub fencing_token: i64,
 }
 
 /// The timing knobs of `reconciler` that apply to every mode.
@@ -108,19 +133,51 @@ impl From<&ReconcilerConfig> for PipelineSettings {
     }
 }
 
+/// What may stop a run before its last step (see the module docs).
+#[derive(Debug, Clone, Default)]
+pub struct RunControl {
+    /// The process is shutting down: checked between steps.
+    pub shutdown: CancellationToken,
+    /// The subscription's expected SyncID moved past this run's: checked
+    /// between steps and during every pause between `wait` polls.
+    pub superseded: CancellationToken,
+}
+
+impl RunControl {
+    /// A control that only shutdown can stop.
+    pub fn new(shutdown: CancellationToken) -> Self {
+        Self { shutdown, superseded: CancellationToken::new() }
+    }
+}
+
+/// How a run went.
+#[derive(Debug)]
+pub struct PipelineReport {
+    /// `Ok` when every non-async step succeeded.
+    pub result: Result<(), PipelineError>,
+    /// One entry per step called, in order, redacted as platform §2/§8 say.
+    pub steps: Vec<RunStep>,
+    /// Set when a step was answered 429 with a `Retry-After` (the longest,
+    /// if several): no new run of this mode should start before it passes.
+    pub retry_after: Option<Duration>,
+}
+
 /// Every configured mode, compiled once at startup.
 #[derive(Debug)]
 pub struct Pipelines {
     modes: BTreeMap<String, Pipeline>,
     settings: PipelineSettings,
+    detached: Arc<DetachedRequests>,
 }
 
 impl Pipelines {
     /// Compiles every mode of `reconciler.mode`: parses every template and
-    /// checks methods, header names, literal endpoints and dot paths. The
-    /// error names mode, step index and field, e.g.
+    /// checks methods, header names, literal endpoints, dot paths and secret
+    /// names. The error names mode, step index and field, e.g.
     /// `reconciler.mode.api[1].headers.Authorization: template: 1:7: unclosed action`.
     pub fn compile(cfg: &ReconcilerConfig) -> Result<Self, ValidationError> {
+        let sources = Arc::new(SecretSources::new(&cfg.secrets));
+        let detached = DetachedRequests::new(cfg.max_detached_requests);
         let mut modes = BTreeMap::new();
         for (mode, steps) in &cfg.mode {
             let mut compiled = Vec::with_capacity(steps.len());
@@ -128,18 +185,39 @@ impl Pipelines {
                 let key = |field: &str| format!("reconciler.mode.{mode}[{index}].{field}");
                 let step_compiled = CompiledStep::compile(index, step)
                     .map_err(|(field, message)| ValidationError { key: key(&field), message })?;
+                for text in step_compiled.texts() {
+                    if let Some(name) = text.secrets().iter().find(|name| !sources.contains(name)) {
+                        return Err(ValidationError {
+                            key: key(text.field()),
+                            message: format!("unknown secret {name:?}; define it under reconciler.secrets"),
+                        });
+                    }
+                }
                 if step.is_async && !step.wait.is_empty() {
                     tracing::warn!(key = %key("wait"), "wait is ignored on an async step");
                 }
                 compiled.push(step_compiled);
             }
+            // Outputs reach the next step only; those its headers read are
+            // shown redacted.
+            for i in 1..compiled.len() {
+                compiled[i - 1].outputs_in_headers = compiled[i].header_outputs();
+            }
             // An empty list is "no steps configured": the mode keeps the
             // placeholder behaviour (seed, "Reconcile"), so it gets no pipeline.
             if !compiled.is_empty() {
-                modes.insert(mode.clone(), Pipeline { mode: mode.clone(), steps: compiled });
+                let secrets = compiled.iter().flat_map(CompiledStep::secrets).collect();
+                let pipeline = Pipeline {
+                    mode: mode.clone(),
+                    steps: compiled,
+                    secrets,
+                    sources: sources.clone(),
+                    detached: detached.clone(),
+                };
+                modes.insert(mode.clone(), pipeline);
             }
         }
-        Ok(Self { modes, settings: PipelineSettings::from(cfg) })
+        Ok(Self { modes, settings: PipelineSettings::from(cfg), detached })
     }
 
     /// The pipeline of `mode`; `None` when the mode has no steps configured,
@@ -157,12 +235,22 @@ impl Pipelines {
     pub fn modes(&self) -> impl Iterator<Item = &str> {
         self.modes.keys().map(String::as_str)
     }
+
+    /// Async requests of this process still open after their step's ack
+    /// (at most `reconciler.max_detached_requests`).
+    pub fn detached_requests(&self) -> usize {
+        self.detached.open()
+    }
 }
 
 /// One mode's steps.
 pub struct Pipeline {
     mode: String,
     steps: Vec<CompiledStep>,
+    /// Every secret name the steps read.
+    secrets: BTreeSet<String>,
+    sources: Arc<SecretSources>,
+    detached: Arc<DetachedRequests>,
 }
 
 impl Pipeline {
@@ -182,30 +270,62 @@ impl Pipeline {
 
     /// Runs every step in order for one subscription.
     ///
-    /// `Ok` when every non-async step succeeded (async steps' failures are
-    /// logged and ignored). The first failing non-async step ends the run
-    /// with its error; the steps after it are not called.
+    /// The secrets the steps use are read first; one that cannot be read
+    /// fails the run before any call. `Ok` when every non-async step
+    /// succeeded (async steps' failures are logged and ignored). The first
+    /// failing non-async step ends the run with its error; the steps after
+    /// it are not called.
     pub async fn run(
         &self,
         client: &reqwest::Client,
         ctx: &SubscriptionContext,
         settings: &PipelineSettings,
-        cancel: &CancellationToken,
-    ) -> Result<(), PipelineError> {
+        control: &RunControl,
+    ) -> PipelineReport {
+        let mut report = PipelineReport { result: Ok(()), steps: Vec::new(), retry_after: None };
+        let secrets = match self.sources.read(&self.secrets).await {
+            Ok(secrets) => secrets,
+            Err(error) => {
+                tracing::warn!(
+                    lock_id = ctx.lock_id,
+                    sync_id = %ctx.expected_sync_id,
+                    run_id = %ctx.run_id,
+                    error = %error,
+                    "pipeline not started: a secret could not be read"
+                );
+                report.result = Err(error);
+                return report;
+            }
+        };
+        let redactor = Redactor::new(&secrets);
+        let secrets = secrets.into_shared();
+        let env = StepEnv { client, ctx, settings, control, redactor: &redactor, detached: &self.detached };
         let mut previous_outputs = BTreeMap::new();
         for step in &self.steps {
-            if cancel.is_cancelled() {
+            let stop = if control.shutdown.is_cancelled() {
+                Some((PipelineError::Cancelled, "shutdown: pipeline stops before this step"))
+            } else if control.superseded.is_cancelled() {
+                Some((PipelineError::Superseded, "superseded by a newer SyncID: pipeline stops before this step"))
+            } else {
+                None
+            };
+            if let Some((error, why)) = stop {
                 tracing::info!(
                     lock_id = ctx.lock_id,
                     sync_id = %ctx.expected_sync_id,
+                    run_id = %ctx.run_id,
                     step = step.index(),
-                    "shutdown: pipeline stops before this step"
+                    "{why}"
                 );
-                return Err(PipelineError::Cancelled);
+                report.result = Err(error);
+                return report;
             }
-            let scope = Scope::new(ctx, &previous_outputs);
-            let outcome = step.run(client, scope, settings).await;
-            log_step(ctx, step, &outcome);
+            let scope = Scope::new(ctx, &previous_outputs, secrets.clone());
+            let outcome = step.run(scope, &env).await;
+            let record = record(step, &outcome, &redactor);
+            log_step(ctx, &record, outcome.result.is_ok());
+            report.steps.push(record);
+            report.retry_after = report.retry_after.max(outcome.retry_after);
             match outcome.result {
                 Ok(()) => previous_outputs = outcome.outputs,
                 Err(_) if step.is_async() => {
@@ -214,54 +334,85 @@ impl Pipeline {
                     tracing::info!(
                         lock_id = ctx.lock_id,
                         sync_id = %ctx.expected_sync_id,
+                        run_id = %ctx.run_id,
                         step = step.index(),
                         "ignoring the failure of an async step"
                     );
                     previous_outputs = BTreeMap::new();
                 }
-                Err(error) => return Err(error),
+                Err(error) => {
+                    report.result = Err(error);
+                    return report;
+                }
             }
         }
-        Ok(())
+        report
     }
 }
 
 impl fmt::Debug for Pipeline {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Pipeline").field("mode", &self.mode).field("steps", &self.steps).finish()
+        f.debug_struct("Pipeline")
+            .field("mode", &self.mode)
+            .field("steps", &self.steps)
+            .field("secrets", &self.secrets)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The step's run record: what its log line says too.
+fn record(step: &CompiledStep, outcome: &Outcome, redactor: &Redactor) -> RunStep {
+    RunStep {
+        index: step.index(),
+        method: step.method().to_string(),
+        endpoint: outcome.endpoint.clone(),
+        is_async: step.is_async(),
+        attempts: outcome.attempts,
+        status: outcome.status.map_or(0, |s| s.as_u16()),
+        error: match &outcome.result {
+            Ok(()) => String::new(),
+            Err(error) => redactor.scrub(&http::error_chain(error)),
+        },
+        duration_ms: u64::try_from(outcome.duration.as_millis()).unwrap_or(u64::MAX),
+        outputs: step.shown_outputs(&outcome.outputs, redactor),
     }
 }
 
 /// The step's one log line (see the module docs for its fields).
-fn log_step(ctx: &SubscriptionContext, step: &CompiledStep, outcome: &Outcome) {
+fn log_step(ctx: &SubscriptionContext, record: &RunStep, succeeded: bool) {
     // A map of strings always serialises.
-    let outputs = serde_json::to_string(&outcome.outputs).unwrap_or_default();
-    let status = outcome.status.map(|s| s.as_u16());
-    match &outcome.result {
-        Ok(()) => tracing::info!(
+    let outputs = serde_json::to_string(&record.outputs).unwrap_or_default();
+    let status = (record.status != 0).then_some(record.status);
+    if succeeded {
+        tracing::info!(
             lock_id = ctx.lock_id,
             sync_id = %ctx.expected_sync_id,
-            step = step.index(),
-            method = %step.method(),
-            endpoint = %outcome.endpoint,
-            "async" = step.is_async(),
-            attempts = outcome.attempts,
+            run_id = %ctx.run_id,
+            step = record.index,
+            method = %record.method,
+            endpoint = %record.endpoint,
+            "async" = record.is_async,
+            attempts = record.attempts,
             status,
+            duration_ms = record.duration_ms,
             outputs = %outputs,
             "step succeeded"
-        ),
-        Err(error) => tracing::warn!(
+        );
+    } else {
+        tracing::warn!(
             lock_id = ctx.lock_id,
             sync_id = %ctx.expected_sync_id,
-            step = step.index(),
-            method = %step.method(),
-            endpoint = %outcome.endpoint,
-            "async" = step.is_async(),
-            attempts = outcome.attempts,
+            run_id = %ctx.run_id,
+            step = record.index,
+            method = %record.method,
+            endpoint = %record.endpoint,
+            "async" = record.is_async,
+            attempts = record.attempts,
             status,
-            error = %http::error_chain(error),
+            duration_ms = record.duration_ms,
+            error = %record.error,
             outputs = %outputs,
             "step failed"
-        ),
+        );
     }
 }

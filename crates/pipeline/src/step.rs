@@ -24,8 +24,9 @@
 //! Outputs are taken from a 2xx answer's JSON body only (for `wait`, from the
 //! last answer): an error body's fields are not what a later step expects.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
+use std::sync::Arc;
 use std::time::Duration;
 
 use kayra_config::{HeaderValue as HeaderConfig, Step};
@@ -33,20 +34,39 @@ use reqwest::header::{CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue};
 use reqwest::{Method, StatusCode, Url};
 use tokio::time::Instant;
 
-use super::PipelineSettings;
 use super::dotpath::DotPath;
 use super::error::PipelineError;
-use super::http::{Answer, Prepared, redact};
-use super::template::{Data, Scope, TemplateError, Text};
+use super::http::{Answer, Prepared, shown_url};
+use super::secrets::{REDACTED, Redactor};
+use super::template::{Data, OutputUse, Scope, TemplateError, Text};
+use super::{PipelineSettings, RunControl, SubscriptionContext};
+use crate::detached::{DetachedRequests, Owner};
 
 /// A header's value template(s).
 enum HeaderTemplate {
     Plain(Text),
-    /// `{type, value}`, rendered `"<type> <value>"`.
+    /// `{type, value}` or `{type, secret}`, rendered `"<type> <value>"`.
     Typed {
         kind: Text,
         value: Text,
     },
+}
+
+impl HeaderTemplate {
+    fn texts(&self) -> Vec<&Text> {
+        match self {
+            Self::Plain(text) => vec![text],
+            Self::Typed { kind, value } => vec![kind, value],
+        }
+    }
+}
+
+/// One configured header.
+struct Header {
+    name: HeaderName,
+    /// As written in the config, for `kayra render`.
+    written: String,
+    template: HeaderTemplate,
 }
 
 /// One `wait` condition, its key parsed.
@@ -60,10 +80,10 @@ struct Condition {
 pub(crate) struct CompiledStep {
     index: usize,
     method: Method,
-    /// The endpoint as written, logged when it cannot even be rendered.
+    /// The endpoint as written, shown when it cannot even be rendered.
     endpoint_source: String,
     endpoint: Text,
-    headers: Vec<(HeaderName, HeaderTemplate)>,
+    headers: Vec<Header>,
     data: Option<Data>,
     /// Data is present and no `Content-Type` header is configured.
     default_content_type: bool,
@@ -71,18 +91,45 @@ pub(crate) struct CompiledStep {
     is_async: bool,
     outputs: Vec<(String, DotPath)>,
     wait: Vec<Condition>,
+    /// Outputs of this step that the next step's headers read: shown as
+    /// `<redacted>` (platform §8). Set by the pipeline after compiling the next step.
+    pub(crate) outputs_in_headers: OutputUse,
 }
 
-/// Everything a step's log line reports, plus the verdict.
+/// Everything a step's log line and run record report, plus the verdict.
 pub(crate) struct Outcome {
-    /// The rendered endpoint (password redacted), or its source when it
-    /// could not be rendered.
+    /// The endpoint as it may be shown: rendered without user info,
+    /// [`REDACTED`] when it holds a secret, or the source when it could not
+    /// be rendered.
     pub(crate) endpoint: String,
     pub(crate) attempts: u32,
     /// The last answer's status, when there was one.
     pub(crate) status: Option<StatusCode>,
+    /// The real values, for the next step; shown through [`CompiledStep::shown_outputs`].
     pub(crate) outputs: BTreeMap<String, String>,
     pub(crate) result: Result<(), PipelineError>,
+    /// From the first call's start to the last answer.
+    pub(crate) duration: Duration,
+    /// A 429 answer's `Retry-After`.
+    pub(crate) retry_after: Option<Duration>,
+}
+
+/// What a step's templates produced, before it becomes an HTTP request.
+pub(crate) struct Rendered {
+    pub(crate) endpoint: String,
+    /// Configured name and rendered value; the default `Content-Type` last.
+    pub(crate) headers: Vec<(String, String)>,
+    pub(crate) body: Option<serde_json::Value>,
+}
+
+/// What running a step needs besides its scope.
+pub(crate) struct StepEnv<'a> {
+    pub(crate) client: &'a reqwest::Client,
+    pub(crate) ctx: &'a SubscriptionContext,
+    pub(crate) settings: &'a PipelineSettings,
+    pub(crate) control: &'a RunControl,
+    pub(crate) redactor: &'a Redactor,
+    pub(crate) detached: &'a Arc<DetachedRequests>,
 }
 
 /// `wait`'s reading of one answer.
@@ -109,28 +156,41 @@ impl CompiledStep {
             check_url(literal).map_err(|message| ("endpoint".to_string(), message))?;
         }
 
-        let mut headers: Vec<(HeaderName, HeaderTemplate)> = Vec::new();
-        for (name, value) in &step.headers {
-            let field = format!("headers.{name}");
-            let header = HeaderName::from_bytes(name.as_bytes())
+        let mut headers: Vec<Header> = Vec::new();
+        for (written, value) in &step.headers {
+            let field = format!("headers.{written}");
+            let name = HeaderName::from_bytes(written.as_bytes())
                 .map_err(|_| (field.clone(), "not a valid HTTP header name".to_string()))?;
-            if headers.iter().any(|(seen, _)| *seen == header) {
+            if headers.iter().any(|seen| seen.name == name) {
                 return Err((field, "configured twice (header names are case-insensitive)".to_string()));
             }
             let template = match value {
                 HeaderConfig::Plain(text) => {
                     HeaderTemplate::Plain(Text::parse(&field, text, true).map_err(from_template)?)
                 }
-                HeaderConfig::Typed(typed) => HeaderTemplate::Typed {
-                    kind: Text::parse(format!("{field}.type"), &typed.kind, true).map_err(from_template)?,
-                    value: Text::parse(format!("{field}.value"), &typed.value, true).map_err(from_template)?,
-                },
+                HeaderConfig::Typed(typed) => {
+                    let value = match (&typed.value, &typed.secret) {
+                        (_, Some(secret)) => Text::secret(format!("{field}.secret"), secret),
+                        (Some(value), None) => {
+                            Text::parse(format!("{field}.value"), value, true).map_err(from_template)?
+                        }
+                        // `Step::validate` refused it already.
+                        (None, None) => return Err((field, "needs value or secret".into())),
+                    };
+                    match &typed.kind {
+                        Some(kind) => HeaderTemplate::Typed {
+                            kind: Text::parse(format!("{field}.type"), kind, true).map_err(from_template)?,
+                            value,
+                        },
+                        None => HeaderTemplate::Plain(value),
+                    }
+                }
             };
-            headers.push((header, template));
+            headers.push(Header { name, written: written.clone(), template });
         }
 
         let data = step.data.as_ref().map(|d| Data::compile("data", d)).transpose().map_err(from_template)?;
-        let default_content_type = data.is_some() && !headers.iter().any(|(name, _)| name == CONTENT_TYPE);
+        let default_content_type = data.is_some() && !headers.iter().any(|h| h.name == CONTENT_TYPE);
 
         let outputs = step
             .outputs
@@ -163,6 +223,7 @@ impl CompiledStep {
             outputs,
             // Seed: wait "is ignored there rather than made to block".
             wait: if step.is_async { Vec::new() } else { wait },
+            outputs_in_headers: OutputUse::None,
         })
     }
 
@@ -178,82 +239,146 @@ impl CompiledStep {
         self.is_async
     }
 
+    /// The output names this step declares.
+    pub(crate) fn output_names(&self) -> impl Iterator<Item = &str> {
+        self.outputs.iter().map(|(name, _)| name.as_str())
+    }
+
+    /// Every template of the step.
+    pub(crate) fn texts(&self) -> Vec<&Text> {
+        let mut texts = vec![&self.endpoint];
+        texts.extend(self.headers.iter().flat_map(|h| h.template.texts()));
+        if let Some(data) = &self.data {
+            texts.extend(data.texts());
+        }
+        texts
+    }
+
+    /// Which previous outputs the headers read.
+    pub(crate) fn header_outputs(&self) -> OutputUse {
+        let mut used = OutputUse::None;
+        for text in self.headers.iter().flat_map(|h| h.template.texts()) {
+            used.merge(text.outputs());
+        }
+        used
+    }
+
+    /// The secret names the step reads.
+    pub(crate) fn secrets(&self) -> BTreeSet<String> {
+        self.texts().into_iter().flat_map(|t| t.secrets().iter().cloned()).collect()
+    }
+
+    /// `outputs` as they may be shown: [`REDACTED`] for one the next step's
+    /// headers read or one that holds a secret.
+    pub(crate) fn shown_outputs(
+        &self,
+        outputs: &BTreeMap<String, String>,
+        redactor: &Redactor,
+    ) -> BTreeMap<String, String> {
+        outputs
+            .iter()
+            .map(|(name, value)| {
+                let hidden = self.outputs_in_headers.includes(name) || redactor.hides(value);
+                (name.clone(), if hidden { REDACTED.to_string() } else { value.clone() })
+            })
+            .collect()
+    }
+
     /// Renders and runs the step. Never returns early without an
-    /// [`Outcome`]: the caller logs every step, win or lose.
-    pub(crate) async fn run(&self, client: &reqwest::Client, scope: Scope, settings: &PipelineSettings) -> Outcome {
-        let prepared = match self.prepare(&scope) {
-            Ok(prepared) => prepared,
-            Err((endpoint, error)) => {
-                return self.outcome(endpoint, 0, None, BTreeMap::new(), Err(error));
-            }
-        };
+    /// [`Outcome`]: the caller logs and records every step, win or lose.
+    pub(crate) async fn run(&self, scope: Scope, env: &StepEnv<'_>) -> Outcome {
+        let prepared = self
+            .render(&scope)
+            .map_err(|error| (self.endpoint_source.clone(), error))
+            .and_then(|rendered| self.prepare(rendered, env.redactor));
         drop(scope);
+        let (prepared, shown) = match prepared {
+            Ok(prepared) => prepared,
+            Err((endpoint, error)) => return self.outcome(endpoint, 0, None, BTreeMap::new(), Err(error)),
+        };
         if self.is_async {
-            self.run_async(client, prepared, settings.async_ack_timeout).await
+            self.run_async(prepared, shown, env).await
         } else {
-            self.run_awaited(client, prepared, settings.wait_poll_interval).await
+            self.run_awaited(prepared, shown, env).await
         }
     }
 
-    /// Renders every template into a request; on failure, also returns the
-    /// endpoint to log.
-    fn prepare(&self, scope: &Scope) -> Result<Prepared, (String, PipelineError)> {
+    /// Executes every template (the shared half of running and of `kayra render`).
+    pub(crate) fn render(&self, scope: &Scope) -> Result<Rendered, PipelineError> {
         let step = self.index;
         let render_error = |e: TemplateError| PipelineError::Render { step, field: e.field, message: e.message };
-        let endpoint = self.endpoint.render(scope).map_err(|e| (self.endpoint_source.clone(), render_error(e)))?;
-        let url = Url::parse(&endpoint)
-            .map_err(|e| e.to_string())
-            .and_then(|url| check_url(url.as_str()).map(|()| url))
-            .map_err(|message| (endpoint.clone(), PipelineError::InvalidRequest { step, message }))?;
-        let shown = redact(&url);
-        let fail = |error: PipelineError| (shown.clone(), error);
-
-        let mut headers = HeaderMap::with_capacity(self.headers.len() + 1);
-        for (name, template) in &self.headers {
-            let text = match template {
+        let endpoint = self.endpoint.render(scope).map_err(render_error)?;
+        let mut headers = Vec::with_capacity(self.headers.len() + 1);
+        for header in &self.headers {
+            let text = match &header.template {
                 HeaderTemplate::Plain(value) => value.render(scope),
                 HeaderTemplate::Typed { kind, value } => {
                     kind.render(scope).and_then(|k| Ok(format!("{k} {}", value.render(scope)?)))
                 }
             }
-            .map_err(|e| fail(render_error(e)))?;
+            .map_err(render_error)?;
+            headers.push((header.written.clone(), text));
+        }
+        let body = self.data.as_ref().map(|data| data.render(scope)).transpose().map_err(render_error)?;
+        if body.is_some() && self.default_content_type {
+            headers.push(("Content-Type".to_string(), "application/json".to_string()));
+        }
+        Ok(Rendered { endpoint, headers, body })
+    }
+
+    /// Turns rendered text into a request, and the endpoint as it may be
+    /// shown; on failure, the endpoint to show and the error.
+    fn prepare(&self, rendered: Rendered, redactor: &Redactor) -> Result<(Prepared, String), (String, PipelineError)> {
+        let step = self.index;
+        let hidden = redactor.hides(&rendered.endpoint);
+        let url = Url::parse(&rendered.endpoint)
+            .map_err(|e| format!("the rendered endpoint is not a URL: {e}"))
+            .and_then(|url| check_url(url.as_str()).map(|()| url))
+            .map_err(|message| {
+                // The rendered text might carry user info; its source does not.
+                let shown = if hidden { REDACTED.to_string() } else { self.endpoint_source.clone() };
+                (shown, PipelineError::InvalidRequest { step, message })
+            })?;
+        let shown = if hidden { REDACTED.to_string() } else { shown_url(&url) };
+        let fail = |error: PipelineError| (shown.clone(), error);
+
+        let mut headers = HeaderMap::with_capacity(rendered.headers.len());
+        for (written, text) in &rendered.headers {
+            // Names were checked at compile time; the default one is valid.
+            let name = HeaderName::from_bytes(written.as_bytes()).map_err(|_| {
+                fail(PipelineError::InvalidRequest { step, message: format!("header {written}: invalid name") })
+            })?;
             // The error names the header only: its value may be a token.
-            let value = HeaderValue::from_str(&text).map_err(|_| {
+            let value = HeaderValue::from_str(text).map_err(|_| {
                 fail(PipelineError::InvalidRequest {
                     step,
                     message: format!("header {name}: rendered value is not a valid HTTP header value"),
                 })
             })?;
-            headers.insert(name.clone(), value);
+            headers.insert(name, value);
         }
-
-        let body = match &self.data {
+        let body = match &rendered.body {
             None => None,
-            Some(data) => {
-                let json = data.render(scope).map_err(|e| fail(render_error(e)))?;
-                let bytes = serde_json::to_vec(&json).map_err(|_| {
-                    fail(PipelineError::InvalidRequest { step, message: "data could not be encoded as JSON".into() })
-                })?;
-                if self.default_content_type {
-                    headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
-                }
-                Some(bytes::Bytes::from(bytes))
-            }
+            Some(json) => Some(bytes::Bytes::from(serde_json::to_vec(json).map_err(|_| {
+                fail(PipelineError::InvalidRequest { step, message: "data could not be encoded as JSON".into() })
+            })?)),
         };
-        Ok(Prepared { method: self.method.clone(), url, headers, body })
+        Ok((Prepared { method: self.method.clone(), url, headers, body }, shown))
     }
 
-    async fn run_awaited(&self, client: &reqwest::Client, prepared: Prepared, poll_interval: Duration) -> Outcome {
+    async fn run_awaited(&self, prepared: Prepared, endpoint: String, env: &StepEnv<'_>) -> Outcome {
         let step = self.index;
         let timeout = self.timeout;
-        let endpoint = redact(&prepared.url);
-        let deadline = Instant::now() + timeout;
+        let started = Instant::now();
+        // `timeout` is at most a day (config validation); the fallback only
+        // keeps a hypothetical overflow from panicking.
+        let deadline = started.checked_add(timeout).unwrap_or_else(far_future);
         let mut attempts = 0;
         // What `wait` saw in the previous answer, if there was one.
         let mut last_seen: Option<String> = None;
         loop {
             attempts += 1;
-            let answer = match tokio::time::timeout_at(deadline, prepared.send(client)).await {
+            let answer = match tokio::time::timeout_at(deadline, prepared.send(env.client)).await {
                 Err(_) => {
                     // Cut off mid-poll, the step failed for want of a
                     // resolved condition, and that is what to report.
@@ -261,59 +386,85 @@ impl CompiledStep {
                         Some(last) => PipelineError::WaitTimeout { step, timeout, attempts, last },
                         None => PipelineError::Timeout { step, timeout },
                     };
-                    return self.outcome(endpoint, attempts, None, BTreeMap::new(), Err(error));
+                    return self.timed(started, endpoint, attempts, None, BTreeMap::new(), Err(error));
                 }
                 Ok(Err(source)) => {
                     let error = PipelineError::Transport { step, source };
-                    return self.outcome(endpoint, attempts, None, BTreeMap::new(), Err(error));
+                    return self.timed(started, endpoint, attempts, None, BTreeMap::new(), Err(error));
                 }
                 Ok(Ok(answer)) => answer,
             };
             let status = Some(answer.status);
             if !answer.status.is_success() {
                 let error = PipelineError::Status { step, status: answer.status.as_u16() };
-                return self.outcome(endpoint, attempts, status, BTreeMap::new(), Err(error));
+                let mut outcome = self.timed(started, endpoint, attempts, status, BTreeMap::new(), Err(error));
+                outcome.retry_after = answer.retry_after;
+                return outcome;
             }
             let outputs = self.extract_outputs(&answer);
             let last = match self.evaluate(answer.json.as_ref()) {
-                Verdict::Done => return self.outcome(endpoint, attempts, status, outputs, Ok(())),
+                Verdict::Done => return self.timed(started, endpoint, attempts, status, outputs, Ok(())),
                 Verdict::Failed { key, value } => {
                     let error = PipelineError::WaitFailed { step, key, value };
-                    return self.outcome(endpoint, attempts, status, outputs, Err(error));
+                    return self.timed(started, endpoint, attempts, status, outputs, Err(error));
                 }
                 Verdict::NotYet(last) => last,
             };
-            let next_poll = Instant::now() + poll_interval;
+            let next_poll = Instant::now().checked_add(env.settings.wait_poll_interval).unwrap_or_else(far_future);
             if next_poll >= deadline {
                 let error = PipelineError::WaitTimeout { step, timeout, attempts, last };
-                return self.outcome(endpoint, attempts, status, outputs, Err(error));
+                return self.timed(started, endpoint, attempts, status, outputs, Err(error));
             }
             last_seen = Some(last);
-            tokio::time::sleep_until(next_poll).await;
+            tokio::select! {
+                biased;
+                () = env.control.superseded.cancelled() => {
+                    return self.timed(started, endpoint, attempts, status, outputs, Err(PipelineError::Superseded));
+                }
+                () = tokio::time::sleep_until(next_poll) => {}
+            }
+            // Superseded while the last call was in flight: no further poll.
+            if env.control.superseded.is_cancelled() {
+                return self.timed(started, endpoint, attempts, status, outputs, Err(PipelineError::Superseded));
+            }
         }
     }
 
-    async fn run_async(&self, client: &reqwest::Client, prepared: Prepared, ack: Duration) -> Outcome {
+    async fn run_async(&self, prepared: Prepared, endpoint: String, env: &StepEnv<'_>) -> Outcome {
         let step = self.index;
-        let endpoint = redact(&prepared.url);
-        let client = client.clone();
+        let started = Instant::now();
+        let client = env.client.clone();
         let timeout = self.timeout;
+        let ack = env.settings.async_ack_timeout;
+        let owner = Owner {
+            step,
+            endpoint: endpoint.clone(),
+            lock_id: env.ctx.lock_id,
+            sync_id: env.ctx.expected_sync_id.clone(),
+            run_id: env.ctx.run_id.clone(),
+        };
         // Owns everything it needs, so it can outlive this step (see the
         // module docs); bounded by the step's own timeout.
-        let mut task = tokio::spawn(async move { tokio::time::timeout(timeout, prepared.send(&client)).await });
-        let (status, outputs, result) = match tokio::time::timeout(ack, &mut task).await {
-            // Dropping the handle detaches the task; it is not aborted.
-            Err(_) => (None, BTreeMap::new(), Err(PipelineError::NoAck { step, ack })),
-            Ok(Err(_join)) => (None, BTreeMap::new(), Err(PipelineError::TaskFailed { step })),
-            Ok(Ok(Err(_elapsed))) => (None, BTreeMap::new(), Err(PipelineError::Timeout { step, timeout })),
-            Ok(Ok(Ok(Err(source)))) => (None, BTreeMap::new(), Err(PipelineError::Transport { step, source })),
+        let mut registered = env
+            .detached
+            .spawn(owner, async move { tokio::time::timeout(timeout, prepared.send(&client)).await });
+        let (status, outputs, result, retry_after) = match tokio::time::timeout(ack, &mut registered.task).await {
+            Err(_) => {
+                env.detached.detach(registered);
+                (None, BTreeMap::new(), Err(PipelineError::NoAck { step, ack }), None)
+            }
+            Ok(Err(_join)) => (None, BTreeMap::new(), Err(PipelineError::TaskFailed { step }), None),
+            Ok(Ok(Err(_elapsed))) => (None, BTreeMap::new(), Err(PipelineError::Timeout { step, timeout }), None),
+            Ok(Ok(Ok(Err(source)))) => (None, BTreeMap::new(), Err(PipelineError::Transport { step, source }), None),
             Ok(Ok(Ok(Ok(answer)))) if !answer.status.is_success() => {
                 let error = PipelineError::Status { step, status: answer.status.as_u16() };
-                (Some(answer.status), BTreeMap::new(), Err(error))
+                (Some(answer.status), BTreeMap::new(), Err(error), answer.retry_after)
             }
-            Ok(Ok(Ok(Ok(answer)))) => (Some(answer.status), self.extract_outputs(&answer), Ok(())),
+            Ok(Ok(Ok(Ok(answer)))) => (Some(answer.status), self.extract_outputs(&answer), Ok(()), None),
         };
-        self.outcome(endpoint, 1, status, outputs, result)
+        let mut outcome = self.timed(started, endpoint, 1, status, outputs, result);
+        outcome.retry_after = retry_after;
+        outcome
     }
 
     /// Every configured output whose path resolves; the others are skipped.
@@ -364,17 +515,35 @@ impl CompiledStep {
         outputs: BTreeMap<String, String>,
         result: Result<(), PipelineError>,
     ) -> Outcome {
-        Outcome { endpoint, attempts, status, outputs, result }
+        Outcome { endpoint, attempts, status, outputs, result, duration: Duration::ZERO, retry_after: None }
+    }
+
+    fn timed(
+        &self,
+        started: Instant,
+        endpoint: String,
+        attempts: u32,
+        status: Option<StatusCode>,
+        outputs: BTreeMap<String, String>,
+        result: Result<(), PipelineError>,
+    ) -> Outcome {
+        Outcome { duration: started.elapsed(), ..self.outcome(endpoint, attempts, status, outputs, result) }
     }
 }
 
+/// A deadline that never comes (about 30 years away, as tokio does).
+fn far_future() -> Instant {
+    Instant::now() + Duration::from_secs(86400 * 365 * 30)
+}
+
 /// Steps call http(s) backends and nothing else.
-fn check_url(endpoint: &str) -> Result<(), String> {
-    let url = Url::parse(endpoint).map_err(|e| format!("{endpoint:?} is not a URL: {e}"))?;
+/// The message never quotes the endpoint: it may carry user info.
+pub(crate) fn check_url(endpoint: &str) -> Result<(), String> {
+    let url = Url::parse(endpoint).map_err(|e| format!("is not a URL: {e}"))?;
     match url.scheme() {
         "http" | "https" if url.has_host() => Ok(()),
-        "http" | "https" => Err(format!("{endpoint:?} has no host")),
-        other => Err(format!("{endpoint:?}: unsupported scheme {other:?}; use http or https")),
+        "http" | "https" => Err("the URL has no host".into()),
+        other => Err(format!("unsupported scheme {other:?}; use http or https")),
     }
 }
 
@@ -385,7 +554,7 @@ impl fmt::Debug for CompiledStep {
             .field("index", &self.index)
             .field("method", &self.method)
             .field("endpoint", &self.endpoint_source)
-            .field("headers", &self.headers.iter().map(|(name, _)| name).collect::<Vec<_>>())
+            .field("headers", &self.headers.iter().map(|h| &h.name).collect::<Vec<_>>())
             .field("data", &self.data.is_some())
             .field("timeout", &self.timeout)
             .field("async", &self.is_async)

@@ -4,9 +4,8 @@ use std::time::Duration;
 
 use axum::http::Method;
 use kayra_config::Config;
-use kayra_pipeline::{PipelineError, PipelineSettings, Pipelines, http_client};
+use kayra_pipeline::{PipelineError, PipelineSettings, Pipelines, RunControl, http_client};
 use serde_json::json;
-use tokio_util::sync::CancellationToken;
 
 use crate::support::*;
 
@@ -132,7 +131,7 @@ async fn example_gitlab_trigger_then_poll() {
     let pipelines = example_pipelines(&server.base);
     let pipeline = pipelines.get("trigger").expect("trigger mode");
     assert_eq!(pipeline.len(), 2);
-    pipeline.run(&http_client(), &ctx(), &pipelines.settings(), &CancellationToken::new()).await.expect("run");
+    pipeline.run(&http_client(), &ctx(), &pipelines.settings(), &RunControl::default()).await.result.expect("run");
 
     let requests = server.requests();
     let trigger = &requests[0];
@@ -154,7 +153,7 @@ async fn example_gitlab_failed_pipeline_fails_the_run() {
     .await;
     let pipelines = example_pipelines(&server.base);
     let pipeline = pipelines.get("trigger").expect("trigger mode");
-    let err = pipeline.run(&http_client(), &ctx(), &pipelines.settings(), &CancellationToken::new()).await;
+    let err = pipeline.run(&http_client(), &ctx(), &pipelines.settings(), &RunControl::default()).await.result;
     assert!(matches!(err, Err(PipelineError::WaitFailed { step: 1, .. })), "{err:?}");
 }
 
@@ -170,7 +169,7 @@ async fn example_api_mode_triggers_and_polls() {
     .await;
     let pipelines = example_pipelines(&server.base);
     let pipeline = pipelines.get("api").expect("api mode");
-    pipeline.run(&http_client(), &ctx(), &pipelines.settings(), &CancellationToken::new()).await.expect("run");
+    pipeline.run(&http_client(), &ctx(), &pipelines.settings(), &RunControl::default()).await.result.expect("run");
     let requests = server.requests();
     let trigger = requests.iter().find(|r| r.method == Method::POST).expect("trigger sent");
     assert_eq!(trigger.json(), json!({"sync_id": "2026-02-01T00Z"}));

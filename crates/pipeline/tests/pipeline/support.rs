@@ -8,7 +8,10 @@ use axum::extract::State;
 use axum::http::{HeaderMap, Method, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use kayra_config::Config;
-use kayra_pipeline::{PipelineError, PipelineSettings, Pipelines, SubscriptionContext, ValidationError, http_client};
+use kayra_pipeline::{
+    PipelineError, PipelineReport, PipelineSettings, Pipelines, RunControl, SubscriptionContext, ValidationError,
+    http_client,
+};
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
@@ -136,6 +139,8 @@ pub fn ctx() -> SubscriptionContext {
         current_sync_id: "2026-01-01T00Z".into(),
         expected_sync_id: "2026-02-01T00Z".into(),
         lock_id: 7,
+        run_id: "0193a6c1-run".into(),
+        fencing_token: 41,
     }
 }
 
@@ -146,10 +151,20 @@ pub fn compile(steps_yaml: &str, base: &str) -> Pipelines {
 }
 
 pub fn try_compile(steps_yaml: &str, base: &str) -> Result<Pipelines, ValidationError> {
+    try_compile_with(steps_yaml, base, "")
+}
+
+/// [`try_compile`] with more `reconciler` keys (YAML, indented two spaces:
+/// `"  secrets:\n    s: {env: X}\n"`).
+pub fn try_compile_with(steps_yaml: &str, base: &str, reconciler_yaml: &str) -> Result<Pipelines, ValidationError> {
     let indented: String = steps_yaml.lines().map(|l| format!("      {l}\n")).collect();
-    let yaml = format!("reconciler:\n  mode:\n    m:\n{}", indented.replace("BASE", base));
+    let yaml = format!("reconciler:\n{reconciler_yaml}  mode:\n    m:\n{}", indented.replace("BASE", base));
     let config = Config::parse(&yaml, "test.yaml").unwrap_or_else(|e| panic!("parse: {e}\n{yaml}"));
     Pipelines::compile(&config.reconciler)
+}
+
+pub fn compile_with(steps_yaml: &str, base: &str, reconciler_yaml: &str) -> Pipelines {
+    try_compile_with(steps_yaml, base, reconciler_yaml).unwrap_or_else(|e| panic!("compile: {e}"))
 }
 
 pub async fn run(pipelines: &Pipelines) -> Result<(), PipelineError> {
@@ -157,6 +172,14 @@ pub async fn run(pipelines: &Pipelines) -> Result<(), PipelineError> {
 }
 
 pub async fn run_with(pipelines: &Pipelines, cancel: &CancellationToken) -> Result<(), PipelineError> {
+    report_with(pipelines, &RunControl::new(cancel.clone())).await.result
+}
+
+pub async fn report(pipelines: &Pipelines) -> PipelineReport {
+    report_with(pipelines, &RunControl::default()).await
+}
+
+pub async fn report_with(pipelines: &Pipelines, control: &RunControl) -> PipelineReport {
     let pipeline = pipelines.get("m").expect("mode m");
-    pipeline.run(&http_client(), &ctx(), &SETTINGS, cancel).await
+    pipeline.run(&http_client(), &ctx(), &SETTINGS, control).await
 }
