@@ -664,7 +664,9 @@ reconciler:
 
     #[test]
     fn step_timeouts_over_a_day_are_refused() {
-        let step = |t: &str| format!("reconciler:\n  mode:\n    api:\n      - {{method: get, endpoint: x, timeout: \"{t}\"}}\n");
+        let step = |t: &str| {
+            format!("reconciler:\n  mode:\n    api:\n      - {{method: get, endpoint: x, timeout: \"{t}\"}}\n")
+        };
         for t in ["300000000000y", "25h", "86401s"] {
             let e = err(&step(t));
             assert!(e.contains("reconciler.mode.api[0].timeout: must be at most 24h"), "{t}: {e}");
@@ -682,10 +684,16 @@ reconciler:
         c.validate().unwrap();
         let headers = &c.reconciler.mode["api"][0].headers;
         assert!(matches!(&headers["A"], HeaderValue::Plain(v) if v == "plain"));
-        assert!(matches!(&headers["C"], HeaderValue::Typed(TypedHeader { kind: Some(k), value: None, secret: Some(s) }) if k == "Bearer" && s == "s"));
+        assert!(
+            matches!(&headers["C"], HeaderValue::Typed(TypedHeader { kind: Some(k), value: None, secret: Some(s) }) if k == "Bearer" && s == "s")
+        );
         assert!(matches!(&headers["D"], HeaderValue::Typed(TypedHeader { kind: None, secret: Some(_), .. })));
         assert!(matches!(&headers["E"], HeaderValue::Plain(v) if v == "50"));
-        let header = |h: &str| format!("reconciler:\n  mode:\n    api:\n      - method: get\n        endpoint: x\n        headers: {{X: {h}}}\n");
+        let header = |h: &str| {
+            format!(
+                "reconciler:\n  mode:\n    api:\n      - method: get\n        endpoint: x\n        headers: {{X: {h}}}\n"
+            )
+        };
         for (h, want) in [
             ("{type: Bearer, value: v, secret: s}", "reconciler.mode.api[0].headers.X: set one of value and secret"),
             ("{type: Bearer}", "reconciler.mode.api[0].headers.X: needs value"),

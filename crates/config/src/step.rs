@@ -121,7 +121,9 @@ impl TypedHeader {
         match (&self.value, &self.secret) {
             (Some(_), Some(_)) => Err("set one of value and secret, not both".into()),
             (None, None) => Err("needs value (with type) or secret".into()),
-            (Some(_), None) if self.kind.is_none() => Err("needs type with value (or write the header as a string)".into()),
+            (Some(_), None) if self.kind.is_none() => {
+                Err("needs type with value (or write the header as a string)".into())
+            }
             (None, Some(name)) if name.is_empty() => Err("secret must name an entry of reconciler.secrets".into()),
             _ => Ok(()),
         }

@@ -70,9 +70,8 @@ impl Pipeline {
                     headers.push((name, crate::REDACTED.to_string()));
                     continue;
                 }
-                HeaderValue::from_str(&value).map_err(|_| {
-                    invalid(format!("header {name}: rendered value is not a valid HTTP header value"))
-                })?;
+                HeaderValue::from_str(&value)
+                    .map_err(|_| invalid(format!("header {name}: rendered value is not a valid HTTP header value")))?;
                 headers.push((name, value));
             }
             rendered.push(RenderedStep {

@@ -445,9 +445,8 @@ impl CompiledStep {
         };
         // Owns everything it needs, so it can outlive this step (see the
         // module docs); bounded by the step's own timeout.
-        let mut registered = env
-            .detached
-            .spawn(owner, async move { tokio::time::timeout(timeout, prepared.send(&client)).await });
+        let mut registered =
+            env.detached.spawn(owner, async move { tokio::time::timeout(timeout, prepared.send(&client)).await });
         let (status, outputs, result, retry_after) = match tokio::time::timeout(ack, &mut registered.task).await {
             Err(_) => {
                 env.detached.detach(registered);

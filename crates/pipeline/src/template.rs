@@ -199,10 +199,8 @@ impl Text {
         let error = |message: String| TemplateError { field: field.clone(), message };
         // Unnamed, so errors read `template: 1:7: unclosed action`; the
         // caller prefixes the full config key.
-        let template = Template::new("")
-            .func(SECRET_FUNCTION, secret_function)
-            .parse(source)
-            .map_err(|e| error(e.to_string()))?;
+        let template =
+            Template::new("").func(SECRET_FUNCTION, secret_function).parse(source).map_err(|e| error(e.to_string()))?;
         let (tree, defines) =
             Parser::new(source, "{{", "}}").and_then(Parser::parse).map_err(|e| error(e.to_string()))?;
         let mut walk = Walk::default();
@@ -409,9 +407,7 @@ impl Walk {
 
     fn expr(&mut self, expr: &Expr) {
         match expr {
-            Expr::Identifier(_, name)
-                if name != SECRET_FUNCTION && !BUILTIN_FUNCTIONS.contains(&name.as_str()) =>
-            {
+            Expr::Identifier(_, name) if name != SECRET_FUNCTION && !BUILTIN_FUNCTIONS.contains(&name.as_str()) => {
                 self.undefined.push(name.to_string())
             }
             Expr::Pipe(_, pipe) => self.pipe(pipe),

@@ -14,6 +14,10 @@
 mod config;
 #[path = "pipeline/logs.rs"]
 mod logs;
+#[path = "pipeline/records.rs"]
+mod records;
+#[path = "pipeline/secrets.rs"]
+mod secrets;
 #[path = "pipeline/support.rs"]
 mod support;
 #[path = "pipeline/wait.rs"]
@@ -222,7 +226,7 @@ async fn non_2xx_aborts_the_rest() {
 #[tokio::test]
 async fn redirects_are_not_followed() {
     let server = TestServer::start(|r, _| match r.path.as_str() {
-        "/moved" => Reply { status: 302, body: String::new(), delay: Duration::ZERO },
+        "/moved" => Reply { status: 302, ..Reply::default() },
         _ => ok(json!({})),
     })
     .await;

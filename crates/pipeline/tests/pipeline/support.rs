@@ -38,26 +38,28 @@ impl Recorded {
 }
 
 /// What the server answers.
+#[derive(Default)]
 pub struct Reply {
     pub status: u16,
     pub body: String,
     pub delay: Duration,
+    pub headers: Vec<(&'static str, String)>,
 }
 
 pub fn ok(body: Value) -> Reply {
-    Reply { status: 200, body: body.to_string(), delay: Duration::ZERO }
+    Reply { status: 200, body: body.to_string(), delay: Duration::ZERO, headers: Vec::new() }
 }
 
 pub fn status(code: u16) -> Reply {
-    Reply { status: code, body: json!({"message": "nope"}).to_string(), delay: Duration::ZERO }
+    Reply { status: code, body: json!({"message": "nope"}).to_string(), delay: Duration::ZERO, headers: Vec::new() }
 }
 
 pub fn text(body: &str) -> Reply {
-    Reply { status: 200, body: body.to_string(), delay: Duration::ZERO }
+    Reply { status: 200, body: body.to_string(), delay: Duration::ZERO, headers: Vec::new() }
 }
 
 pub fn hang() -> Reply {
-    Reply { status: 200, body: json!({"late": true}).to_string(), delay: Duration::from_secs(30) }
+    Reply { status: 200, body: json!({"late": true}).to_string(), delay: Duration::from_secs(30), headers: Vec::new() }
 }
 
 /// `(request, how many earlier requests had this path) -> reply`.
@@ -113,7 +115,11 @@ pub async fn handle(
         tokio::time::sleep(reply.delay).await;
     }
     let code = StatusCode::from_u16(reply.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-    (code, reply.body).into_response()
+    let mut response = (code, reply.body).into_response();
+    for (name, value) in reply.headers {
+        response.headers_mut().insert(name, value.parse().expect("header value"));
+    }
+    response
 }
 
 /// A port nothing listens on.
