@@ -8,7 +8,9 @@
 //!   a real value would be;
 //! - a step's `.Previous.Outputs.X` is `<output X of step N>` for every
 //!   output the previous step declares (others render `<no value>`, as they
-//!   would in a run);
+//!   would in a run). Templates see a URL-safe stand-in, replaced by that
+//!   text once rendered, so it reads the same in an endpoint (which would
+//!   otherwise show it percent-encoded), a header and a body;
 //! - `.Run.ID` is `<run id>` and `.Run.FencingToken` 0: there is no run.
 
 use std::collections::BTreeMap;
@@ -50,6 +52,8 @@ impl Pipeline {
         let redactor = Redactor::new(&secrets);
         let secrets = secrets.into_shared();
         let mut previous_outputs = BTreeMap::new();
+        // Stand-in → what to show, for the previous step's outputs.
+        let mut stand_ins: Vec<(String, String)> = Vec::new();
         let mut rendered = Vec::with_capacity(self.steps.len());
         for step in &self.steps {
             let scope = Scope::new(&ctx, &previous_outputs, secrets.clone());
@@ -62,7 +66,7 @@ impl Pipeline {
                 let url = Url::parse(&request.endpoint)
                     .map_err(|e| invalid(format!("the rendered endpoint is not a URL: {e}")))?;
                 check_url(url.as_str()).map_err(invalid)?;
-                shown_url(&url)
+                reveal(&stand_ins, shown_url(&url))
             };
             let mut headers = Vec::with_capacity(request.headers.len());
             for (name, value) in request.headers {
@@ -72,7 +76,7 @@ impl Pipeline {
                 }
                 HeaderValue::from_str(&value)
                     .map_err(|_| invalid(format!("header {name}: rendered value is not a valid HTTP header value")))?;
-                headers.push((name, value));
+                headers.push((name, reveal(&stand_ins, value)));
             }
             rendered.push(RenderedStep {
                 index,
@@ -80,15 +84,42 @@ impl Pipeline {
                 method: step.method().to_string(),
                 endpoint,
                 headers,
-                body: request.body.map(|body| redactor.json(body)),
+                body: request.body.map(|body| reveal_json(&stand_ins, redactor.json(body))),
             });
-            previous_outputs = step
+            stand_ins = step
                 .output_names()
-                .map(|name| (name.to_string(), format!("<output {name} of step {index}>")))
+                .map(|name| (format!("kayraout{index}x{}x", hex(name)), format!("<output {name} of step {index}>")))
                 .collect();
+            previous_outputs =
+                stand_ins.iter().zip(step.output_names()).map(|((s, _), n)| (n.to_string(), s.clone())).collect();
         }
         Ok(rendered)
     }
+}
+
+/// `text` with every stand-in replaced by what it stands for.
+fn reveal(stand_ins: &[(String, String)], mut text: String) -> String {
+    for (stand_in, shown) in stand_ins {
+        if text.contains(stand_in.as_str()) {
+            text = text.replace(stand_in.as_str(), shown);
+        }
+    }
+    text
+}
+
+fn reveal_json(stand_ins: &[(String, String)], value: serde_json::Value) -> serde_json::Value {
+    use serde_json::Value;
+    match value {
+        Value::String(s) => Value::String(reveal(stand_ins, s)),
+        Value::Array(items) => Value::Array(items.into_iter().map(|v| reveal_json(stand_ins, v)).collect()),
+        Value::Object(map) => Value::Object(map.into_iter().map(|(k, v)| (k, reveal_json(stand_ins, v))).collect()),
+        other => other,
+    }
+}
+
+/// Lower-case hex, so any output name makes a URL-safe stand-in.
+fn hex(name: &str) -> String {
+    name.bytes().map(|b| format!("{b:02x}")).collect()
 }
 
 /// The text `kayra render` prints (platform §10): for each step

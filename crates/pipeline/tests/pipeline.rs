@@ -16,6 +16,8 @@ mod config;
 mod logs;
 #[path = "pipeline/records.rs"]
 mod records;
+#[path = "pipeline/render.rs"]
+mod render;
 #[path = "pipeline/secrets.rs"]
 mod secrets;
 #[path = "pipeline/support.rs"]
