@@ -33,7 +33,9 @@
 //! - this file: connecting, the key space, get/list/create/update/delete.
 //! - `etcd/watcher.rs`: the never-ending watch stream.
 //! - `etcd/locker.rs`: the session lease and the per-job mutexes.
+//! - `etcd/lease.rs`: keys bound to leases ([`crate::Leases`]).
 
+mod lease;
 mod locker;
 mod watcher;
 
@@ -50,7 +52,7 @@ use etcd_client::{
 use kayra_config::EtcdConfig;
 use tokio_util::sync::CancellationToken;
 
-use crate::{Backend, Error, JobLocker, KeyValue, ListPage, Result, Revision, WatchStream};
+use crate::{Backend, Error, JobLocker, KeyValue, Leases, ListPage, Result, Revision, WatchStream};
 
 /// The environment variable holding the password of `database.etcd.username`.
 pub const PASSWORD_ENV: &str = "KAYRA_ETCD_PASSWORD";
@@ -319,6 +321,10 @@ impl Backend for EtcdStore {
         let resp =
             self.keys.client.kv_client().get(self.keys.root.clone(), Some(options)).await.map_err(unavailable)?;
         revision_of(resp.header())
+    }
+
+    fn leases(&self) -> Option<Arc<dyn Leases>> {
+        Some(Arc::new(lease::EtcdLeases { keys: self.keys.clone(), locker: self.locker.clone() }))
     }
 
     fn job_locker(&self) -> Option<Arc<dyn JobLocker>> {
