@@ -6,11 +6,14 @@
 //!   resource over [`kayra_store::Store`]; the key layout.
 //! - [`api`]: the `/apis/catalog.example.com/v1` routes.
 //! - [`reconciler`]: `Reconciler::run`, the controller of `kayra reconciler`.
-//! - [`pipeline`]: reconcile's real implementation, the HTTP step pipeline.
+//!
+//! The HTTP step pipeline lives in `kayra_pipeline`, re-exported here as
+//! [`pipeline`].
 
 pub mod api;
-pub mod pipeline;
 pub mod reconciler;
 pub mod repo;
+
+pub use kayra_pipeline as pipeline;
 
 pub use kayra_config::{ASYNC_STEP_ACK_TIMEOUT, DEFAULT_MAX_CONCURRENT_RECONCILES, WAIT_POLL_INTERVAL};

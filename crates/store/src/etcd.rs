@@ -43,8 +43,10 @@
 //! - `etcd/cluster.rs`: the failover client and its metrics.
 //! - `etcd/watcher.rs`: the never-ending watch stream.
 //! - `etcd/locker.rs`: the session lease and the per-job mutexes.
+//! - `etcd/lease.rs`: keys bound to leases ([`crate::Leases`]).
 
 mod cluster;
+mod lease;
 mod locker;
 mod watcher;
 
@@ -64,7 +66,7 @@ use kayra_config::EtcdConfig;
 use self::cluster::{Attempted, Cluster};
 use tokio_util::sync::CancellationToken;
 
-use crate::{Backend, ChangeStream, Error, JobLocker, KeyValue, ListPage, Result, Revision, WatchStream};
+use crate::{Backend, ChangeStream, Error, JobLocker, KeyValue, Leases, ListPage, Result, Revision, WatchStream};
 
 /// The environment variable holding the password of `database.etcd.username`.
 pub const PASSWORD_ENV: &str = "KAYRA_ETCD_PASSWORD";
@@ -472,6 +474,10 @@ impl Backend for EtcdStore {
 
     async fn changes(&self, prefix: &str, from: Revision) -> Result<ChangeStream> {
         watcher::changes(self.keys.clone(), prefix, from, self.shutdown.child_token()).await
+    }
+
+    fn leases(&self) -> Option<Arc<dyn Leases>> {
+        Some(Arc::new(lease::EtcdLeases { keys: self.keys.clone(), locker: self.locker.clone() }))
     }
 
     fn job_locker(&self) -> Option<Arc<dyn JobLocker>> {

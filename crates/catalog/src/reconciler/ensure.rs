@@ -27,9 +27,9 @@ use kayra_core::{ApiRegistration, Subscription};
 use kayra_store::Revision;
 
 use super::locks::JobLocks;
-use crate::pipeline::{PipelineError, Pipelines, SubscriptionContext};
 use crate::repo::tenancy::Recorded;
 use crate::repo::{Repository, Versioned, keys};
+use kayra_pipeline::{PipelineError, Pipelines, RunControl, SubscriptionContext};
 
 /// Everything a job needs; shared by every job of one reconciler.
 pub struct Worker {
@@ -248,8 +248,11 @@ impl Worker {
             current_sync_id: sub.current_sync_id.clone(),
             expected_sync_id: reg.sync_id.clone(),
             lock_id,
+            run_id: String::new(),
+            fencing_token: 0,
         };
-        pipeline.run(&self.client, &ctx, &self.pipelines.settings(), &self.cancel).await?;
+        let control = RunControl::new(self.cancel.clone());
+        pipeline.run(&self.client, &ctx, &self.pipelines.settings(), &control).await.result?;
         Ok(())
     }
 

@@ -39,10 +39,10 @@ use kayra_core::{ApiRegistration, Namespace, Subscription};
 use kayra_store::{Event, Revision};
 use tokio_util::sync::CancellationToken;
 
-use crate::pipeline::{Pipelines, ValidationError};
 use crate::repo::{Repository, keys};
 use ensure::{Trigger, Worker};
 use index::Index;
+use kayra_pipeline::{Pipelines, ValidationError};
 use locks::JobLocks;
 use pool::Pool;
 
@@ -76,7 +76,7 @@ impl Reconciler {
         let pipelines = Pipelines::compile(&config)?;
         let locks = JobLocks::new(repo.store().job_locker());
         let pool = Pool::new(config.max_concurrent_reconciles);
-        let worker = Worker { repo, config, pipelines, client: crate::pipeline::http_client(), locks, cancel };
+        let worker = Worker { repo, config, pipelines, client: kayra_pipeline::http_client(), locks, cancel };
         Ok(Self { worker: Arc::new(worker), pool, index: Index::default(), ready: Arc::default() })
     }
 
