@@ -10,10 +10,13 @@ mod api {
     mod auth;
     mod concurrency;
     mod deployments;
+    mod fuzz;
+    mod hardening;
     mod hostile;
     mod namespaces;
     mod operations;
     mod rbac;
     mod registrations;
+    mod slow_clients;
     mod subscriptions;
 }
