@@ -50,6 +50,13 @@ pub struct Timeouts {
     pub idle: Duration,
 }
 
+impl Default for Timeouts {
+    /// The defaults of `server.request_header_timeout` and `server.idle_timeout`.
+    fn default() -> Self {
+        Self::from_config(&kayra_config::ServerConfig::default())
+    }
+}
+
 impl Timeouts {
     pub fn from_config(server: &kayra_config::ServerConfig) -> Self {
         Self { request_header: server.request_header_timeout.0, idle: server.idle_timeout.0 }

@@ -24,6 +24,11 @@
 //! backend and to kayra itself, and a caller's `Cookie` (a web console
 //! session, another backend's cookie) is no business of this backend.
 //! `Cookie` is dropped toward backends and `Set-Cookie` on the way back.
+//! For the same reason every answer carries `Content-Security-Policy:
+//! sandbox` (added to any policy of the backend's, since browsers enforce
+//! every policy given) and `X-Content-Type-Options: nosniff`: a page a
+//! backend serves runs in an opaque origin, so its scripts cannot read the
+//! web console's token from kayra's origin or call kayra as the user.
 //!
 //! Framing is hyper's: a message that arrived chunked never keeps a
 //! `Content-Length` (RFC 9112 §6.3: with `Transfer-Encoding` it must be
@@ -122,6 +127,8 @@ pub(crate) async fn forward(
     drop_content_length_if_chunked(&mut headers);
     strip_hop_by_hop(&mut headers);
     headers.remove(header::SET_COOKIE);
+    headers.append(header::CONTENT_SECURITY_POLICY, HeaderValue::from_static("sandbox"));
+    headers.insert(header::X_CONTENT_TYPE_OPTIONS, HeaderValue::from_static("nosniff"));
     let mut response = Response::new(Body::from_stream(answer.bytes_stream()));
     *response.status_mut() = status;
     *response.headers_mut() = headers;

@@ -197,7 +197,7 @@ async fn raw_backend(answer: &'static [u8]) -> String {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_backend_cannot_confuse_framing_or_set_cookies() {
+async fn a_backend_cannot_confuse_framing_set_cookies_or_script_the_origin() {
     let (world, _) = two_tenants(Server::start(Backend::Local).await, &["*"]).await;
     let backend = raw_backend(
         b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\nTransfer-Encoding: chunked\r\nSet-Cookie: kayra-console=planted; Path=/\r\n\
@@ -215,6 +215,8 @@ async fn a_backend_cannot_confuse_framing_or_set_cookies() {
     assert!(head.contains("x-backend: raw"), "{head}");
     assert!(!head.contains("content-length: 100"), "the backend's Content-Length came along with chunking: {head}");
     assert!(!head.contains("set-cookie"), "a backend set a cookie on kayra's origin: {head}");
+    assert!(head.contains("content-security-policy: sandbox"), "a backend's page could script kayra's origin: {head}");
+    assert!(head.contains("x-content-type-options: nosniff"), "{head}");
     let body = if head.contains("transfer-encoding: chunked") {
         reply.body.split("\r\n").nth(1).unwrap_or_default().to_string()
     } else {
