@@ -195,7 +195,8 @@ impl Client {
             Some(source) => chain(source),
             None => error.to_string(),
         };
-        Error::Transport(format!("{what} {}: {why}", self.base))
+        // The causes may quote what the server sent (a malformed header).
+        Error::Transport(format!("{what} {}: {}", self.base, escape_controls(&why)))
     }
 }
 
