@@ -251,3 +251,29 @@ async fn endpoint_user_info_never_reaches_the_log() {
     let log = crate::gateway::forwarding::logged();
     assert!(!log.contains("s3cret-password"), "the endpoint's password was logged: {log}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn over_tls_the_backend_learns_the_caller_used_https() {
+    let (world, token) = two_tenants(Server::start(Backend::Local).await, &["*"]).await;
+    let dir = tempfile::tempdir().unwrap();
+    let certs = kayra_testkit::Certificates::generate(dir.path());
+    let tls = kayra_config::ServerTls { cert_file: certs.server_cert.clone(), key_file: certs.server_key.clone() };
+    let mut https = world.server.restart_with(|c| c.server.tls = Some(tls)).await;
+    let ca = reqwest::Certificate::from_pem(&std::fs::read(&certs.ca).unwrap()).unwrap();
+    https.client = reqwest::Client::builder().tls_certs_only([ca]).build().unwrap();
+    https.wait_ready().await;
+
+    let reply = https
+        .client
+        .get(https.url(&gw(COMPUTE, "a", "widgets/w1")))
+        .bearer_auth(&token)
+        .header("x-forwarded-proto", "http")
+        .send()
+        .await
+        .expect("request");
+    assert_eq!(reply.status(), 200);
+    let seen = world.backend.last();
+    let proto: Vec<_> = seen.headers.get_all("x-forwarded-proto").iter().collect();
+    assert_eq!(proto, ["https"], "{:?}", seen.headers);
+    assert_eq!(seen.headers["x-forwarded-for"], "127.0.0.1");
+}
