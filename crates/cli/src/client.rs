@@ -30,6 +30,8 @@ use crate::request::{Api, Request, Target};
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// Error bodies that are not kayra's shape are shown up to this many characters.
 const MAX_ERROR_TEXT: usize = 1000;
+/// The largest answer read (a catalog list of every registration is far smaller).
+const MAX_BODY: usize = 64 << 20;
 /// A server that keeps answering `continue` is stopped after this many pages.
 const MAX_PAGES: usize = 10_000;
 
@@ -164,7 +166,7 @@ impl Client {
         let response = builder.send().await.map_err(|e| self.transport(&e))?;
         let status = response.status();
         let location = response.headers().get(header::LOCATION).and_then(|v| v.to_str().ok()).map(str::to_string);
-        let bytes = response.bytes().await.map_err(|e| self.transport(&e))?;
+        let bytes = self.read_body(response).await?;
         if status.is_success() {
             return Ok(body_of(&bytes));
         }
@@ -186,6 +188,23 @@ impl Client {
             }
             other => other,
         }
+    }
+
+    /// The whole body, up to [`MAX_BODY`]: a server that never stops
+    /// sending must not take the CLI's memory with it.
+    async fn read_body(&self, mut response: reqwest::Response) -> Result<Vec<u8>, Error> {
+        let mut bytes = Vec::new();
+        while let Some(chunk) = response.chunk().await.map_err(|e| self.transport(&e))? {
+            if bytes.len() + chunk.len() > MAX_BODY {
+                return Err(Error::Transport(format!(
+                    "the answer from {} is larger than {} MiB; refusing to read more",
+                    self.base,
+                    MAX_BODY >> 20
+                )));
+            }
+            bytes.extend_from_slice(&chunk);
+        }
+        Ok(bytes)
     }
 
     fn transport(&self, error: &reqwest::Error) -> Error {

@@ -34,6 +34,8 @@ async fn handle(State(seen): State<Seen>, uri: Uri) -> Response {
                 .into_response()
         }
         "/namespaces/raw" => (StatusCode::BAD_GATEWAY, EVIL).into_response(),
+        // Larger than the CLI reads (64 MiB).
+        "/namespaces/endless" => vec![b' '; 65 << 20].into_response(),
         "/apis/shell.example.com/v1/namespaces/core/out" => (StatusCode::OK, format!("ok\n{EVIL}\n")).into_response(),
         _ => (StatusCode::NOT_FOUND, axum::Json(json!({"code": 404, "reason": "NotFound", "message": "no"})))
             .into_response(),
@@ -85,6 +87,13 @@ async fn server_text_is_escaped_before_the_terminal() {
     let run = cli.run(&["get", "shell.example.com", "-n", "core", "out"]).await.ok();
     no_raw_controls(&run);
     assert!(run.stdout.starts_with("ok\n"), "{run:#?}");
+}
+
+#[tokio::test]
+async fn an_oversized_answer_is_cut_off() {
+    let (server, _) = start().await;
+    let run = Cli::new(server, Some(TOKEN)).run(&["get", "catalog", "namespaces", "endless"]).await.expect_code(2);
+    assert!(run.stderr.contains("larger than"), "{run:#?}");
 }
 
 #[tokio::test]
