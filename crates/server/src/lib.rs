@@ -58,6 +58,9 @@ pub struct AppState {
     openapi: Bytes,
     /// The gateway to registered APIs; tests shorten its response timeout.
     pub gateway: gateway::Gateway,
+    /// How long a catalog request body may go without a byte
+    /// (`server.request_header_timeout`; see [`listener::stalled_bodies`]).
+    pub body_stall_timeout: Duration,
 }
 
 impl AppState {
@@ -73,6 +76,7 @@ impl AppState {
             api: ApiState { repo, max_body_bytes: config.server.max_body_bytes },
             metrics: metrics::handle(),
             openapi: Bytes::from(openapi),
+            body_stall_timeout: config.server.request_header_timeout.0,
         }
     }
 }
@@ -83,7 +87,11 @@ impl AppState {
 pub fn router(state: AppState) -> Router {
     let repo = state.api.repo.clone();
     let apis = Router::new()
-        .nest("/catalog.example.com/v1", api::router(state.api.clone()))
+        .nest(
+            "/catalog.example.com/v1",
+            api::router(state.api.clone())
+                .layer(axum::middleware::from_fn_with_state(state.body_stall_timeout, listener::stalled_bodies)),
+        )
         .merge(state.gateway.clone().router())
         .layer(axum::middleware::from_fn_with_state(repo, auth::authenticate));
     Router::new()

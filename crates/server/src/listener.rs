@@ -11,6 +11,12 @@
 //! last response finished. While a request is in flight neither runs.
 //! hyper's timeout stays on as a backstop at the sum of both.
 //!
+//! A request body is the handler's to read; catalog bodies (small JSON)
+//! must keep moving: [`stalled_bodies`] fails one that goes
+//! `server.request_header_timeout` without a byte, so a client cannot hold
+//! a connection by trickling a body either. Gateway bodies stream at the
+//! backend's pace and are not limited here.
+//!
 //! Each request carries a [`Peer`] extension: the gateway's
 //! `X-Forwarded-For` and `X-Forwarded-Proto` come from it.
 
@@ -131,6 +137,31 @@ where
             }
         }
     }
+}
+
+/// Middleware: the request body fails (the catalog answers 400) once it has
+/// gone `stall` without a byte.
+pub async fn stalled_bodies(
+    axum::extract::State(stall): axum::extract::State<Duration>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    use futures::StreamExt;
+    let (parts, body) = request.into_parts();
+    if http_body::Body::is_end_stream(&body) {
+        return next.run(axum::extract::Request::from_parts(parts, body)).await;
+    }
+    let chunks = futures::stream::unfold(Some(body.into_data_stream()), move |stream| async move {
+        let mut stream = stream?;
+        match tokio::time::timeout(stall, stream.next()).await {
+            Ok(Some(chunk)) => Some((chunk, Some(stream))),
+            Ok(None) => None,
+            Err(_) => {
+                Some((Err(axum::Error::new(io::Error::new(io::ErrorKind::TimedOut, "request body stalled"))), None))
+            }
+        }
+    });
+    next.run(axum::extract::Request::from_parts(parts, Body::from_stream(chunks))).await
 }
 
 /// What a connection is doing, for its timeouts.

@@ -196,3 +196,35 @@ fn connector(ca: &std::path::Path) -> tokio_rustls::TlsConnector {
         .with_no_client_auth();
     tokio_rustls::TlsConnector::from(Arc::new(config))
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_catalog_body_is_refused() {
+    let server = server(|_| {}).await;
+    let addr = addr(&server);
+    let mut stream = TcpStream::connect(&addr).await.expect("connect");
+    let head = format!(
+        "POST /apis/catalog.example.com/v1/namespaces HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {}\r\n\
+         Content-Type: application/json\r\nContent-Length: 40\r\n\r\n{{\"name\":",
+        server.admin
+    );
+    stream.write_all(head.as_bytes()).await.expect("head and part of the body");
+    let started = Instant::now();
+    let mut answer = Vec::new();
+    let read = tokio::time::timeout(NOTICE, async {
+        let mut buf = [0u8; 1024];
+        while !String::from_utf8_lossy(&answer).contains("\r\n\r\n") {
+            let n = stream.read(&mut buf).await.unwrap_or(0);
+            if n == 0 {
+                break;
+            }
+            answer.extend_from_slice(&buf[..n]);
+        }
+    })
+    .await;
+    assert!(read.is_ok(), "no answer to a stalled body");
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(answer.starts_with("HTTP/1.1 400"), "{answer}");
+    assert!(started.elapsed() >= HEAD_TIMEOUT - Duration::from_millis(200), "{:?}", started.elapsed());
+    healthz_answers(&server).await;
+    assert_eq!(server.get("/namespaces").await.expect(200)["items"], serde_json::json!([]));
+}
