@@ -7,7 +7,13 @@
 //! - Catalog lists are paged through (`continue`) so the caller always sees
 //!   the whole list.
 //! - The token travels only in a header marked sensitive; no message built
-//!   here ever contains it.
+//!   here ever contains it, and a server that echoes it back in an error
+//!   message gets it replaced by `<redacted>`.
+//! - Whatever the server says in an error (`reason`, `message`, a raw body,
+//!   a redirect's `Location`) has its control characters escaped: a hostile
+//!   server must not drive the terminal (clear it, retitle it, forge lines).
+//! - A server URL with user info is refused (exit 2) without repeating it:
+//!   reqwest would send it as Basic auth next to the Bearer token.
 
 use std::collections::HashSet;
 use std::time::Duration;
@@ -17,13 +23,15 @@ use reqwest::{Method, StatusCode, Url};
 use serde_json::Value;
 
 use crate::error::{Error, invalid};
-use crate::output::is_list;
+use crate::output::{escape_controls, is_list};
 use crate::request::{Api, Request, Target};
 
 /// How long to wait for a TCP (and TLS) connection.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// Error bodies that are not kayra's shape are shown up to this many characters.
 const MAX_ERROR_TEXT: usize = 1000;
+/// The largest answer read (a catalog list of every registration is far smaller).
+const MAX_BODY: usize = 64 << 20;
 /// A server that keeps answering `continue` is stopped after this many pages.
 const MAX_PAGES: usize = 10_000;
 
@@ -44,6 +52,8 @@ pub struct Client {
     http: reqwest::Client,
     base: Url,
     authorization: HeaderValue,
+    /// Only to redact it from what the server says.
+    token: String,
 }
 
 impl Client {
@@ -66,7 +76,7 @@ impl Client {
             .redirect(reqwest::redirect::Policy::none())
             .build()
             .map_err(|e| Error::Transport(format!("set up the HTTP client: {}", chain(&e))))?;
-        Ok(Client { http, base, authorization })
+        Ok(Client { http, base, authorization, token: token.to_string() })
     }
 
     /// The server's base URL.
@@ -156,11 +166,45 @@ impl Client {
         let response = builder.send().await.map_err(|e| self.transport(&e))?;
         let status = response.status();
         let location = response.headers().get(header::LOCATION).and_then(|v| v.to_str().ok()).map(str::to_string);
-        let bytes = response.bytes().await.map_err(|e| self.transport(&e))?;
+        let bytes = self.read_body(response).await?;
         if status.is_success() {
             return Ok(body_of(&bytes));
         }
-        Err(api_error(status, &bytes, location.as_deref()))
+        Err(self.redacted(api_error(status, &bytes, location.as_deref())))
+    }
+
+    /// `error` without the token in it, should the server have echoed it.
+    fn redacted(&self, error: Error) -> Error {
+        match error {
+            // Real tokens are long; a short one would redact ordinary words.
+            Error::Api { status, reason, message }
+                if self.token.len() >= 8 && (message.contains(&self.token) || reason.contains(&self.token)) =>
+            {
+                Error::Api {
+                    status,
+                    reason: reason.replace(&self.token, "<redacted>"),
+                    message: message.replace(&self.token, "<redacted>"),
+                }
+            }
+            other => other,
+        }
+    }
+
+    /// The whole body, up to [`MAX_BODY`]: a server that never stops
+    /// sending must not take the CLI's memory with it.
+    async fn read_body(&self, mut response: reqwest::Response) -> Result<Vec<u8>, Error> {
+        let mut bytes = Vec::new();
+        while let Some(chunk) = response.chunk().await.map_err(|e| self.transport(&e))? {
+            if bytes.len() + chunk.len() > MAX_BODY {
+                return Err(Error::Transport(format!(
+                    "the answer from {} is larger than {} MiB; refusing to read more",
+                    self.base,
+                    MAX_BODY >> 20
+                )));
+            }
+            bytes.extend_from_slice(&chunk);
+        }
+        Ok(bytes)
     }
 
     fn transport(&self, error: &reqwest::Error) -> Error {
@@ -170,17 +214,27 @@ impl Client {
             Some(source) => chain(source),
             None => error.to_string(),
         };
-        Error::Transport(format!("{what} {}: {why}", self.base))
+        // The causes may quote what the server sent (a malformed header).
+        Error::Transport(format!("{what} {}: {}", self.base, escape_controls(&why)))
     }
 }
 
-/// Reads `--server`.
+/// Reads `--server`. A URL with user info is refused without being shown
+/// (it holds a password); nothing that looks like user info is ever echoed.
 fn parse_server(server: &str) -> Result<Url, Error> {
-    let bad = |why: &str| invalid(format!("invalid server URL {server:?}: {why} (set --server or KAYRA_SERVER)"));
+    let shown = if server.contains('@') { "(not shown: it contains '@')".to_string() } else { format!("{server:?}") };
+    let bad = |why: &str| invalid(format!("invalid server URL {shown}: {why} (set --server or KAYRA_SERVER)"));
     if server.trim().is_empty() {
         return Err(bad("empty"));
     }
     let url = Url::parse(server).map_err(|e| bad(&e.to_string()))?;
+    if !url.username().is_empty() || url.password().is_some() {
+        return Err(Error::Unsafe(
+            "the server URL (--server or KAYRA_SERVER) must not contain user info (user:password@); \
+             authenticate with --token or KAYRA_TOKEN"
+                .into(),
+        ));
+    }
     if !matches!(url.scheme(), "http" | "https") || url.cannot_be_a_base() || url.host_str().is_none() {
         return Err(bad("expected http://HOST:PORT or https://HOST:PORT"));
     }
@@ -201,7 +255,7 @@ fn body_of(bytes: &[u8]) -> Body {
 fn api_error(status: StatusCode, bytes: &[u8], location: Option<&str>) -> Error {
     let parsed: Option<Value> = serde_json::from_slice(bytes).ok();
     let field = |key: &str| parsed.as_ref().and_then(|v| v.get(key)).and_then(Value::as_str).map(str::to_string);
-    let reason = field("reason").unwrap_or_default();
+    let reason = escape_controls(&field("reason").unwrap_or_default());
     let message = match field("message") {
         Some(message) => message,
         None => {
@@ -219,7 +273,7 @@ fn api_error(status: StatusCode, bytes: &[u8], location: Option<&str>) -> Error 
             }
         }
     };
-    Error::Api { status: status.as_u16(), reason, message }
+    Error::Api { status: status.as_u16(), reason, message: escape_controls(&message) }
 }
 
 /// An error and its sources, `: `-separated, without repeats.
@@ -259,6 +313,48 @@ mod tests {
             assert!(err.to_string().contains("KAYRA_SERVER"), "{err}");
             assert_eq!(err.exit_code(), 1);
         }
+    }
+
+    #[test]
+    fn server_urls_with_user_info_are_refused_unshown() {
+        for url in
+            ["http://user:pw-s3cret@localhost:8080", "https://pw-s3cret@kayra.example.com/", "http://u:pw-s3cret@"]
+        {
+            let err = Client::new(url, Some("t")).err().unwrap_or_else(|| panic!("{url:?} accepted"));
+            assert!(!err.to_string().contains("pw-s3cret"), "{err}");
+            if url.ends_with('@') {
+                assert_eq!(err.exit_code(), 1, "{err}");
+            } else {
+                assert_eq!(err.exit_code(), 2, "{err}");
+                assert!(err.to_string().contains("user info"), "{err}");
+            }
+        }
+    }
+
+    #[test]
+    fn hostile_error_messages_are_escaped() {
+        let body = json!({"code": 400, "reason": "Bad\u{1b}[2J", "message": "x\u{1b}]0;pwned\u{7}\nforged line\u{9b}"});
+        let body = serde_json::to_vec(&body).unwrap();
+        let Error::Api { reason, message, .. } = api_error(StatusCode::BAD_REQUEST, &body, None) else { panic!() };
+        for text in [&reason, &message] {
+            assert!(!text.chars().any(char::is_control), "{text:?}");
+        }
+        assert!(message.contains("\\u{1b}]0;pwned"), "{message}");
+        let Error::Api { message, .. } = api_error(StatusCode::BAD_GATEWAY, b"\x1b[2Jcleared\r\n", None) else {
+            panic!()
+        };
+        assert!(!message.chars().any(char::is_control), "{message:?}");
+        let Error::Api { message, .. } = api_error(StatusCode::FOUND, b"", Some("http://x/\x1b]2;title\x07")) else {
+            panic!()
+        };
+        assert!(!message.chars().any(char::is_control), "{message:?}");
+    }
+
+    #[test]
+    fn an_echoed_token_is_redacted() {
+        let client = Client::new("http://localhost:8080", Some("tok-123456")).unwrap();
+        let echoed = Error::Api { status: 401, reason: "Unauthorized".into(), message: "bad token tok-123456".into() };
+        assert_eq!(client.redacted(echoed).to_string(), "Error from server (Unauthorized): bad token <redacted>");
     }
 
     #[test]

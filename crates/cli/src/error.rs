@@ -24,6 +24,9 @@ pub enum Error {
     },
     /// No usable answer: connection refused, TLS, a reset, a body cut short.
     Transport(String),
+    /// Arguments refused because sending them would be unsafe: a `.`/`..`
+    /// path segment, a server URL with user info (§9: exit 2).
+    Unsafe(String),
     /// `--until-synced` reached `--timeout` before everything was synced.
     NotSynced(String),
     /// Whoever read stdout went away (`| head`). Not a failure: it ends the
@@ -37,7 +40,7 @@ impl Error {
         match self {
             Error::Invalid(_) => 1,
             Error::Api { status, .. } if (400..500).contains(status) => 1,
-            Error::Api { .. } | Error::Transport(_) => 2,
+            Error::Api { .. } | Error::Transport(_) | Error::Unsafe(_) => 2,
             Error::NotSynced(_) => 3,
             Error::StdoutClosed => 0,
         }
@@ -45,14 +48,17 @@ impl Error {
 
     /// Whether retrying the same request later may succeed (5xx, transport).
     pub fn is_transient(&self) -> bool {
-        self.exit_code() == 2
+        matches!(self, Error::Api { .. } | Error::Transport(_)) && self.exit_code() == 2
     }
 }
 
 impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Error::Invalid(message) | Error::Transport(message) | Error::NotSynced(message) => {
+            Error::Invalid(message)
+            | Error::Transport(message)
+            | Error::NotSynced(message)
+            | Error::Unsafe(message) => {
                 write!(f, "error: {message}")
             }
             Error::StdoutClosed => Ok(()),

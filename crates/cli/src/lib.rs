@@ -115,7 +115,8 @@ impl Call<'_> {
                 }
                 Ok(())
             }
-            Body::Raw(bytes) => emit(&bytes),
+            // A backend's own answer: shown as text, its control characters escaped.
+            Body::Raw(bytes) => emit(&crate::output::escape_raw(&bytes)),
             Body::Json(value) => {
                 let format = format.unwrap_or(if is_list(&value) { Format::Table } else { Format::Json });
                 if let Some(note) = empty_list_note(&value, format, self.target) {

@@ -68,10 +68,14 @@ fn rows_of(value: &Value) -> Vec<&Value> {
 pub fn render(value: &Value, view: View, format: Format) -> Result<String, Error> {
     match format {
         Format::Json => {
-            let mut text = serde_json::to_string_pretty(value).map_err(|e| invalid(format!("render JSON: {e}")))?;
+            let text = serde_json::to_string_pretty(value).map_err(|e| invalid(format!("render JSON: {e}")))?;
+            // serde_json escapes C0 controls in strings; DEL and C1 (8-bit
+            // CSI, OSC, ...) it leaves raw. Outside strings there are none.
+            let mut text = escape_json_controls(&text);
             text.push('\n');
             Ok(text)
         }
+        // The YAML emitter escapes every non-printable character itself.
         Format::Yaml => serde_norway::to_string(value).map_err(|e| invalid(format!("render YAML: {e}"))),
         Format::Table => Ok(table(value, view)),
     }
@@ -147,7 +151,7 @@ fn generic_table(value: &Value) -> String {
         let cells = rows.iter().map(|row| vec![cell(Some(row))]).collect();
         return layout(vec!["VALUE".to_string()], cells);
     }
-    let headers = keys.iter().map(|key| key.replace('_', " ").to_uppercase()).collect();
+    let headers = keys.iter().map(|key| escape_controls(&key.replace('_', " ").to_uppercase())).collect();
     let cells = rows.iter().map(|row| keys.iter().map(|key| cell(row.get(*key))).collect()).collect();
     layout(headers, cells)
 }
@@ -175,8 +179,47 @@ fn cell(value: Option<&Value>) -> String {
     if text.is_empty() {
         return NONE.to_string();
     }
-    // A newline or tab inside a cell would break the table's shape.
-    text.chars().map(|c| if c.is_control() { ' ' } else { c }).collect()
+    // A newline inside a cell would break the table's shape, an escape
+    // sequence the terminal.
+    escape_controls(&text)
+}
+
+/// `text` with every control character (C0, DEL, C1) shown escaped
+/// (`\n`, `\u{1b}`): for anything the server sent that goes to a
+/// terminal as one line — messages, table cells.
+pub fn escape_controls(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        if c.is_control() {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// A raw body (a backend's non-JSON answer) made safe for a terminal: line
+/// breaks and tabs stay, every other control character is escaped, and
+/// bytes that are not UTF-8 are replaced.
+pub fn escape_raw(bytes: &[u8]) -> Vec<u8> {
+    let text = String::from_utf8_lossy(bytes);
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        if c.is_control() && c != '\n' && c != '\t' {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    out.into_bytes()
+}
+
+/// Rendered JSON with DEL and C1 controls as `\u00XX` escapes.
+fn escape_json_controls(text: &str) -> String {
+    text.chars()
+        .map(|c| if c.is_control() && c != '\n' { format!("\\u{:04x}", u32::from(c)) } else { c.to_string() })
+        .collect()
 }
 
 fn layout(headers: Vec<String>, rows: Vec<Vec<String>>) -> String {
@@ -258,6 +301,30 @@ dev.example.com       <none>    <none>   x
     }
 
     #[test]
+    fn hostile_strings_cannot_drive_the_terminal() {
+        let evil = "\u{1b}]0;pwned\u{7}\u{1b}[2J\u{9b}31m\u{7f}";
+        let list = json!({"items": [{"name": evil, "description": evil, "active": true, evil: evil}], "continue": ""});
+        for view in [View::Namespaces, View::Generic] {
+            let text = table(&list, view);
+            assert!(!text.chars().any(|c| c.is_control() && c != '\n'), "{text:?}");
+        }
+        for format in [Format::Json, Format::Yaml] {
+            let text = render(&list, View::Generic, format).unwrap();
+            assert!(!text.chars().any(|c| c.is_control() && c != '\n'), "{format:?}: {text:?}");
+            let back: Value = if format == Format::Json {
+                serde_json::from_str(&text).unwrap()
+            } else {
+                serde_norway::from_str(&text).unwrap()
+            };
+            assert_eq!(back, list, "{format:?} still round-trips");
+        }
+        let raw = escape_raw(b"line 1\n\x1b[2Jline 2\tend\r\n\xff");
+        let raw = String::from_utf8(raw).unwrap();
+        assert!(!raw.chars().any(|c| c.is_control() && c != '\n' && c != '\t'), "{raw:?}");
+        assert!(raw.starts_with("line 1\n\\u{1b}[2Jline 2\tend"), "{raw:?}");
+    }
+
+    #[test]
     fn namespaces() {
         let list = json!({"items": [
             {"name": "core", "description": "the core\nteam", "active": true},
@@ -267,7 +334,7 @@ dev.example.com       <none>    <none>   x
             table(&list, View::Namespaces),
             "\
 NAME   ACTIVE   DESCRIPTION
-core   true     the core team
+core   true     the core\\nteam
 sre    false    <none>
 "
         );

@@ -105,6 +105,9 @@ impl ObjectRef {
         if name.is_empty() || sub.iter().any(String::is_empty) {
             return Err(invalid(format!("invalid NAME {text:?}: expected NAME or NAME/SUBRESOURCE")));
         }
+        for segment in std::iter::once(name).chain(sub.iter().map(String::as_str)) {
+            safe_segment("NAME", segment)?;
+        }
         if *api == Api::Catalog
             && let Some(first) = sub.first()
         {
@@ -146,6 +149,7 @@ impl Target {
     /// short API name stays [`Api::Short`].
     pub fn new(api: &str, namespace: Option<&str>, resource: &str, name: Option<&str>) -> Result<Target, Error> {
         let api = Api::parse(api)?;
+        safe_segment("API", api.path_name())?;
         check_segment("RESOURCE", resource)?;
         if let Some(ns) = namespace {
             check_segment("namespace", ns)?;
@@ -232,7 +236,21 @@ fn check_segment(what: &str, value: &str) -> Result<(), Error> {
     if value.is_empty() || value.contains('/') || value.chars().any(char::is_whitespace) {
         return Err(invalid(format!("invalid {what} {value:?}")));
     }
-    Ok(())
+    safe_segment(what, value)
+}
+
+/// Refuses (exit 2) a path argument that the URL would resolve away (`.`,
+/// `..`: `users ../tokens` would become `GET /users/tokens`) or that the
+/// server refuses as a path segment anyway (§6): the same rule as the
+/// gateway's, applied to the segment as it will be sent. The CLI encodes
+/// `%` itself, so the argument's `%` is literal.
+fn safe_segment(what: &str, value: &str) -> Result<(), Error> {
+    let as_sent = value.replace('%', "%25");
+    kayra_core::validation::path_segment(&as_sent).map_err(|_| {
+        Error::Unsafe(format!(
+            "refusing to send {what} {value:?}: \".\", \"..\", '\\' and control characters are not allowed in a path"
+        ))
+    })
 }
 
 /// A request ready to send.

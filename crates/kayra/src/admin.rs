@@ -32,9 +32,10 @@ pub async fn serve(
         .route("/readyz", get(readyz))
         .route("/metrics", get(render))
         .with_state(AdminState { store, ready, metrics });
-    if let Err(e) = axum::serve(listener, app).with_graceful_shutdown(async move { cancel.cancelled().await }).await {
-        tracing::error!(error = %e, "admin listener failed");
-    }
+    // Slow and silent clients are closed as on `kayra serve`, with its
+    // default timeouts (the reconciler has no `server` section of its own).
+    let timeouts = kayra_server::listener::Timeouts::default();
+    kayra_server::listener::serve(listener, app, timeouts, false, cancel).await;
 }
 
 async fn readyz(State(state): State<AdminState>) -> (StatusCode, &'static str) {

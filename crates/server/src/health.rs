@@ -24,7 +24,9 @@ pub async fn readyz(State(state): State<AppState>) -> Response {
     match tokio::time::timeout(READY_TIMEOUT, state.api.repo.store().revision()).await {
         Ok(Ok(_)) => Json(json!({"status": "ready"})).into_response(),
         Ok(Err(e)) => {
-            tracing::warn!(error = %e, "not ready: store unreachable");
+            // A store error may quote an endpoint URL, user info and all.
+            let error = kayra_core::validation::scrub_userinfo(&e.to_string()).into_owned();
+            tracing::warn!(error, "not ready: store unreachable");
             ApiError::unavailable("not ready: the store is unreachable").into_response()
         }
         Err(_) => {

@@ -17,11 +17,14 @@
 //! - [`gateway`]: `/apis/<other api>/...`, the six steps and forwarding (§6).
 //! - `health`: `/healthz`, `/readyz`, `/metrics`, `/openapi.json`.
 //! - `metrics`: the Prometheus recorder and the request metrics middleware.
+//! - [`listener`]: serving connections (plain or TLS) with the slow-client
+//!   timeouts and the peer of each request.
 //! - `tls`: HTTPS when `server.tls` is set.
 
 mod auth;
 pub mod gateway;
 mod health;
+pub mod listener;
 pub mod metrics;
 mod tls;
 
@@ -55,6 +58,9 @@ pub struct AppState {
     openapi: Bytes,
     /// The gateway to registered APIs; tests shorten its response timeout.
     pub gateway: gateway::Gateway,
+    /// How long a catalog request body may go without a byte
+    /// (`server.request_header_timeout`; see [`listener::stalled_bodies`]).
+    pub body_stall_timeout: Duration,
 }
 
 impl AppState {
@@ -64,11 +70,13 @@ impl AppState {
         // Serializing utoipa's plain structs cannot fail; an empty document
         // would be caught by the OpenAPI tests.
         let openapi = serde_json::to_vec(&api::openapi::openapi()).unwrap_or_default();
+        metrics::describe(metrics::SERVE);
         Self {
             gateway: gateway::Gateway::new(repo.clone()),
             api: ApiState { repo, max_body_bytes: config.server.max_body_bytes },
             metrics: metrics::handle(),
             openapi: Bytes::from(openapi),
+            body_stall_timeout: config.server.request_header_timeout.0,
         }
     }
 }
@@ -79,7 +87,11 @@ impl AppState {
 pub fn router(state: AppState) -> Router {
     let repo = state.api.repo.clone();
     let apis = Router::new()
-        .nest("/catalog.example.com/v1", api::router(state.api.clone()))
+        .nest(
+            "/catalog.example.com/v1",
+            api::router(state.api.clone())
+                .layer(axum::middleware::from_fn_with_state(state.body_stall_timeout, listener::stalled_bodies)),
+        )
         .merge(state.gateway.clone().router())
         .layer(axum::middleware::from_fn_with_state(repo, auth::authenticate));
     Router::new()
@@ -90,10 +102,30 @@ pub fn router(state: AppState) -> Router {
         .with_state(state)
         .nest("/apis", apis)
         .fallback(|| async { ApiError::not_found("no such route") })
+        .layer(axum::middleware::map_response(method_not_allowed))
         .layer(axum::middleware::from_fn(metrics::track))
         // A span per request; errors are logged once, where they are
         // handled (`ApiError`), not again by the trace layer.
         .layer(TraceLayer::new_for_http().on_failure(()))
+}
+
+/// axum answers a route's unsupported method (`get` is not `GET`) with an
+/// empty 405; the contract wants its error shape (§4), `Allow` kept.
+async fn method_not_allowed(response: axum::response::Response) -> axum::response::Response {
+    use axum::http::{StatusCode, header};
+    use axum::response::IntoResponse;
+    if response.status() != StatusCode::METHOD_NOT_ALLOWED || response.headers().contains_key(header::CONTENT_TYPE) {
+        return response;
+    }
+    let allow = response.headers().get(header::ALLOW).cloned();
+    let allowed = allow.as_ref().and_then(|a| a.to_str().ok()).unwrap_or_default().to_string();
+    let mut answer =
+        ApiError::method_not_allowed(format!("method not allowed on this route; allowed: {allowed} (case-sensitive)"))
+            .into_response();
+    if let Some(allow) = allow {
+        answer.headers_mut().insert(header::ALLOW, allow);
+    }
+    answer
 }
 
 /// Runs `kayra serve` on `listener` until `shutdown` completes, then stops
@@ -117,26 +149,28 @@ pub async fn run(
         Some(tls) => Some(tls::acceptor(tls).context("load server.tls")?),
         None => None,
     };
+    let timeouts = listener::Timeouts::from_config(&config.server);
 
     let stopping = CancellationToken::new();
     let upkeep = tokio::spawn(metrics::upkeep(state.metrics.clone(), stopping.clone()));
     let app = router(state);
-    let signal = {
+    {
         let stopping = stopping.clone();
-        async move {
+        tokio::spawn(async move {
             shutdown.await;
             tracing::info!("shutting down: no new connections, finishing in-flight requests");
             stopping.cancel();
-        }
-    };
+        });
+    }
     let served = async {
         match tls {
             Some(acceptor) => {
-                let listener = tls::Listener::new(listener, acceptor)?;
-                axum::serve(listener, app).with_graceful_shutdown(signal).await
+                let listener = tls::Listener::new(listener, acceptor, timeouts.request_header)?;
+                listener::serve(listener, app, timeouts, true, stopping.clone()).await;
             }
-            None => axum::serve(listener, app).with_graceful_shutdown(signal).await,
+            None => listener::serve(listener, app, timeouts, false, stopping.clone()).await,
         }
+        Ok::<(), std::io::Error>(())
     };
     let drain_deadline = async {
         stopping.cancelled().await;

@@ -3,7 +3,8 @@
 //!
 //! axum serves any [`axum::serve::Listener`]; ours hands out connections
 //! whose TLS handshake has already completed. Handshakes run in their own
-//! tasks with a timeout, so a slow or silent client never holds up the
+//! tasks with a timeout (`server.request_header_timeout`: the handshake
+//! comes before the head), so a slow or silent client never holds up the
 //! accept loop for everyone else.
 
 use std::io;
@@ -20,9 +21,6 @@ use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio_rustls::TlsAcceptor;
 use tokio_rustls::server::TlsStream;
-
-/// A client gets this long to complete its handshake.
-const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Handshaken connections waiting for axum to take them.
 const BACKLOG: usize = 128;
@@ -54,10 +52,10 @@ pub struct Listener {
 }
 
 impl Listener {
-    pub fn new(tcp: TcpListener, acceptor: TlsAcceptor) -> io::Result<Self> {
+    pub fn new(tcp: TcpListener, acceptor: TlsAcceptor, handshake_timeout: Duration) -> io::Result<Self> {
         let local_addr = tcp.local_addr()?;
         let (tx, ready) = mpsc::channel(BACKLOG);
-        let accept_loop = tokio::spawn(accept_loop(tcp, acceptor, tx));
+        let accept_loop = tokio::spawn(accept_loop(tcp, acceptor, tx, handshake_timeout));
         Ok(Self { ready, local_addr, accept_loop })
     }
 }
@@ -86,7 +84,12 @@ impl axum::serve::Listener for Listener {
     }
 }
 
-async fn accept_loop(tcp: TcpListener, acceptor: TlsAcceptor, ready: mpsc::Sender<(TlsStream<TcpStream>, SocketAddr)>) {
+async fn accept_loop(
+    tcp: TcpListener,
+    acceptor: TlsAcceptor,
+    ready: mpsc::Sender<(TlsStream<TcpStream>, SocketAddr)>,
+    handshake_timeout: Duration,
+) {
     loop {
         let (stream, peer) = match tcp.accept().await {
             Ok(connection) => connection,
@@ -100,7 +103,7 @@ async fn accept_loop(tcp: TcpListener, acceptor: TlsAcceptor, ready: mpsc::Sende
         let acceptor = acceptor.clone();
         let ready = ready.clone();
         tokio::spawn(async move {
-            match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
+            match tokio::time::timeout(handshake_timeout, acceptor.accept(stream)).await {
                 Ok(Ok(tls)) => {
                     let _ = ready.send((tls, peer)).await;
                 }

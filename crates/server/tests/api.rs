@@ -11,11 +11,14 @@ mod api {
     mod auth;
     mod concurrency;
     mod deployments;
+    mod fuzz;
+    mod hardening;
     mod hostile;
     mod namespaces;
     mod operations;
     mod rbac;
     mod registrations;
     mod store_outage;
+    mod slow_clients;
     mod subscriptions;
 }

@@ -16,6 +16,8 @@ mod gateway {
     pub mod backend;
     mod failures;
     mod forwarding;
+    mod fuzz;
+    mod hostile;
     mod steps;
     mod streaming;
 }
@@ -117,6 +119,7 @@ pub fn refused(reply: Reply, status: u16, mentions: &[&str]) -> String {
         401 => "Unauthorized",
         403 => "Forbidden",
         404 => "NotFound",
+        405 => "MethodNotAllowed",
         502 => "BadGateway",
         503 => "Unavailable",
         504 => "GatewayTimeout",

@@ -9,6 +9,7 @@
 use axum::Json;
 use axum::extract::State;
 use axum::http::StatusCode;
+use kayra_core::validation as rules;
 use kayra_core::{ApiRegistration, SubscriptionState};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
@@ -17,7 +18,7 @@ use utoipa::ToSchema;
 use super::error::{ApiError, ErrorBody};
 use super::extract::{JsonBody, JsonObject, Path, Query, RequestBody, merged, reject_computed};
 use super::list::{List, ListQuery, page};
-use super::{ApiState, Empty, check_body_name, label, long_name, registration_not_found, shown};
+use super::{ApiState, Empty, check_body_name, label, long_name, registration_not_found};
 use crate::repo::keys;
 use crate::repo::tenancy::new_sync_id;
 
@@ -97,19 +98,20 @@ pub struct Subscriber {
     pub synced: bool,
 }
 
+/// A refused value as the caller is told (§4.2: naming the field).
+fn invalid(invalid: rules::Invalid) -> ApiError {
+    ApiError::bad_request(invalid.to_string())
+}
+
+/// A `sync_id` the caller gave; empty means "let the server set it".
+fn given_sync_id(sync_id: Option<&str>) -> Result<(), ApiError> {
+    sync_id.filter(|s| !s.is_empty()).map_or(Ok(()), |s| rules::validate_sync_id(s).map_err(invalid))
+}
+
 /// Checks the writable fields of a registration named `name`.
 async fn validate(state: &ApiState, name: &str, short_name: &str, endpoint: &str) -> Result<(), ApiError> {
-    if !endpoint.is_empty() {
-        match reqwest::Url::parse(endpoint) {
-            Ok(url) if matches!(url.scheme(), "http" | "https") && url.has_host() => {}
-            _ => {
-                return Err(ApiError::bad_request(format!(
-                    "endpoint {} must be an http or https URL",
-                    shown(endpoint)
-                )));
-            }
-        }
-    }
+    rules::validate_endpoint(endpoint).map_err(invalid)?;
+    rules::validate_not_reserved(name, short_name).map_err(invalid)?;
     if short_name.is_empty() {
         return Ok(());
     }
@@ -144,6 +146,7 @@ pub(crate) async fn create(
 ) -> Result<(StatusCode, Json<ApiRegistration>), ApiError> {
     long_name(&state, &body.name).await?;
     validate(&state, &body.name, &body.short_name, &body.endpoint).await?;
+    given_sync_id(body.sync_id.as_deref())?;
     let registration = ApiRegistration {
         sync_id: body.sync_id.filter(|s| !s.is_empty()).unwrap_or_else(|| new_sync_id("")),
         name: body.name,
@@ -250,6 +253,7 @@ async fn apply(
 ) -> Result<ApiRegistration, ApiError> {
     check_body_name("api registration", name, body.name.as_deref())?;
     validate(state, name, &body.short_name, &body.endpoint).await?;
+    given_sync_id(body.sync_id.as_deref())?;
     current.short_name.clone_from(&body.short_name);
     current.mode.clone_from(&body.mode);
     current.endpoint.clone_from(&body.endpoint);

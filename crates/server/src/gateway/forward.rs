@@ -13,7 +13,27 @@
 //! caller's `Authorization` (a kayra token is no business of a backend) and
 //! `Expect` (hyper already answered `100-continue` to the caller). The
 //! backend learns who is calling from `X-Kayra-User` and
-//! `X-Kayra-Namespace`, which always replace any the caller sent.
+//! `X-Kayra-Namespace`, and where the request came from from
+//! `X-Forwarded-For`, `-Proto` and `-Host`, all set by kayra: every caller
+//! header named `X-Kayra-*`, `X-Forwarded-*` or `Forwarded` is dropped,
+//! names compared with `_` and `-` alike (WSGI and CGI backends read
+//! `X_Kayra_User` as `X-Kayra-User` and would join both values).
+//!
+//! Cookies do not cross: every backend shares kayra's origin, so a
+//! `Set-Cookie` from one backend would be sent by browsers to every other
+//! backend and to kayra itself, and a caller's `Cookie` (a web console
+//! session, another backend's cookie) is no business of this backend.
+//! `Cookie` is dropped toward backends and `Set-Cookie` on the way back.
+//! For the same reason every answer carries `Content-Security-Policy:
+//! sandbox` (added to any policy of the backend's, since browsers enforce
+//! every policy given) and `X-Content-Type-Options: nosniff`: a page a
+//! backend serves runs in an opaque origin, so its scripts cannot read the
+//! web console's token from kayra's origin or call kayra as the user.
+//!
+//! Framing is hyper's: a message that arrived chunked never keeps a
+//! `Content-Length` (RFC 9112 §6.3: with `Transfer-Encoding` it must be
+//! ignored), so the next hop cannot be made to read a different body
+//! length than this hop did.
 //!
 //! The response timeout (60s, [`super::DEFAULT_RESPONSE_TIMEOUT`]) is the
 //! time the backend may go without progress before its response headers
@@ -51,16 +71,20 @@ const HOP_BY_HOP: [HeaderName; 7] = [
     header::HOST,
 ];
 
-/// Who a forwarded request is made for.
+/// Who a forwarded request is made for, and where it came from.
 pub(crate) struct Identity<'a> {
     pub user: &'a str,
     pub namespace: &'a str,
+    /// The connection it came on; absent when served without kayra's listener.
+    pub origin: Option<crate::listener::Peer>,
 }
 
 /// Why forwarding failed, as the caller is told.
 pub(crate) enum Failure {
     /// The registration has no usable endpoint (see [`backend_url`]): 503.
     NoEndpoint,
+    /// The URL to the backend would not carry the checked path unchanged: 400.
+    NotForwardable,
     /// The backend could not be reached or broke off: 502.
     Unreachable(reqwest::Error),
     /// The backend did not answer in time: 504.
@@ -100,7 +124,11 @@ pub(crate) async fn forward(
 
     let status = answer.status();
     let mut headers = std::mem::take(answer.headers_mut());
+    drop_content_length_if_chunked(&mut headers);
     strip_hop_by_hop(&mut headers);
+    headers.remove(header::SET_COOKIE);
+    headers.append(header::CONTENT_SECURITY_POLICY, HeaderValue::from_static("sandbox"));
+    headers.insert(header::X_CONTENT_TYPE_OPTIONS, HeaderValue::from_static("nosniff"));
     let mut response = Response::new(Body::from_stream(answer.bytes_stream()));
     *response.status_mut() = status;
     *response.headers_mut() = headers;
@@ -122,25 +150,76 @@ async fn backend_silent(mut progress: watch::Receiver<()>, limit: Duration) {
 }
 
 /// `endpoint` (a base URL, maybe with a path prefix) + the original path
-/// and query. `None` when the endpoint is not an `http(s)` URL.
-pub(crate) fn backend_url(endpoint: &str, path_and_query: &str) -> Option<Url> {
-    let endpoint = endpoint.trim();
+/// and query, exactly: a URL parser normalises (`\` becomes `/`, dot
+/// segments resolve, some bytes get percent-encoded), so the result is
+/// checked to carry the path and query byte for byte, and refused
+/// otherwise — what the gateway checked is what the backend gets.
+pub(crate) fn backend_url(endpoint: &str, uri: &axum::http::Uri) -> Result<Url, Failure> {
+    let endpoint = endpoint.trim().trim_end_matches('/');
     if endpoint.is_empty() {
-        return None;
+        return Err(Failure::NoEndpoint);
     }
-    let url = Url::parse(&format!("{}{path_and_query}", endpoint.trim_end_matches('/'))).ok()?;
-    matches!(url.scheme(), "http" | "https").then_some(url)
+    let base = Url::parse(endpoint).map_err(|_| Failure::NoEndpoint)?;
+    if !matches!(base.scheme(), "http" | "https") || !base.has_host() {
+        return Err(Failure::NoEndpoint);
+    }
+    let path_and_query = uri.path_and_query().map_or("/", |pq| pq.as_str());
+    let url = Url::parse(&format!("{endpoint}{path_and_query}")).map_err(|_| Failure::NotForwardable)?;
+    let expected_path = format!("{}{}", base.path().trim_end_matches('/'), uri.path());
+    if url.path() != expected_path || url.query() != uri.query() || url.host() != base.host() {
+        return Err(Failure::NotForwardable);
+    }
+    Ok(url)
 }
+
+/// `X-Forwarded-For`: the caller's address.
+const FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+/// `X-Forwarded-Proto`: `http` or `https`, as the caller reached kayra.
+const FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
+/// `X-Forwarded-Host`: the `Host` the caller sent to kayra.
+const FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
 
 /// The caller's headers as the backend gets them.
 fn request_headers(mut headers: HeaderMap, identity: &Identity<'_>) -> Option<HeaderMap> {
+    let host = headers.get(header::HOST).cloned();
+    drop_content_length_if_chunked(&mut headers);
     strip_hop_by_hop(&mut headers);
     headers.remove(header::AUTHORIZATION);
     headers.remove(header::EXPECT);
+    headers.remove(header::COOKIE);
+    let spoofable: Vec<HeaderName> = headers.keys().filter(|name| is_kayras(name)).cloned().collect();
+    for name in spoofable {
+        headers.remove(name);
+    }
     // Names are DNS labels, always valid header values; refuse rather than panic.
     headers.insert(USER_HEADER, HeaderValue::from_str(identity.user).ok()?);
     headers.insert(NAMESPACE_HEADER, HeaderValue::from_str(identity.namespace).ok()?);
+    let origin = identity.origin;
+    if let Some(peer) = origin {
+        headers.insert(FORWARDED_FOR, HeaderValue::from_str(&peer.addr.ip().to_string()).ok()?);
+    }
+    let proto = if origin.is_some_and(|peer| peer.tls) { "https" } else { "http" };
+    headers.insert(FORWARDED_PROTO, HeaderValue::from_static(proto));
+    if let Some(host) = host {
+        headers.insert(FORWARDED_HOST, host);
+    }
     Some(headers)
+}
+
+/// Whether `name` is one only kayra may set toward a backend: `X-Kayra-*`,
+/// `X-Forwarded-*`, `Forwarded`, with `_` read as `-`.
+fn is_kayras(name: &HeaderName) -> bool {
+    // Header names are stored lowercase.
+    let name = name.as_str().replace('_', "-");
+    name.starts_with("x-kayra-") || name.starts_with("x-forwarded-") || name == "forwarded"
+}
+
+/// A chunked message's `Content-Length` is meaningless (RFC 9112 §6.3) and,
+/// forwarded next to a re-framed body, a request-smuggling vector.
+fn drop_content_length_if_chunked(headers: &mut HeaderMap) {
+    if headers.contains_key(header::TRANSFER_ENCODING) {
+        headers.remove(header::CONTENT_LENGTH);
+    }
 }
 
 /// Removes hop-by-hop headers, `Proxy-*` and whatever `Connection` names.
@@ -182,9 +261,18 @@ impl Failure {
                 "api {api:?} has no usable endpoint (an http or https base URL); \
                  an operator must set the endpoint of its api registration"
             )),
+            Failure::NotForwardable => ApiError::bad_request(
+                "the request path cannot be forwarded unchanged: it has characters a URL would rewrite; \
+                 percent-encode them",
+            ),
             Failure::Unreachable(error) => {
-                // Logged here, once; the caller gets no internal detail.
-                tracing::warn!(api, error = %error_chain(&error), connect = error.is_connect(), "backend request failed");
+                // Logged here, once; the caller gets no internal detail. The
+                // URL goes (it may carry an endpoint's user info), and any
+                // user info a cause quotes is scrubbed.
+                let connect = error.is_connect();
+                let chain = error_chain(&error.without_url());
+                let error = kayra_core::validation::scrub_userinfo(&chain);
+                tracing::warn!(api, error = %error, connect, "backend request failed");
                 ApiError::new(
                     StatusCode::BAD_GATEWAY,
                     format!("the backend of api {api:?} could not be reached or failed to answer; retry later"),
@@ -222,8 +310,8 @@ mod tests {
 
     #[test]
     fn backend_urls_join_endpoint_and_path() {
-        let url =
-            |endpoint: &str| backend_url(endpoint, "/apis/a.b/v1/namespaces/core/vms?x=1&y=%20").map(String::from);
+        let uri: axum::http::Uri = "/apis/a.b/v1/namespaces/core/vms?x=1&y=%20".parse().unwrap();
+        let url = |endpoint: &str| backend_url(endpoint, &uri).ok().map(String::from);
         assert_eq!(
             url("http://127.0.0.1:9000").unwrap(),
             "http://127.0.0.1:9000/apis/a.b/v1/namespaces/core/vms?x=1&y=%20"
@@ -240,6 +328,15 @@ mod tests {
         assert_eq!(url("  "), None);
         assert_eq!(url("ftp://h.example"), None);
         assert_eq!(url("not a url"), None);
+        // A path a URL parser would rewrite is not forwarded at all.
+        for rewritten in [
+            "/apis/a.b/v1/namespaces/a/vms/..\\..\\b",
+            "/apis/a.b/v1/namespaces/a/vms/x\"y",
+            "/apis/a.b/v1/namespaces/a/vms/{x}",
+        ] {
+            let Ok(uri) = rewritten.parse::<axum::http::Uri>() else { continue };
+            assert!(matches!(backend_url("http://h.example", &uri), Err(Failure::NotForwardable)), "{rewritten}");
+        }
     }
 
     #[test]
@@ -259,16 +356,34 @@ mod tests {
             ("authorization", "Bearer secret"),
             ("expect", "100-continue"),
             ("x-kayra-user", "mallory"),
+            ("x_kayra_user", "mallory"),
+            ("x-kayra-anything", "1"),
+            ("x-forwarded-for", "10.0.0.1"),
+            ("x_forwarded_host", "evil.example"),
+            ("forwarded", "for=10.0.0.1"),
+            ("cookie", "session=abc"),
             ("content-type", "application/json"),
             ("content-length", "12"),
             ("x-request-id", "abc"),
         ] {
             headers.append(HeaderName::from_static(name), HeaderValue::from_static(value));
         }
-        let forwarded = request_headers(headers, &Identity { user: "alice", namespace: "core" }).unwrap();
+        let forwarded = request_headers(headers, &Identity { user: "alice", namespace: "core", origin: None }).unwrap();
         let mut names: Vec<&str> = forwarded.keys().map(|n| n.as_str()).collect();
         names.sort_unstable();
-        assert_eq!(names, ["content-length", "content-type", "x-kayra-namespace", "x-kayra-user", "x-request-id"]);
+        // `transfer-encoding` came with it, so `content-length` goes too.
+        assert_eq!(
+            names,
+            [
+                "content-type",
+                "x-forwarded-host",
+                "x-forwarded-proto",
+                "x-kayra-namespace",
+                "x-kayra-user",
+                "x-request-id"
+            ]
+        );
+        assert_eq!(forwarded[FORWARDED_HOST], "kayra.example");
         assert_eq!(forwarded.get_all(USER_HEADER).iter().collect::<Vec<_>>(), ["alice"]);
         assert_eq!(forwarded[NAMESPACE_HEADER], "core");
     }

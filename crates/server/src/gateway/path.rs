@@ -2,12 +2,15 @@
 //!
 //! The path is parsed from the request as it arrived (not from axum's
 //! decoded route parameters) because the very same string is what the
-//! backend receives: the gateway must authorize exactly what it forwards.
-//! Two shapes are therefore refused before any lookup:
+//! backend receives: the gateway must authorize exactly what it forwards
+//! (the forwarding side checks that the URL it builds carries this path
+//! byte for byte). Refused before any lookup:
 //!
-//! - dot segments (`.`, `..`, also percent-encoded): a backend that
-//!   normalises `/namespaces/a/vms/../../b/vms` would serve namespace `b`
-//!   while RBAC and the subscription check looked at `a`;
+//! - any segment that [`kayra_core::validation::path_segment`] refuses —
+//!   dot segments, `/` or `\` (also percent-encoded), NUL and control
+//!   characters: a backend (or a URL parser on the way) that resolves
+//!   `..\..\b` or `%2e%2e/` would serve another namespace or another
+//!   resource than the one RBAC and the subscription check looked at;
 //! - percent-encoding in `<api>`, `<version>`, `<ns>` or `<resource>`:
 //!   RBAC compares `<resource>` with the rules literally, while a backend
 //!   decodes it, so `vm%73` must not slip past a rule about `vms`. Names
@@ -34,17 +37,20 @@ impl Target<'_> {
 }
 
 /// Why a path is not a gateway path.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Refusal {
     /// Not of the shape `/apis/<api>/<version>/namespaces/<ns>/<resource>…` (404).
     NotAGatewayPath,
-    /// Well-shaped, but unsafe to authorize and forward (400); says why.
-    Unsafe(&'static str),
+    /// Unsafe to authorize and forward (400); says why, naming the segment.
+    Unsafe(String),
 }
 
 /// Parses a request path (without the query).
 pub(crate) fn parse(path: &str) -> Result<Target<'_>, Refusal> {
     let rest = path.strip_prefix("/apis/").ok_or(Refusal::NotAGatewayPath)?;
+    for segment in rest.split('/') {
+        kayra_core::validation::path_segment(segment).map_err(|invalid| Refusal::Unsafe(invalid.to_string()))?;
+    }
     let mut parts = rest.splitn(5, '/');
     let (Some(api), Some(version), Some("namespaces"), Some(namespace), Some(tail)) =
         (parts.next(), parts.next(), parts.next(), parts.next(), parts.next())
@@ -55,21 +61,13 @@ pub(crate) fn parse(path: &str) -> Result<Target<'_>, Refusal> {
     if [api, version, namespace, resource].iter().any(|s| s.is_empty()) {
         return Err(Refusal::NotAGatewayPath);
     }
-    if path.split('/').any(is_dot_segment) {
-        return Err(Refusal::Unsafe("the path must not contain \".\" or \"..\" segments"));
-    }
-    if [api, version, namespace, resource].iter().any(|s| s.contains('%')) {
-        return Err(Refusal::Unsafe(
-            "the api, version, namespace and resource segments of the path must not be percent-encoded",
-        ));
+    if let Some(encoded) = [api, version, namespace, resource].into_iter().find(|s| s.contains('%')) {
+        return Err(Refusal::Unsafe(format!(
+            "path segment {encoded:?} must not be percent-encoded: the api, version, namespace and resource \
+             segments are authorized as written"
+        )));
     }
     Ok(Target { api, version, namespace, resource, rest })
-}
-
-/// `.` or `..`, literally or with any dot written as `%2e` / `%2E`.
-fn is_dot_segment(segment: &str) -> bool {
-    let decoded = segment.to_ascii_lowercase().replace("%2e", ".");
-    decoded == "." || decoded == ".."
 }
 
 #[cfg(test)]
@@ -118,6 +116,13 @@ mod tests {
             "/apis/compute.example.com/v1/namespaces/a/vms/%2e%2E/x",
             "/apis/compute.example.com/v1/namespaces/a/vms/.%2e",
             "/apis/compute.example.com/v1/namespaces/../vms",
+            "/apis/compute.example.com/v1/namespaces/a/widgets/..\\..\\b\\widgets\\w1",
+            "/apis/compute.example.com/v1/namespaces/a/widgets/..%5c..%5cb",
+            "/apis/compute.example.com/v1/namespaces/a/widgets/x%2f..%2f..",
+            "/apis/compute.example.com/v1/namespaces/a/widgets/..;/..;/b",
+            "/apis/compute.example.com/v1/namespaces/a/widgets/x%00",
+            "/apis/compute.example.com/v1/namespaces/a/widgets/x%0d%0aX-Injected:%201",
+            "/apis/../../internal/admin",
         ] {
             assert!(matches!(parse(path), Err(Refusal::Unsafe(_))), "{path}");
         }

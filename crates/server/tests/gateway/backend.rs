@@ -87,6 +87,11 @@ impl TestBackend {
         self.state.seen.lock().expect("seen").clone()
     }
 
+    /// The requests received after the first `skip`.
+    pub fn seen_since(&self, skip: usize) -> Vec<Seen> {
+        self.state.seen.lock().expect("seen").iter().skip(skip).cloned().collect()
+    }
+
     /// The last request received.
     #[track_caller]
     pub fn last(&self) -> Seen {
