@@ -111,7 +111,11 @@ impl Failure {
             etcd_client::Error::TransportError(_) | etcd_client::Error::IoError(_) => Some(Failure::Transport),
             etcd_client::Error::GRpcStatus(status) => match status.code() {
                 tonic::Code::Unavailable if status.message().contains("no leader") => Some(Failure::NoLeader),
-                tonic::Code::Unavailable | tonic::Code::ResourceExhausted => Some(Failure::Unavailable),
+                tonic::Code::Unavailable => Some(Failure::Unavailable),
+                // etcd's load shedding; a request too large is exhausted too, and final.
+                tonic::Code::ResourceExhausted if status.message().contains("too many requests") => {
+                    Some(Failure::Unavailable)
+                }
                 tonic::Code::DeadlineExceeded => Some(Failure::Timeout),
                 // hyper/h2 errors of a dying connection surface as Unknown.
                 tonic::Code::Unknown | tonic::Code::Cancelled => Some(Failure::Transport),
