@@ -254,6 +254,10 @@ impl Keyspace {
                 let (start, end) = self.range(prefix);
                 vec![Compare::create_revision(start, CompareOp::Less, 1).with_range(end)]
             }
+            C::PrefixUnchangedSince(prefix, revision) => {
+                let (start, end) = self.range(prefix);
+                vec![Compare::mod_revision(start, CompareOp::Less, revision.saturating_add(1)).with_range(end)]
+            }
         }
     }
 

@@ -234,7 +234,9 @@ impl Store {
     pub async fn open(config: &kayra_config::DatabaseConfig) -> Result<Self> {
         let timeout = config.request_timeout.0;
         let store = match (&config.local, &config.etcd) {
-            (Some(local), None) => Self::new(local::LocalStore::open(&local.path, local.poll_interval.0)?),
+            (Some(local), None) => {
+                Self::new(local::LocalStore::open(&local.path, local.poll_interval.0)?.with_write_timeout(timeout))
+            }
             (None, Some(etcd)) => {
                 // Connecting is lazy; the first call is what can hang.
                 // The backend bounds its failover attempts by the same timeout.

@@ -453,6 +453,23 @@ pub async fn txn_prefix_empty_guards(store: &Store) {
     assert!(!store.txn(txn).await.expect("txn").succeeded);
     store.delete(&format!("{guard}t1"), Some(rev)).await.expect("delete");
     assert!(check(guard).await, "empty again after the last key went");
+
+    // PrefixUnchangedSince: no key under the prefix written after `at`.
+    let unchanged = |prefix: &str, at: Revision| {
+        let txn = Txn::new().when(Compare::PrefixUnchangedSince(prefix.into(), at));
+        async move { store.txn(txn).await.expect("txn").succeeded }
+    };
+    let index = "/conformance/txn/guard/index/";
+    assert!(unchanged(index, 0).await, "an empty prefix is unchanged since any revision");
+    let first = store.create(&format!("{index}a"), b"a".to_vec()).await.expect("create");
+    assert!(unchanged(index, first).await);
+    assert!(!unchanged(index, first - 1).await);
+    let second = store.create(&format!("{index}b"), b"b".to_vec()).await.expect("create");
+    assert!(!unchanged(index, first).await, "a key created after the revision");
+    assert!(unchanged(index, second).await);
+    store.update(&format!("{index}a"), b"a2".to_vec(), first).await.expect("update");
+    assert!(!unchanged(index, second).await, "a key modified after the revision");
+    assert!(unchanged("/conformance/txn/guard/index/a/", 0).await, "a neighbour prefix is not the key");
 }
 
 /// The first event of `watcher` within [`WAIT`], skipping `Progress`.
