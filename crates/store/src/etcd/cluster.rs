@@ -258,7 +258,10 @@ impl Cluster {
                 call(client).await
             };
             let (failure, message) = match tokio::time::timeout(budget, attempt).await {
-                Ok(Ok(value)) => return Ok(Attempted { value, ambiguous }),
+                Ok(Ok(value)) => {
+                    inner.succeeded(index);
+                    return Ok(Attempted { value, ambiguous });
+                }
                 Ok(Err(e)) => match Failure::of(&e) {
                     Some(failure) => (failure, e.to_string()),
                     None => return Err(Error::Unavailable(e.to_string())),
@@ -382,6 +385,14 @@ impl Inner {
             .get_or_try_init(|| Client::connect([member.endpoint.as_str()], Some(self.options.clone())))
             .await?;
         Ok(client.clone())
+    }
+
+    /// Member `index` answered a call: it is healthy (with one member
+    /// there are no health checks to say so).
+    fn succeeded(&self, index: usize) {
+        if self.members[index].healthy.send_if_modified(|h| !std::mem::replace(h, true)) {
+            self.publish();
+        }
     }
 
     /// Member `index` failed a call: mark it and move the pin off it.
