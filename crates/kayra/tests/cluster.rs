@@ -416,8 +416,10 @@ async fn job_locks_held_through_a_leader_change_are_kept() {
     let (mut first, _) = world.reconciler("first", "hold");
     world.backend.wait_for("/hold/core", 1).await;
     let (mut second, _) = world.reconciler("second", "hold");
-    let leader = world.cluster.leader().await;
-    world.cluster.kill(leader);
+    // Both reconcilers (and the holder's lease keep-alive) are on m0: make
+    // it the leader and kill it, an election and a failover at once.
+    world.cluster.move_leader(0).await;
+    world.cluster.kill(0);
     world.cluster.leader().await;
     // Longer than the lock TTL: a lost session would hand the job over.
     tokio::time::sleep(LOCK_TTL + LOCK_TTL / 2).await;

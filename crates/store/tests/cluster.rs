@@ -244,8 +244,11 @@ async fn job_locks_are_kept_through_a_leader_change() {
     let held = holder.locker().lock("subscriptions/core/a").await.expect("lock");
     let lease = holder.locker().lease_id().await.expect("lease");
 
-    let leader = cluster.leader().await;
-    cluster.kill(leader);
+    // The holder's keep-alive stream is on m0: make m0 the leader and kill
+    // it, so the session rides through an election and a failover at once.
+    assert_eq!(holder.endpoints().in_use(), cluster.endpoint(0));
+    cluster.move_leader(0).await;
+    cluster.kill(0);
     // The rival tries for longer than the lease TTL: if the holder's
     // keep-alives stopped, the lock would fall to it.
     let attempt = tokio::time::timeout(LOCK_TTL * 2, rival.locker().lock("subscriptions/core/a")).await;

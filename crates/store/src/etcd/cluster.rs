@@ -111,7 +111,11 @@ impl Failure {
             etcd_client::Error::TransportError(_) | etcd_client::Error::IoError(_) => Some(Failure::Transport),
             etcd_client::Error::GRpcStatus(status) => match status.code() {
                 tonic::Code::Unavailable if status.message().contains("no leader") => Some(Failure::NoLeader),
-                tonic::Code::Unavailable | tonic::Code::ResourceExhausted => Some(Failure::Unavailable),
+                tonic::Code::Unavailable => Some(Failure::Unavailable),
+                // etcd's load shedding; a request too large is exhausted too, and final.
+                tonic::Code::ResourceExhausted if status.message().contains("too many requests") => {
+                    Some(Failure::Unavailable)
+                }
                 tonic::Code::DeadlineExceeded => Some(Failure::Timeout),
                 // hyper/h2 errors of a dying connection surface as Unknown.
                 tonic::Code::Unknown | tonic::Code::Cancelled => Some(Failure::Transport),
@@ -254,7 +258,10 @@ impl Cluster {
                 call(client).await
             };
             let (failure, message) = match tokio::time::timeout(budget, attempt).await {
-                Ok(Ok(value)) => return Ok(Attempted { value, ambiguous }),
+                Ok(Ok(value)) => {
+                    inner.succeeded(index);
+                    return Ok(Attempted { value, ambiguous });
+                }
                 Ok(Err(e)) => match Failure::of(&e) {
                     Some(failure) => (failure, e.to_string()),
                     None => return Err(Error::Unavailable(e.to_string())),
@@ -378,6 +385,14 @@ impl Inner {
             .get_or_try_init(|| Client::connect([member.endpoint.as_str()], Some(self.options.clone())))
             .await?;
         Ok(client.clone())
+    }
+
+    /// Member `index` answered a call: it is healthy (with one member
+    /// there are no health checks to say so).
+    fn succeeded(&self, index: usize) {
+        if self.members[index].healthy.send_if_modified(|h| !std::mem::replace(h, true)) {
+            self.publish();
+        }
     }
 
     /// Member `index` failed a call: mark it and move the pin off it.
