@@ -9,6 +9,7 @@
 //! - [`pipeline`]: reconcile's real implementation, the HTTP step pipeline.
 
 pub mod api;
+pub mod cache;
 pub mod pipeline;
 pub mod reconciler;
 pub mod repo;

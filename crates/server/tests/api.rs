@@ -15,5 +15,6 @@ mod api {
     mod operations;
     mod rbac;
     mod registrations;
+    mod replicas;
     mod subscriptions;
 }

@@ -69,6 +69,31 @@ impl Repository {
         self.get(&keys::registration(&self.platform, &self.region, name)).await
     }
 
+    /// The registration the gateway admits a request to (§6 step 2): from
+    /// the caches when attached and they know it, else from the store.
+    pub async fn admit_registration(&self, name: &str) -> Result<Option<ApiRegistration>> {
+        if let Some(cache) = self.cache() {
+            cache.ready().await.map_err(super::auth::unavailable)?;
+            if let Some(registration) = cache.registration(name) {
+                return Ok(Some(registration));
+            }
+        }
+        Ok(self.get_registration(name).await?.map(|r| r.value))
+    }
+
+    /// Whether namespace `name` is active, `None` when it does not exist
+    /// (§6 step 3): "active" from the caches when attached, anything else
+    /// confirmed against the store.
+    pub async fn admit_namespace(&self, name: &str) -> Result<Option<bool>> {
+        if let Some(cache) = self.cache() {
+            cache.ready().await.map_err(super::auth::unavailable)?;
+            if cache.namespace_active(name) == Some(true) {
+                return Ok(Some(true));
+            }
+        }
+        Ok(self.get_namespace(name).await?.map(|ns| ns.value.active))
+    }
+
     /// Every registration of this deployment.
     pub async fn list_registrations(&self) -> Result<(Vec<Versioned<ApiRegistration>>, Revision)> {
         self.list_all(&keys::registrations(&self.platform, &self.region)).await
