@@ -17,7 +17,9 @@ use std::time::Duration;
 
 use futures::StreamExt;
 
-use crate::{Error, Event, Revision, Store, WatchStream};
+use futures::stream::BoxStream;
+
+use crate::{Compare, Error, Event, KeyValue, Op, Revision, Store, Txn, WatchStream, WatcherEvent};
 
 /// The longest any single wait in the suite may take.
 pub const WAIT: Duration = Duration::from_secs(20);
@@ -33,6 +35,11 @@ pub async fn run_all(store: &Store) {
     watch_replays_history_from_a_past_revision(store).await;
     list_then_watch_loses_nothing(store).await;
     revision_moves_only_on_writes(store).await;
+    txn_compares_choose_the_branch(store).await;
+    txn_ops_apply_in_order_atomically(store).await;
+    txn_prefix_empty_guards(store).await;
+    watcher_lists_then_watches_in_order(store).await;
+    watcher_reports_progress(store).await;
 }
 
 /// A missing key reads as `None`, at the store's current revision.
@@ -327,4 +334,226 @@ fn summary(events: &[Event]) -> Vec<Summary> {
             Event::Delete { key, revision } => ("delete", key.clone(), *revision, None),
         })
         .collect()
+}
+
+fn put(key: &str, value: &str) -> Op {
+    Op::Put { key: key.into(), value: value.as_bytes().to_vec() }
+}
+fn get(key: &str) -> Op {
+    Op::Get { key: key.into() }
+}
+fn value_of(kv: &Option<KeyValue>) -> Option<&[u8]> {
+    kv.as_ref().map(|kv| kv.value.as_slice())
+}
+
+/// Each compare holds or fails exactly as documented; a failed compare
+/// runs the `failure` branch (whose `Get`s answer in the same round trip)
+/// and writes nothing of `success`.
+pub async fn txn_compares_choose_the_branch(store: &Store) {
+    let (present, missing) = ("/conformance/txn/cmp/present", "/conformance/txn/cmp/missing");
+    let rev = store.create(present, b"p".to_vec()).await.expect("create");
+    let cases = [
+        (Compare::Absent(missing.into()), true),
+        (Compare::Absent(present.into()), false),
+        (Compare::Exists(present.into()), true),
+        (Compare::Exists(missing.into()), false),
+        (Compare::ModRevision(present.into(), rev), true),
+        (Compare::ModRevision(present.into(), rev + 1000), false),
+        (Compare::ModRevision(missing.into(), 0), false),
+    ];
+    for (i, (compare, holds)) in cases.into_iter().enumerate() {
+        let marker = format!("/conformance/txn/cmp/ran-{i}");
+        let before = store.revision().await.expect("revision");
+        let txn = Txn::new().when(compare.clone()).then(put(&marker, "yes")).otherwise(get(present));
+        let resp = store.txn(txn).await.expect("txn");
+        assert_eq!(resp.succeeded, holds, "{compare:?}");
+        let written = store.get(&marker).await.expect("get").0;
+        assert_eq!(written.is_some(), holds, "{compare:?}: the success branch ran iff the compare held");
+        if holds {
+            assert!(resp.revision > before, "a writing txn moves the revision");
+            assert!(resp.gets.is_empty());
+        } else {
+            assert_eq!(resp.revision, before, "a txn that wrote nothing leaves the revision");
+            assert_eq!(resp.gets.len(), 1, "one answer per Get of the failure branch");
+            assert_eq!(value_of(&resp.gets[0]), Some(&b"p"[..]));
+        }
+    }
+    // All compares must hold; one failing one is enough to fail.
+    let txn = Txn::new()
+        .when(Compare::Exists(present.into()))
+        .when(Compare::Exists(missing.into()))
+        .then(put(missing, "x"))
+        .otherwise(get(missing));
+    let resp = store.txn(txn).await.expect("txn");
+    assert!(!resp.succeeded);
+    assert_eq!(resp.gets, vec![None], "a Get of a missing key answers None");
+    assert_eq!(store.get(missing).await.expect("get").0, None);
+}
+
+/// Puts, deletes and prefix deletes apply in one revision step, readable
+/// by `Get`s of the same branch; records keep their `create_revision`.
+pub async fn txn_ops_apply_in_order_atomically(store: &Store) {
+    let base = "/conformance/txn/ops/";
+    let kept = format!("{base}kept");
+    let created = store.create(&kept, b"v1".to_vec()).await.expect("create");
+    for i in 0..3 {
+        store.create(&format!("{base}doomed/{i}"), b"d".to_vec()).await.expect("create");
+    }
+    store.create(&format!("{base}doomedx"), b"neighbour".to_vec()).await.expect("create");
+    store.create(&format!("{base}single"), b"s".to_vec()).await.expect("create");
+    let txn = Txn::new()
+        .when(Compare::ModRevision(kept.clone(), created))
+        .then(put(&kept, "v2"))
+        .then(put(&format!("{base}new"), "n"))
+        .then(Op::Delete { key: format!("{base}single") })
+        .then(Op::Delete { key: format!("{base}never-there") })
+        .then(Op::DeletePrefix { prefix: format!("{base}doomed/") })
+        .then(get(&kept))
+        .then(get(&format!("{base}single")));
+    let resp = store.txn(txn).await.expect("txn");
+    assert!(resp.succeeded);
+    assert_eq!(resp.gets.len(), 2);
+    let kv = resp.gets[0].as_ref().expect("the Get sees the branch's own put");
+    assert_eq!((kv.value.as_slice(), kv.create_revision), (&b"v2"[..], created));
+    assert!(kv.mod_revision > created && kv.mod_revision <= resp.revision);
+    assert_eq!(resp.gets[1], None, "the Get sees the branch's own delete");
+
+    let (items, at) = store.list_all(base).await.expect("list");
+    let keys: Vec<&str> = items.iter().map(|kv| kv.key.strip_prefix(base).unwrap_or(&kv.key)).collect();
+    assert_eq!(keys, ["doomedx", "kept", "new"], "DeletePrefix removes the prefix's keys and nothing beside");
+    assert!(at >= resp.revision);
+    assert_eq!(store.get(&kept).await.expect("get").0.expect("kept").mod_revision, kv.mod_revision);
+}
+
+/// `PrefixEmpty` holds exactly when no key starts with the prefix — not
+/// fooled by the prefix key itself being absent or by look-alike neighbours.
+pub async fn txn_prefix_empty_guards(store: &Store) {
+    let guard = "/conformance/txn/guard/users/alice/";
+    let check = |prefix: &str| {
+        let txn = Txn::new().when(Compare::PrefixEmpty(prefix.into()));
+        async move { store.txn(txn).await.expect("txn").succeeded }
+    };
+    assert!(check(guard).await, "an unused prefix is empty");
+    store.create("/conformance/txn/guard/users/alice", b"parent".to_vec()).await.expect("create");
+    store.create("/conformance/txn/guard/users/alicex/t", b"neighbour".to_vec()).await.expect("create");
+    assert!(check(guard).await, "neither the parent key nor a neighbour is under the prefix");
+    let rev = store.create(&format!("{guard}t1"), b"t".to_vec()).await.expect("create");
+    assert!(!check(guard).await, "one key under the prefix");
+    // The guard makes "create the user's token unless the user is gone" and
+    // "delete the user unless tokens remain" exclusive.
+    let txn = Txn::new()
+        .when(Compare::PrefixEmpty(guard.into()))
+        .then(Op::Delete { key: "/conformance/txn/guard/users/alice".into() });
+    assert!(!store.txn(txn).await.expect("txn").succeeded);
+    store.delete(&format!("{guard}t1"), Some(rev)).await.expect("delete");
+    assert!(check(guard).await, "empty again after the last key went");
+}
+
+/// The first event of `watcher` within [`WAIT`], skipping `Progress`.
+pub async fn next_change(watcher: &mut BoxStream<'static, WatcherEvent>) -> WatcherEvent {
+    loop {
+        match tokio::time::timeout(WAIT, watcher.next()).await {
+            Ok(Some(WatcherEvent::Progress { .. })) => continue,
+            Ok(Some(event)) => return event,
+            Ok(None) => panic!("the watcher ended"),
+            Err(_) => panic!("no watcher event within {WAIT:?}"),
+        }
+    }
+}
+
+/// Reads a whole (re-)list: `Init`, the `InitApply`s, `InitDone`.
+/// Returns the keys listed and the list's revision.
+pub async fn next_list(watcher: &mut BoxStream<'static, WatcherEvent>) -> (BTreeMap<String, Vec<u8>>, Revision) {
+    match next_change(watcher).await {
+        WatcherEvent::Init => {}
+        other => panic!("expected Init, got {other:?}"),
+    }
+    let mut listed = BTreeMap::new();
+    loop {
+        match next_change(watcher).await {
+            WatcherEvent::InitApply(kv) => {
+                assert!(listed.keys().next_back().is_none_or(|last: &String| last < &kv.key), "listed in key order");
+                listed.insert(kv.key, kv.value);
+            }
+            WatcherEvent::InitDone { revision } => return (listed, revision),
+            other => panic!("expected InitApply or InitDone, got {other:?}"),
+        }
+    }
+}
+
+/// The watcher lists what is present (at one revision), then delivers every
+/// later change under the prefix — and nothing outside it — in order.
+pub async fn watcher_lists_then_watches_in_order(store: &Store) {
+    let prefix = "/conformance/watcher/order/";
+    for i in 0..5 {
+        store.create(&format!("{prefix}{i}"), vec![b'0' + i]).await.expect("create");
+    }
+    let (gone, _) = store.get(&format!("{prefix}4")).await.expect("get");
+    store.delete(&format!("{prefix}4"), gone.map(|kv| kv.mod_revision)).await.expect("delete");
+    let written = store.revision().await.expect("revision");
+    let mut watcher = store.watcher(prefix);
+    let (listed, at) = next_list(&mut watcher).await;
+    assert_eq!(
+        listed.keys().map(String::as_str).collect::<Vec<_>>(),
+        [
+            "/conformance/watcher/order/0",
+            "/conformance/watcher/order/1",
+            "/conformance/watcher/order/2",
+            "/conformance/watcher/order/3",
+        ]
+    );
+    assert!(at >= written, "the list is at or after the writes before it ({at} < {written})");
+
+    store.create("/conformance/watcher/orderx", b"outside".to_vec()).await.expect("create");
+    let a = store.create(&format!("{prefix}a"), b"a".to_vec()).await.expect("create");
+    let a2 = store.update(&format!("{prefix}a"), b"a2".to_vec(), a).await.expect("update");
+    let d = store.delete(&format!("{prefix}0"), None).await.expect("delete");
+    let txn = Txn::new().then(put(&format!("{prefix}b"), "b")).then(Op::DeletePrefix { prefix: format!("{prefix}1") });
+    let t = store.txn(txn).await.expect("txn").revision;
+    let mut seen = Vec::new();
+    for _ in 0..5 {
+        seen.push(next_change(&mut watcher).await);
+    }
+    let shape: Vec<(String, Revision, bool)> = seen
+        .iter()
+        .map(|e| match e {
+            WatcherEvent::Apply(kv) => (kv.key.clone(), kv.mod_revision, true),
+            WatcherEvent::Delete { key, revision } => (key.clone(), *revision, false),
+            other => panic!("expected Apply/Delete, got {other:?}"),
+        })
+        .collect();
+    let keys: Vec<(&str, bool)> = shape.iter().map(|(k, _, put)| (k.strip_prefix(prefix).unwrap_or(k), *put)).collect();
+    assert_eq!(keys, [("a", true), ("a", true), ("0", false), ("b", true), ("1", false)]);
+    assert_eq!((shape[0].1, shape[1].1, shape[2].1), (a, a2, d));
+    assert!(shape.windows(2).all(|w| w[0].1 <= w[1].1), "in revision order: {shape:?}");
+    assert!(shape[4].1 <= t);
+}
+
+/// A healthy watcher reports progress often (consumers that fail closed
+/// rely on it arriving at least every second or so), at revisions that
+/// move with the store.
+pub async fn watcher_reports_progress(store: &Store) {
+    let prefix = "/conformance/watcher/progress/";
+    let mut watcher = store.watcher(prefix);
+    let (_, listed_at) = next_list(&mut watcher).await;
+    let written = store.create("/conformance/watcher/elsewhere", b"x".to_vec()).await.expect("create");
+    let mut last = tokio::time::Instant::now();
+    let mut progress = Vec::new();
+    while progress.len() < 6 {
+        match tokio::time::timeout(WAIT, watcher.next()).await.expect("an event").expect("not ended") {
+            WatcherEvent::Progress { revision } => {
+                // Generous for a loaded machine; the target cadence is well under a second.
+                assert!(last.elapsed() < Duration::from_secs(3), "progress gap of {:?}", last.elapsed());
+                last = tokio::time::Instant::now();
+                progress.push(revision);
+            }
+            other => panic!("nothing changed under the prefix, got {other:?}"),
+        }
+    }
+    assert!(progress.windows(2).all(|w| w[0] <= w[1]), "progress never goes back: {progress:?}");
+    assert!(progress[0] >= listed_at);
+    assert!(
+        *progress.last().unwrap_or(&0) >= written,
+        "progress reaches a write outside the prefix ({progress:?} < {written})"
+    );
 }
