@@ -122,15 +122,11 @@ pub async fn run(
     repo.create(&keys::user("bench"), &User { name: "bench".into(), description: String::new() }, "user").await?;
     let binding = ClusterRoleBinding { name: "bench".into(), role: "bench".into(), user: "bench".into() };
     repo.create(&keys::cluster_role_binding("bench"), &binding, "binding").await?;
-    let token: serde_json::Value = ok(http
-        .post(format!("{base}{CATALOG}/users/bench/tokens"))
-        .bearer_auth(ADMIN)
-        .json(&json!({}))
-        .send()
-        .await?)
-    .await?
-    .json()
-    .await?;
+    let token: serde_json::Value =
+        ok(http.post(format!("{base}{CATALOG}/users/bench/tokens")).bearer_auth(ADMIN).json(&json!({})).send().await?)
+            .await?
+            .json()
+            .await?;
     let token = token["token"].as_str().context("token")?.to_string();
     let registration = ApiRegistration { name: API.into(), sync_id: "s1".into(), ..Default::default() };
     repo.create(&keys::registration(&config.platform, &config.region, API), &registration, "registration").await?;
@@ -221,7 +217,12 @@ pub async fn run(
 
 /// 100 revocations through one replica, each timed until the other
 /// replica refuses the token.
-async fn propagation(backend: &str, a: &str, config: &kayra_config::Config, http: &reqwest::Client) -> anyhow::Result<()> {
+async fn propagation(
+    backend: &str,
+    a: &str,
+    config: &kayra_config::Config,
+    http: &reqwest::Client,
+) -> anyhow::Result<()> {
     let other = Store::open(&config.database).await?;
     let (b, stop) = serve(other, config).await?;
     let mut times = Vec::new();
@@ -270,14 +271,23 @@ pub async fn memory(database: &kayra_config::DatabaseConfig, binary: &std::path:
     let repo = Repository::new(Store::open(database).await?, "dev", "local");
     let started = Instant::now();
     let writes = (0..10_000usize)
-        .map(|i| (keys::namespace(&format!("m{i}")), serde_json::to_vec(&Namespace { name: format!("m{i}"), description: String::new(), active: true })))
+        .map(|i| {
+            (
+                keys::namespace(&format!("m{i}")),
+                serde_json::to_vec(&Namespace { name: format!("m{i}"), description: String::new(), active: true }),
+            )
+        })
         .chain((0..1_000usize).flat_map(|i| {
             let user = format!("user{i}");
             [
                 (keys::user(&user), serde_json::to_vec(&User { name: user.clone(), description: String::new() })),
                 (
                     keys::cluster_role_binding(&user),
-                    serde_json::to_vec(&ClusterRoleBinding { name: user.clone(), role: "bench".into(), user: user.clone() }),
+                    serde_json::to_vec(&ClusterRoleBinding {
+                        name: user.clone(),
+                        role: "bench".into(),
+                        user: user.clone(),
+                    }),
                 ),
             ]
         }))

@@ -257,9 +257,10 @@ impl AuthCache {
     /// The cached roles bound to `user` by cluster role bindings (a binding
     /// to a missing role grants nothing), deduplicated.
     pub fn cluster_roles(&self, user: &str) -> Vec<Role> {
-        let mut names: Vec<String> = self.inner.cluster_bindings.read(|bindings| {
-            bindings.values().filter(|b| b.user == user).map(|b| b.role.clone()).collect()
-        });
+        let mut names: Vec<String> = self
+            .inner
+            .cluster_bindings
+            .read(|bindings| bindings.values().filter(|b| b.user == user).map(|b| b.role.clone()).collect());
         self.roles(&mut names)
     }
 

@@ -80,7 +80,10 @@ fn world() -> Vec<(&'static str, serde_json::Value)> {
         ("/users/alice", json!({"name": "alice", "description": ""})),
         ("/tokens/h1", json!({"id": "h1", "user": "alice", "hash": "h1", "created_at": ""})),
         ("/tokens/h2", json!({"id": "h2", "user": "ghost", "hash": "h2", "created_at": ""})),
-        ("/roles/reader", json!({"name": "reader", "rules": [{"apis": ["*"], "resources": ["namespaces"], "verbs": ["get"]}]})),
+        (
+            "/roles/reader",
+            json!({"name": "reader", "rules": [{"apis": ["*"], "resources": ["namespaces"], "verbs": ["get"]}]}),
+        ),
         ("/roles/writer", json!({"name": "writer", "rules": [{"apis": ["*"], "resources": ["*"], "verbs": ["*"]}]})),
         ("/clusterrolebindings/a", json!({"name": "a", "role": "reader", "user": "alice"})),
         ("/clusterrolebindings/b", json!({"name": "b", "role": "reader", "user": "alice"})),
@@ -104,11 +107,10 @@ async fn decides_from_what_was_listed() {
     assert_eq!(cache.token_user("h1").as_deref(), Some("alice"));
     assert_eq!(cache.token_user("h2"), None, "a token of a missing user authenticates no one");
     assert_eq!(cache.token_user("nope"), None);
-    let reader = Role { name: "reader".into(), rules: vec![Rule {
-        apis: vec!["*".into()],
-        resources: vec!["namespaces".into()],
-        verbs: vec!["get".into()],
-    }] };
+    let reader = Role {
+        name: "reader".into(),
+        rules: vec![Rule { apis: vec!["*".into()], resources: vec!["namespaces".into()], verbs: vec!["get".into()] }],
+    };
     assert_eq!(cache.cluster_roles("alice"), vec![reader.clone()], "deduplicated; a missing role grants nothing");
     assert_eq!(cache.namespace_roles("core", "alice").iter().map(|r| &r.name).collect::<Vec<_>>(), ["writer"]);
     assert_eq!(cache.namespace_roles("core2", "alice"), vec![reader], "core2 is not under core's prefix");
@@ -154,7 +156,8 @@ async fn one_silent_watch_is_enough_to_fail_closed() {
         feed.send(&prefix, WatcherEvent::Progress { revision: 11 });
     }
     settle().await;
-    assert_eq!(feed.cache.ready().await.unwrap_err(), Error::Stale { cache: "roles", age: Duration::from_secs(3) });
+    let e = feed.cache.ready().await.unwrap_err();
+    assert!(matches!(e, Error::Stale { cache: "roles", age } if age >= Duration::from_secs(3)), "{e}");
 }
 
 #[tokio::test(start_paused = true)]
@@ -194,8 +197,14 @@ async fn a_deleted_prefix_marks_every_cache_under_it() {
     let feed = Feed::new();
     feed.list(10, &world()).await;
     feed.cache.note_write("/rolebindings/core/", 11);
-    let marks: Vec<_> =
-        feed.cache.inner.parts.iter().map(|p| (p.name, p.mark.load(Ordering::Acquire))).filter(|(_, m)| *m > 0).collect();
+    let marks: Vec<_> = feed
+        .cache
+        .inner
+        .parts
+        .iter()
+        .map(|p| (p.name, p.mark.load(Ordering::Acquire)))
+        .filter(|(_, m)| *m > 0)
+        .collect();
     assert_eq!(marks, [("role bindings", 11)]);
 }
 

@@ -194,7 +194,12 @@ impl Repository {
     /// when those do not grant it and the request goes into `namespace`
     /// (the gateway), their role bindings there. From the caches when
     /// attached; a denial is confirmed against the store before it stands.
-    pub async fn decide(&self, user: &str, namespace: Option<&str>, request: &kayra_rbac::Request<'_>) -> Result<Decision> {
+    pub async fn decide(
+        &self,
+        user: &str,
+        namespace: Option<&str>,
+        request: &kayra_rbac::Request<'_>,
+    ) -> Result<Decision> {
         if let Some(cache) = self.cache() {
             cache.ready().await.map_err(unavailable)?;
             let decision = match authorize(&cache.cluster_roles(user), request) {
