@@ -197,7 +197,7 @@ fn encode<T: Serialize>(value: &T) -> Vec<u8> {
     serde_json::to_vec(value).unwrap_or_default()
 }
 
-fn decode<T: DeserializeOwned>(kv: &kayra_store::KeyValue) -> Result<Versioned<T>> {
+pub(crate) fn decode<T: DeserializeOwned>(kv: &kayra_store::KeyValue) -> Result<Versioned<T>> {
     serde_json::from_slice(&kv.value)
         .map(|value| Versioned { value, revision: kv.mod_revision })
         .map_err(|e| Error::Corrupt { key: kv.key.clone(), message: e.to_string() })

@@ -94,6 +94,23 @@ impl Repository {
         Ok(self.get_namespace(name).await?.map(|ns| ns.value.active))
     }
 
+    /// A subscription and its registration, read together in one round
+    /// trip (one etcd Txn of two gets; one SQLite transaction), so a GET of
+    /// a subscription is as linearizable, and as cheap, as one store read.
+    pub async fn get_subscription_and_registration(
+        &self,
+        namespace: &str,
+        api: &str,
+    ) -> Result<(Option<Versioned<Subscription>>, Option<Versioned<ApiRegistration>>)> {
+        let txn = kayra_store::Txn::new()
+            .then(kayra_store::Op::Get { key: keys::subscription(&self.platform, &self.region, namespace, api) })
+            .then(kayra_store::Op::Get { key: keys::registration(&self.platform, &self.region, api) });
+        let mut gets = self.store().txn(txn).await?.gets.into_iter();
+        let subscription = gets.next().flatten().map(|kv| super::decode(&kv)).transpose()?;
+        let registration = gets.next().flatten().map(|kv| super::decode(&kv)).transpose()?;
+        Ok((subscription, registration))
+    }
+
     /// Every registration of this deployment.
     pub async fn list_registrations(&self) -> Result<(Vec<Versioned<ApiRegistration>>, Revision)> {
         self.list_all(&keys::registrations(&self.platform, &self.region)).await
