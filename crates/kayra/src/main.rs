@@ -94,6 +94,8 @@ async fn serve(common: Common) -> anyhow::Result<()> {
         config.server.listen = listen.clone();
     }
     logging::init(config.logging.format);
+    // The recorder first: the store describes its metrics when it connects.
+    kayra_server::metrics::handle();
     let store = kayra_store::Store::open(&config.database).await.context("open store")?;
     let listener = tokio::net::TcpListener::bind(&config.server.listen)
         .await
@@ -110,6 +112,8 @@ async fn reconciler(common: Common) -> anyhow::Result<()> {
     }
     logging::init(config.logging.format);
     let cancel = signal::shutdown_token();
+    // The recorder first: the store describes its metrics when it connects.
+    kayra_server::metrics::handle();
     let store = kayra_store::Store::open(&config.database).await.context("open store")?;
     let repo = kayra_catalog::repo::Repository::new(store.clone(), &config.platform, &config.region);
     let reconciler = kayra_catalog::reconciler::Reconciler::new(repo, config.reconciler.clone(), cancel.clone())?;

@@ -7,6 +7,7 @@
 mod common;
 
 mod api {
+    mod atomicity;
     mod auth;
     mod concurrency;
     mod deployments;
@@ -16,5 +17,6 @@ mod api {
     mod rbac;
     mod registrations;
     mod replicas;
+    mod store_outage;
     mod subscriptions;
 }

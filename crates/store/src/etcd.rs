@@ -25,18 +25,30 @@
 //! One leased session per store and one etcd mutex per job, driven as a
 //! non-blocking TryLock; see [`EtcdJobLocker`].
 //!
+//! # Several members
+//! Every call goes through [`cluster`](self::cluster): one connection per
+//! member, calls pinned to a healthy one, failover within
+//! `database.request_timeout`. A write whose first attempt's outcome is
+//! unknown is retried with the same compare, and what the retry finds is
+//! checked against the write itself (see [`Backend::create`] below), so a
+//! write that did land is reported as done, not as a conflict with itself.
+//!
 //! # Errors
-//! Every transport or server failure becomes [`Error::Unavailable`] with
-//! etcd's text: the caller cannot fix it, but a retry may succeed.
+//! Every transport or server failure that outlasts the failover becomes
+//! [`Error::Unavailable`] with etcd's text: the caller cannot fix it, but a
+//! retry may succeed.
 //!
 //! # Layout
 //! - this file: connecting, the key space, get/list/create/update/delete.
+//! - `etcd/cluster.rs`: the failover client and its metrics.
 //! - `etcd/watcher.rs`: the never-ending watch stream.
 //! - `etcd/locker.rs`: the session lease and the per-job mutexes.
 
+mod cluster;
 mod locker;
 mod watcher;
 
+pub use cluster::{METRIC_ENDPOINT, METRIC_ENDPOINT_HEALTHY, METRIC_ERRORS, METRIC_FAILOVERS, describe_metrics};
 pub use locker::EtcdJobLocker;
 
 use std::sync::Arc;
@@ -44,10 +56,12 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use etcd_client::{
-    Certificate, Client, Compare, CompareOp, ConnectOptions, DeleteOptions, GetOptions, Identity, ResponseHeader,
-    TlsOptions, Txn, TxnOp, TxnOpResponse, TxnResponse,
+    Certificate, Compare, CompareOp, ConnectOptions, DeleteOptions, GetOptions, Identity, ResponseHeader, TlsOptions,
+    Txn, TxnOp, TxnOpResponse, TxnResponse,
 };
 use kayra_config::EtcdConfig;
+
+use self::cluster::{Attempted, Cluster};
 use tokio_util::sync::CancellationToken;
 
 use crate::{Backend, ChangeStream, Error, JobLocker, KeyValue, ListPage, Result, Revision, WatchStream};
@@ -78,22 +92,38 @@ impl std::fmt::Debug for EtcdStore {
 }
 
 impl EtcdStore {
-    /// Connects to `cfg.endpoints`. With `cfg.username`, the password is read
-    /// from [`PASSWORD_ENV`] and must be set.
+    /// Connects to `cfg.endpoints` with the default `database.request_timeout`.
+    /// With `cfg.username`, the password is read from [`PASSWORD_ENV`] and
+    /// must be set.
     pub async fn connect(cfg: &EtcdConfig) -> Result<Self> {
+        Self::connect_within(cfg, kayra_config::DEFAULT_REQUEST_TIMEOUT).await
+    }
+
+    /// Like [`EtcdStore::connect`], every call (all failover attempts
+    /// included) bounded by `request_timeout`.
+    pub async fn connect_within(cfg: &EtcdConfig, request_timeout: Duration) -> Result<Self> {
         let password = match &cfg.username {
             Some(user) => Some(std::env::var(PASSWORD_ENV).map_err(|_| {
                 Error::Unavailable(format!("database.etcd.username is {user:?} but {PASSWORD_ENV} is not set"))
             })?),
             None => None,
         };
-        Self::connect_with_password(cfg, password.as_deref()).await
+        Self::connect_with_password_within(cfg, password.as_deref(), request_timeout).await
     }
 
     /// Like [`EtcdStore::connect`], with the password passed in rather than
     /// read from the environment (tests, embedders). It is used only when
     /// `cfg.username` is set.
     pub async fn connect_with_password(cfg: &EtcdConfig, password: Option<&str>) -> Result<Self> {
+        Self::connect_with_password_within(cfg, password, kayra_config::DEFAULT_REQUEST_TIMEOUT).await
+    }
+
+    /// [`EtcdStore::connect_with_password`] and [`EtcdStore::connect_within`] in one.
+    pub async fn connect_with_password_within(
+        cfg: &EtcdConfig,
+        password: Option<&str>,
+        request_timeout: Duration,
+    ) -> Result<Self> {
         if cfg.endpoints.is_empty() {
             return Err(Error::Unavailable("database.etcd.endpoints is empty".into()));
         }
@@ -109,10 +139,18 @@ impl EtcdStore {
         if let Some(tls) = &cfg.tls {
             options = options.with_tls(tls_options(tls)?);
         }
-        let client = Client::connect(&cfg.endpoints, Some(options)).await.map_err(unavailable)?;
-        let keys = Keyspace { client, root: cfg.prefix.trim_end_matches('/').to_string() };
+        describe_metrics();
+        let cluster = Cluster::new(&cfg.endpoints, options, request_timeout);
+        cluster.connect_one().await?;
+        let keys = Keyspace { cluster, root: cfg.prefix.trim_end_matches('/').to_string() };
         let locker = Arc::new(EtcdJobLocker::new(keys.clone(), cfg.lock_ttl.0, cfg.lock_retry_interval.0));
         Ok(Self { keys, locker, shutdown: CancellationToken::new() })
+    }
+
+    /// A view of which members this store uses and finds healthy; it
+    /// stays valid after the store is moved into a [`crate::Store`].
+    pub fn endpoints(&self) -> Endpoints {
+        Endpoints(self.keys.cluster.clone())
     }
 
     /// The job locker of this store (also reachable as [`Backend::job_locker`]).
@@ -142,10 +180,26 @@ fn tls_options(tls: &kayra_config::EtcdTls) -> Result<TlsOptions> {
     Ok(options)
 }
 
+/// Which cluster members an [`EtcdStore`] uses (endpoints without user info).
+#[derive(Clone)]
+pub struct Endpoints(Cluster);
+
+impl Endpoints {
+    /// The member calls go to now.
+    pub fn in_use(&self) -> String {
+        self.0.pinned_endpoint()
+    }
+
+    /// The members whose last health check passed.
+    pub fn healthy(&self) -> Vec<String> {
+        self.0.healthy_endpoints()
+    }
+}
+
 /// An etcd client bound to kayra's root: maps API keys to etcd keys and back.
 #[derive(Clone)]
 struct Keyspace {
-    client: Client,
+    cluster: Cluster,
     /// The configured prefix without its trailing `/`; may be empty.
     root: String,
 }
@@ -178,8 +232,8 @@ impl Keyspace {
         })
     }
 
-    async fn txn(&self, txn: Txn) -> Result<TxnResponse> {
-        self.client.kv_client().txn(txn).await.map_err(unavailable)
+    async fn txn(&self, txn: Txn) -> Result<Attempted<TxnResponse>> {
+        self.cluster.txn(txn).await
     }
 
     /// The etcd compares of one [`crate::Compare`].
@@ -199,6 +253,10 @@ impl Keyspace {
             C::PrefixEmpty(prefix) => {
                 let (start, end) = self.range(prefix);
                 vec![Compare::create_revision(start, CompareOp::Less, 1).with_range(end)]
+            }
+            C::PrefixUnchangedSince(prefix, revision) => {
+                let (start, end) = self.range(prefix);
+                vec![Compare::mod_revision(start, CompareOp::Less, revision.saturating_add(1)).with_range(end)]
             }
         }
     }
@@ -228,7 +286,7 @@ impl Keyspace {
             if let Some(revision) = at {
                 options = options.with_revision(revision);
             }
-            let resp = self.client.kv_client().get(from.clone(), Some(options)).await.map_err(unavailable)?;
+            let resp = self.cluster.get(from.clone(), Some(options)).await?;
             let revision = *at.get_or_insert(revision_of(resp.header())?);
             items.extend(resp.kvs().iter().filter_map(|kv| self.record(kv)));
             match resp.kvs().last() {
@@ -267,15 +325,27 @@ fn revision_of(header: Option<&ResponseHeader>) -> Result<Revision> {
     header.map(ResponseHeader::revision).ok_or_else(|| Error::Unavailable("etcd answered without a header".into()))
 }
 
-/// Whether the `else` branch of a failed conditional write found the key.
-fn else_branch_found_key(resp: &TxnResponse) -> bool {
-    resp.op_responses().first().is_some_and(|op| matches!(op, TxnOpResponse::Get(get) if !get.kvs().is_empty()))
+/// The key the `else` branch of a failed conditional write read, if any.
+fn else_branch_key(resp: &TxnResponse) -> Option<etcd_client::KeyValue> {
+    match resp.op_responses().into_iter().next() {
+        Some(TxnOpResponse::Get(get)) => get.kvs().first().cloned(),
+        _ => None,
+    }
+}
+
+/// After a retry whose earlier attempt may have been applied: whether the
+/// key found is that earlier attempt's write (our value, and newer than
+/// the revision we compared against). Another writer storing the very same
+/// bytes meanwhile is indistinguishable, and harmless: the key holds what
+/// the caller asked for.
+fn is_own_write(found: Option<&etcd_client::KeyValue>, value: &[u8], after: Revision) -> Option<Revision> {
+    found.filter(|kv| kv.value() == value && kv.mod_revision() > after).map(etcd_client::KeyValue::mod_revision)
 }
 
 #[async_trait]
 impl Backend for EtcdStore {
     async fn get(&self, key: &str) -> Result<(Option<KeyValue>, Revision)> {
-        let resp = self.keys.client.kv_client().get(self.keys.full(key), None).await.map_err(unavailable)?;
+        let resp = self.keys.cluster.get(self.keys.full(key), None).await?;
         Ok((resp.kvs().first().and_then(|kv| self.keys.record(kv)), revision_of(resp.header())?))
     }
 
@@ -290,7 +360,7 @@ impl Backend for EtcdStore {
         }
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
         let options = GetOptions::new().with_range(end).with_limit(limit);
-        let resp = self.keys.client.kv_client().get(start, Some(options)).await.map_err(unavailable)?;
+        let resp = self.keys.cluster.get(start, Some(options)).await?;
         Ok(ListPage {
             items: resp.kvs().iter().filter_map(|kv| self.keys.record(kv)).collect(),
             more: resp.more(),
@@ -302,12 +372,18 @@ impl Backend for EtcdStore {
         let full = self.keys.full(key);
         let txn = Txn::new()
             .when([Compare::create_revision(full.clone(), CompareOp::Equal, 0)])
-            .and_then([TxnOp::put(full, value, None)]);
-        let resp = self.keys.txn(txn).await?;
-        if !resp.succeeded() {
-            return Err(Error::Conflict(key.to_string()));
+            .and_then([TxnOp::put(full.clone(), value.clone(), None)])
+            .or_else([TxnOp::get(full, None)]);
+        let Attempted { value: resp, ambiguous } = self.keys.txn(txn).await?;
+        if resp.succeeded() {
+            return revision_of(resp.header());
         }
-        revision_of(resp.header())
+        // Our own create, unchanged since (version 1), found by the retry.
+        let found = else_branch_key(&resp).filter(|kv| kv.version() == 1);
+        match is_own_write(found.as_ref(), &value, 0) {
+            Some(revision) if ambiguous => Ok(revision),
+            _ => Err(Error::Conflict(key.to_string())),
+        }
     }
 
     async fn update(&self, key: &str, value: Vec<u8>, expected: Revision) -> Result<Revision> {
@@ -317,13 +393,17 @@ impl Backend for EtcdStore {
                 Compare::create_revision(full.clone(), CompareOp::Greater, 0),
                 Compare::mod_revision(full.clone(), CompareOp::Equal, expected),
             ])
-            .and_then([TxnOp::put(full.clone(), value, None)])
+            .and_then([TxnOp::put(full.clone(), value.clone(), None)])
             .or_else([TxnOp::get(full, None)]);
-        let resp = self.keys.txn(txn).await?;
-        match (resp.succeeded(), else_branch_found_key(&resp)) {
-            (true, _) => revision_of(resp.header()),
-            (false, true) => Err(Error::Conflict(key.to_string())),
-            (false, false) => Err(Error::NotFound(key.to_string())),
+        let Attempted { value: resp, ambiguous } = self.keys.txn(txn).await?;
+        if resp.succeeded() {
+            return revision_of(resp.header());
+        }
+        let found = else_branch_key(&resp);
+        match (is_own_write(found.as_ref(), &value, expected), found) {
+            (Some(revision), _) if ambiguous => Ok(revision),
+            (_, Some(_)) => Err(Error::Conflict(key.to_string())),
+            (_, None) => Err(Error::NotFound(key.to_string())),
         }
     }
 
@@ -335,10 +415,13 @@ impl Backend for EtcdStore {
         }
         let txn =
             Txn::new().when(compares).and_then([TxnOp::delete(full.clone(), None)]).or_else([TxnOp::get(full, None)]);
-        let resp = self.keys.txn(txn).await?;
-        match (resp.succeeded(), else_branch_found_key(&resp)) {
+        let Attempted { value: resp, ambiguous } = self.keys.txn(txn).await?;
+        match (resp.succeeded(), else_branch_key(&resp).is_some()) {
             (true, _) => revision_of(resp.header()),
             (false, true) => Err(Error::Conflict(key.to_string())),
+            // Gone after an attempt that may have deleted it: that was us
+            // (the revision is the one the retry read at, not the delete's).
+            (false, false) if ambiguous => revision_of(resp.header()),
             (false, false) => Err(Error::NotFound(key.to_string())),
         }
     }
@@ -351,8 +434,7 @@ impl Backend for EtcdStore {
         // Any read carries the store revision in its header; a count of one
         // key is the cheapest linearizable read there is.
         let options = GetOptions::new().with_count_only();
-        let resp =
-            self.keys.client.kv_client().get(self.keys.root.clone(), Some(options)).await.map_err(unavailable)?;
+        let resp = self.keys.cluster.get(self.keys.root.clone(), Some(options)).await?;
         revision_of(resp.header())
     }
 
@@ -360,7 +442,18 @@ impl Backend for EtcdStore {
         let compares: Vec<Compare> = txn.compares.iter().flat_map(|c| self.keys.compare(c)).collect();
         let success: Vec<TxnOp> = txn.success.iter().map(|op| self.keys.op(op)).collect();
         let failure: Vec<TxnOp> = txn.failure.iter().map(|op| self.keys.op(op)).collect();
-        let resp = self.keys.txn(Txn::new().when(compares).and_then(success).or_else(failure)).await?;
+        let Attempted { value: resp, ambiguous } =
+            self.keys.txn(Txn::new().when(compares).and_then(success).or_else(failure)).await?;
+        if ambiguous && !resp.succeeded() {
+            // The compares failed on a retry, perhaps because the earlier
+            // attempt applied the success branch: no general check can
+            // tell, so say "unknown" rather than "the compares failed".
+            return Err(Error::Unavailable(
+                "etcd transaction: outcome unknown (a member failed while it ran; the retry found the compares \
+                 false)"
+                    .into(),
+            ));
+        }
         let gets = resp
             .op_responses()
             .into_iter()
@@ -392,8 +485,8 @@ mod tests {
 
     async fn keyspace(root: &str) -> Keyspace {
         // Connecting is lazy: no etcd is needed to build a client.
-        let client = Client::connect(["http://127.0.0.1:1"], None).await.expect("lazy client");
-        Keyspace { client, root: root.into() }
+        let cluster = Cluster::new(&["http://127.0.0.1:1".into()], ConnectOptions::new(), Duration::from_secs(1));
+        Keyspace { cluster, root: root.into() }
     }
 
     #[tokio::test]

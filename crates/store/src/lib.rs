@@ -235,10 +235,13 @@ impl Store {
     pub async fn open(config: &kayra_config::DatabaseConfig) -> Result<Self> {
         let timeout = config.request_timeout.0;
         let store = match (&config.local, &config.etcd) {
-            (Some(local), None) => Self::new(local::LocalStore::open(&local.path, local.poll_interval.0)?),
+            (Some(local), None) => {
+                Self::new(local::LocalStore::open(&local.path, local.poll_interval.0)?.with_write_timeout(timeout))
+            }
             (None, Some(etcd)) => {
                 // Connecting is lazy; the first call is what can hang.
-                Self::new(etcd::EtcdStore::connect(etcd).await?)
+                // The backend bounds its failover attempts by the same timeout.
+                Self::new(etcd::EtcdStore::connect_within(etcd, timeout).await?)
             }
             _ => return Err(Error::Unavailable("exactly one of database.local / database.etcd must be set".into())),
         };

@@ -79,6 +79,9 @@ struct Inner {
     lost: AtomicBool,
     poll_interval: Duration,
     retain: i64,
+    /// How long a write may wait for the file's write lock, queueing
+    /// behind this process's other writes included (the request timeout).
+    write_timeout: Duration,
 }
 
 impl LocalStore {
@@ -121,8 +124,19 @@ impl LocalStore {
                 lost: AtomicBool::new(false),
                 poll_interval,
                 retain: retain.max(1),
+                write_timeout: kayra_config::DEFAULT_REQUEST_TIMEOUT,
             }),
         })
+    }
+
+    /// Bounds every write's wait for the write lock by `timeout` (the
+    /// store's request timeout): a write that could not start by then fails
+    /// with `Unavailable` and never commits later behind the caller's back.
+    pub fn with_write_timeout(mut self, timeout: Duration) -> Self {
+        if let Some(inner) = Arc::get_mut(&mut self.inner) {
+            inner.write_timeout = timeout;
+        }
+        self
     }
 
     /// Runs `f` on a reader connection, off the async threads.
@@ -148,19 +162,15 @@ impl LocalStore {
         .map_err(|e| Error::Unavailable(format!("store task failed: {e}")))?
     }
 
-    /// Runs `txn` in one write transaction, with application-level retry on BUSY.
+    /// Runs `txn` in one write transaction, with application-level retry on
+    /// BUSY, all within the write timeout.
     async fn write(&self, txn: Txn) -> Result<TxnResponse> {
         let inner = self.inner.clone();
+        let started = std::time::Instant::now();
         tokio::task::spawn_blocking(move || {
-            let mut conn = inner.writer.lock().unwrap_or_else(|p| p.into_inner());
+            let conn = inner.writer.lock().unwrap_or_else(|p| p.into_inner());
             inner.check_file()?;
-            let resp = retry_busy(|| {
-                let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-                let resp = apply(&tx, &txn, inner.retain)?;
-                tx.commit()?;
-                Ok(resp)
-            })
-            .map_err(unavailable)?;
+            let resp = inner.write_within(conn, started, &txn)?;
             // A commit into a file no longer at `path` is lost at the next
             // start: it must not be acknowledged.
             inner.check_file()?;
@@ -172,6 +182,43 @@ impl LocalStore {
 }
 
 impl Inner {
+    /// One write transaction, retried on BUSY while time remains. Each
+    /// attempt waits for the lock at most the time left, so no attempt
+    /// starts — or commits — after the deadline.
+    fn write_within(
+        &self,
+        mut conn: std::sync::MutexGuard<'_, Connection>,
+        started: std::time::Instant,
+        txn: &Txn,
+    ) -> Result<TxnResponse> {
+        // Stop a little before the caller's deadline (the same duration,
+        // started a moment earlier) so that no attempt outlives it.
+        let budget = self.write_timeout.saturating_sub((self.write_timeout / 10).min(Duration::from_millis(100)));
+        let mut attempt = 0u32;
+        loop {
+            let Some(left) = budget.checked_sub(started.elapsed()).filter(|d| !d.is_zero()) else {
+                return Err(Error::Unavailable(format!(
+                    "the store file's write lock was not free within {:?}",
+                    self.write_timeout
+                )));
+            };
+            conn.busy_timeout(left.min(Duration::from_secs(5))).map_err(unavailable)?;
+            let result = (|| {
+                let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+                let resp = apply(&tx, txn, self.retain)?;
+                tx.commit()?;
+                Ok(resp)
+            })();
+            match result {
+                Err(e) if is_busy(&e) && attempt < WRITE_ATTEMPTS => {
+                    attempt += 1;
+                    std::thread::sleep(Duration::from_millis(u64::from(attempt.min(20)) * 2));
+                }
+                other => return other.map_err(unavailable),
+            }
+        }
+    }
+
     /// `Unavailable` once the file at `path` is not the one opened (sticky).
     fn check_file(&self) -> Result<()> {
         if !self.lost.load(Ordering::Relaxed) && file_identity(&self.path) == Some(self.identity) {
@@ -215,6 +262,16 @@ fn apply(tx: &rusqlite::Transaction<'_>, txn: &Txn, retain: i64) -> rusqlite::Re
                 tx.query_row("SELECT 1 FROM kv WHERE key >= ?1 AND key < ?2 LIMIT 1", params![lo, hi], |_| Ok(()))
                     .optional()?
                     .is_none()
+            }
+            Compare::PrefixUnchangedSince(prefix, revision) => {
+                let (lo, hi) = bounds(prefix);
+                tx.query_row(
+                    "SELECT 1 FROM kv WHERE key >= ?1 AND key < ?2 AND mod_rev > ?3 LIMIT 1",
+                    params![lo, hi, revision],
+                    |_| Ok(()),
+                )
+                .optional()?
+                .is_none()
             }
         };
         if !holds {

@@ -17,9 +17,15 @@ use std::time::Duration;
 
 use futures::StreamExt;
 
+use std::sync::Arc;
+
+use async_trait::async_trait;
 use futures::stream::BoxStream;
 
-use crate::{Compare, Error, Event, KeyValue, Op, Revision, Store, Txn, WatchStream, WatcherEvent};
+use crate::{
+    Backend, ChangeStream, Compare, Error, Event, JobLocker, KeyValue, ListPage, Op, Result, Revision, Store, Txn,
+    TxnResponse, WatchStream, WatcherEvent,
+};
 
 /// The longest any single wait in the suite may take.
 pub const WAIT: Duration = Duration::from_secs(20);
@@ -447,6 +453,23 @@ pub async fn txn_prefix_empty_guards(store: &Store) {
     assert!(!store.txn(txn).await.expect("txn").succeeded);
     store.delete(&format!("{guard}t1"), Some(rev)).await.expect("delete");
     assert!(check(guard).await, "empty again after the last key went");
+
+    // PrefixUnchangedSince: no key under the prefix written after `at`.
+    let unchanged = |prefix: &str, at: Revision| {
+        let txn = Txn::new().when(Compare::PrefixUnchangedSince(prefix.into(), at));
+        async move { store.txn(txn).await.expect("txn").succeeded }
+    };
+    let index = "/conformance/txn/guard/index/";
+    assert!(unchanged(index, 0).await, "an empty prefix is unchanged since any revision");
+    let first = store.create(&format!("{index}a"), b"a".to_vec()).await.expect("create");
+    assert!(unchanged(index, first).await);
+    assert!(!unchanged(index, first - 1).await);
+    let second = store.create(&format!("{index}b"), b"b".to_vec()).await.expect("create");
+    assert!(!unchanged(index, first).await, "a key created after the revision");
+    assert!(unchanged(index, second).await);
+    store.update(&format!("{index}a"), b"a2".to_vec(), first).await.expect("update");
+    assert!(!unchanged(index, second).await, "a key modified after the revision");
+    assert!(unchanged("/conformance/txn/guard/index/a/", 0).await, "a neighbour prefix is not the key");
 }
 
 /// The first event of `watcher` within [`WAIT`], skipping `Progress`.
@@ -556,4 +579,167 @@ pub async fn watcher_reports_progress(store: &Store) {
         *progress.last().unwrap_or(&0) >= written,
         "progress reaches a write outside the prefix ({progress:?} < {written})"
     );
+}
+
+/// A real backend whose change feeds can be cut, as a lost connection
+/// would: [`FeedSwitch::cut`] ends every open feed and makes new ones fail
+/// until [`FeedSwitch::restore`]. Everything else passes straight through.
+/// For testing what consumers of [`Store::watcher`] do across outages.
+pub struct Switched<B> {
+    inner: B,
+    /// `(on, cuts so far)`: a feed ends once the count moves past its own.
+    on: tokio::sync::watch::Receiver<(bool, u64)>,
+}
+
+/// Turns the feeds of a [`Switched`] backend off and on.
+#[derive(Clone)]
+pub struct FeedSwitch(Arc<tokio::sync::watch::Sender<(bool, u64)>>);
+
+impl FeedSwitch {
+    pub fn cut(&self) {
+        self.0.send_modify(|(on, cuts)| {
+            *on = false;
+            *cuts += 1;
+        });
+    }
+    pub fn restore(&self) {
+        self.0.send_modify(|(on, _)| *on = true);
+    }
+}
+
+impl<B: Backend> Switched<B> {
+    pub fn new(inner: B) -> (Self, FeedSwitch) {
+        let (tx, rx) = tokio::sync::watch::channel((true, 0));
+        (Self { inner, on: rx }, FeedSwitch(Arc::new(tx)))
+    }
+}
+
+#[async_trait]
+impl<B: Backend> Backend for Switched<B> {
+    async fn get(&self, key: &str) -> Result<(Option<KeyValue>, Revision)> {
+        self.inner.get(key).await
+    }
+    async fn list(&self, prefix: &str, start_after: Option<&str>, limit: usize) -> Result<ListPage> {
+        self.inner.list(prefix, start_after, limit).await
+    }
+    async fn create(&self, key: &str, value: Vec<u8>) -> Result<Revision> {
+        self.inner.create(key, value).await
+    }
+    async fn update(&self, key: &str, value: Vec<u8>, expected: Revision) -> Result<Revision> {
+        self.inner.update(key, value, expected).await
+    }
+    async fn delete(&self, key: &str, expected: Option<Revision>) -> Result<Revision> {
+        self.inner.delete(key, expected).await
+    }
+    async fn watch(&self, prefix: &str, from: Revision) -> Result<WatchStream> {
+        self.inner.watch(prefix, from).await
+    }
+    async fn revision(&self) -> Result<Revision> {
+        self.inner.revision().await
+    }
+    async fn txn(&self, txn: Txn) -> Result<TxnResponse> {
+        self.inner.txn(txn).await
+    }
+    async fn snapshot(&self, prefix: &str) -> Result<(Vec<KeyValue>, Revision)> {
+        self.inner.snapshot(prefix).await
+    }
+    async fn changes(&self, prefix: &str, from: Revision) -> Result<ChangeStream> {
+        let (on, epoch) = *self.on.borrow();
+        if !on {
+            return Err(Error::Unavailable("feed cut by the test".into()));
+        }
+        let feed = self.inner.changes(prefix, from).await?;
+        let mut on = self.on.clone();
+        let cut = async move {
+            let _ = on.wait_for(|(_, cuts)| *cuts != epoch).await;
+        };
+        Ok(Box::pin(feed.take_until(cut)))
+    }
+    fn job_locker(&self) -> Option<Arc<dyn JobLocker>> {
+        self.inner.job_locker()
+    }
+}
+
+/// Applies watcher events to `view` until `done` holds; a re-list replaces
+/// the view at `InitDone`. Returns how many re-lists were seen.
+pub async fn follow_until(
+    watcher: &mut BoxStream<'static, WatcherEvent>,
+    view: &mut BTreeMap<String, Vec<u8>>,
+    done: impl Fn(&BTreeMap<String, Vec<u8>>) -> bool,
+) -> usize {
+    let mut relists = 0;
+    let mut listing: Option<BTreeMap<String, Vec<u8>>> = None;
+    while listing.is_some() || !done(view) {
+        match next_change(watcher).await {
+            WatcherEvent::Init => listing = Some(BTreeMap::new()),
+            WatcherEvent::InitApply(kv) => {
+                listing.as_mut().expect("InitApply inside a list").insert(kv.key, kv.value);
+            }
+            WatcherEvent::InitDone { .. } => {
+                *view = listing.take().expect("InitDone after Init");
+                relists += 1;
+            }
+            WatcherEvent::Apply(kv) => {
+                view.insert(kv.key, kv.value);
+            }
+            WatcherEvent::Delete { key, .. } => {
+                view.remove(&key);
+            }
+            WatcherEvent::Progress { .. } => {}
+        }
+    }
+    relists
+}
+
+/// Across a lost feed the watcher resumes where it was (no re-list, no
+/// event twice); when the history of the gap is gone as well
+/// (`lose_history`: an etcd compaction, a trimmed local log) it re-lists,
+/// and the keys deleted in the gap are absent from the new list.
+pub async fn watcher_resumes_or_relists_across_outages<F, Fut>(store: &Store, switch: &FeedSwitch, lose_history: F)
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    let prefix = "/conformance/watcher/outage/";
+    for i in 0..6 {
+        store.create(&format!("{prefix}{i}"), b"v".to_vec()).await.expect("create");
+    }
+    let mut watcher = store.watcher(prefix);
+    let mut view = BTreeMap::new();
+    let relists = follow_until(&mut watcher, &mut view, |v| v.len() == 6).await;
+    assert_eq!(relists, 1);
+
+    // An outage the history covers: resumed, changes delivered as events.
+    switch.cut();
+    store.delete(&format!("{prefix}0"), None).await.expect("delete");
+    store.create(&format!("{prefix}new"), b"n".to_vec()).await.expect("create");
+    switch.restore();
+    let relists = follow_until(&mut watcher, &mut view, |v| v.contains_key(&format!("{prefix}new"))).await;
+    assert_eq!(relists, 0, "a resumable outage must not re-list");
+    assert!(!view.contains_key(&format!("{prefix}0")));
+
+    // An outage whose history is lost: re-listed; the gap's deletes show.
+    switch.cut();
+    for i in 1..4 {
+        store.delete(&format!("{prefix}{i}"), None).await.expect("delete");
+    }
+    store.create(&format!("{prefix}late"), b"l".to_vec()).await.expect("create");
+    lose_history().await;
+    switch.restore();
+    let relists = follow_until(&mut watcher, &mut view, |v| v.contains_key(&format!("{prefix}late"))).await;
+    assert_eq!(relists, 1, "lost history means one re-list");
+    let want: Vec<String> = ["4", "5", "late", "new"].iter().map(|k| format!("{prefix}{k}")).collect();
+    assert_eq!(view.keys().cloned().collect::<Vec<_>>(), want, "keys deleted in the gap are gone from the view");
+
+    // And it carries on watching.
+    store.create(&format!("{prefix}after"), b"a".to_vec()).await.expect("create");
+    match next_change(&mut watcher).await {
+        WatcherEvent::Apply(kv) => assert_eq!(kv.key, format!("{prefix}after")),
+        other => panic!("expected the put after the re-list, got {other:?}"),
+    }
+}
+
+/// The next event of `watcher` within [`WAIT`], `Progress` included.
+pub async fn next_event_or_progress(watcher: &mut BoxStream<'static, WatcherEvent>) -> WatcherEvent {
+    tokio::time::timeout(WAIT, watcher.next()).await.expect("a watcher event in time").expect("the watcher ended")
 }

@@ -21,6 +21,10 @@ pub enum Compare {
     /// On etcd: `create_revision < 1` over the prefix's range, which holds
     /// exactly when no key in the range exists.
     PrefixEmpty(String),
+    /// No key under the prefix was created or modified after this revision
+    /// (an index read at that revision gained no entry since; deletes are
+    /// not seen). On etcd: `mod_revision < revision + 1` over the range.
+    PrefixUnchangedSince(String, Revision),
 }
 
 /// An operation of a branch, applied in order.

@@ -90,14 +90,7 @@ impl Etcd {
     }
 
     fn connect_options(&self) -> etcd_client::ConnectOptions {
-        let options = etcd_client::ConnectOptions::new().with_connect_timeout(Duration::from_secs(1));
-        let Some(certs) = &self.certs else { return options };
-        let read = |path: &PathBuf| std::fs::read(path).expect("read certificate");
-        options.with_tls(
-            etcd_client::TlsOptions::new()
-                .ca_certificate(etcd_client::Certificate::from_pem(read(&certs.ca)))
-                .identity(etcd_client::Identity::from_pem(read(&certs.client_cert), read(&certs.client_key))),
-        )
+        connect_options(self.certs.as_ref())
     }
 
     /// The server's process id while it runs (to freeze it with SIGSTOP).
@@ -191,8 +184,20 @@ impl Drop for Etcd {
     }
 }
 
+/// Raw-client options for an etcd with `certs` (TLS with a client certificate) or without.
+pub(crate) fn connect_options(certs: Option<&Certificates>) -> etcd_client::ConnectOptions {
+    let options = etcd_client::ConnectOptions::new().with_connect_timeout(Duration::from_secs(1));
+    let Some(certs) = certs else { return options };
+    let read = |path: &PathBuf| std::fs::read(path).expect("read certificate");
+    options.with_tls(
+        etcd_client::TlsOptions::new()
+            .ca_certificate(etcd_client::Certificate::from_pem(read(&certs.ca)))
+            .identity(etcd_client::Identity::from_pem(read(&certs.client_cert), read(&certs.client_key))),
+    )
+}
+
 /// The `etcd` binary, installed with apt-get when it is not on `PATH`.
-fn etcd_binary() -> PathBuf {
+pub(crate) fn etcd_binary() -> PathBuf {
     static BINARY: OnceLock<PathBuf> = OnceLock::new();
     BINARY.get_or_init(|| crate::apt::ensure("etcd", &["etcd-server", "etcd-client"])).clone()
 }

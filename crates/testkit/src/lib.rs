@@ -5,6 +5,8 @@
 //!   throwaway CA and client-certificate auth. etcd tests never skip: when
 //!   the `etcd` binary is missing it is installed (Debian's `etcd-server`),
 //!   and a failed install fails the test loudly.
+//! - [`EtcdCluster`]: three members on loopback, for failover tests: kill,
+//!   freeze (SIGSTOP), thaw and restart a member; find the leader.
 //! - [`local_config`]: a local (SQLite) store config in a test's temp dir.
 //! - [`eventually`]: wait for a condition with a generous upper bound,
 //!   instead of sleeping and hoping.
@@ -16,15 +18,18 @@
 //!
 //! # Layout
 //! - `etcd.rs`: the etcd server process.
+//! - `cluster.rs`: the 3-member etcd cluster.
 //! - `tls.rs`: the throwaway CA (`openssl` command line).
 //! - `apt.rs`: installing a missing tool, once per machine.
 //! - `backend.rs`: the recording HTTP backend.
 
 mod apt;
 pub mod backend;
+mod cluster;
 mod etcd;
 mod tls;
 
+pub use cluster::{EtcdCluster, MEMBERS};
 pub use etcd::Etcd;
 pub use tls::Certificates;
 

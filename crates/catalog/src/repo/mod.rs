@@ -107,6 +107,27 @@ impl Repository {
         revision
     }
 
+    /// Runs `txn` and reports what it wrote to the caches, like
+    /// [`Repository::wrote`]: every put (but a create, a put guarded by
+    /// `Absent` on its key), delete and deleted prefix of the branch that ran.
+    pub(crate) async fn txn(&self, txn: kayra_store::Txn) -> Result<kayra_store::TxnResponse> {
+        let response = self.store.txn(txn.clone()).await?;
+        if self.cache.is_some() {
+            let ops = if response.succeeded { &txn.success } else { &txn.failure };
+            let created =
+                |key: &str| txn.compares.iter().any(|c| matches!(c, kayra_store::Compare::Absent(k) if k == key));
+            for op in ops {
+                match op {
+                    kayra_store::Op::Put { key, .. } if !created(key) => self.wrote(key, response.revision),
+                    kayra_store::Op::Delete { key } => self.wrote(key, response.revision),
+                    kayra_store::Op::DeletePrefix { prefix } => self.wrote(prefix, response.revision),
+                    _ => response.revision,
+                };
+            }
+        }
+        Ok(response)
+    }
+
     pub fn store(&self) -> &Store {
         &self.store
     }

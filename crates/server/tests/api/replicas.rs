@@ -176,7 +176,7 @@ async fn a_frozen_etcd_gives_503s_and_recovers_without_a_restart() {
         assert_eq!(reply.status, 503, "while etcd is frozen: {}", reply.text);
         // Past the request timeout the caches themselves refuse: at once.
         if sent - frozen > timeout + Duration::from_millis(200) {
-            assert!(took < Duration::from_millis(500), "a stale cache refuses at once, took {took:?}");
+            assert!(took < Duration::from_secs(1), "a stale cache refuses at once, took {took:?}");
             let ready = server.get("/readyz").await;
             assert_eq!(ready.status, 503, "{}", ready.text);
         }

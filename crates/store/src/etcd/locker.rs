@@ -22,7 +22,12 @@
 //!
 //! # The session
 //! One lease per locker (that is, per store, per process), with TTL
-//! `lock_ttl`, renewed every `lock_ttl / 3` by a background task. Every
+//! `lock_ttl`, renewed every `lock_ttl / 3` by a background task. The
+//! keep-alive stream lives on one cluster member; when it fails, or that
+//! member fails a health check, it is reopened on the member calls are
+//! pinned to now, so the lease outlives a member's loss. A leader election
+//! does not expire leases (the new leader extends them), so a session
+//! survives one shorter than `lock_ttl` and its locks stay held. Every
 //! mutex key is attached to it, so the locks of a process killed with
 //! SIGKILL vanish when the lease expires. If renewals fail for a whole TTL,
 //! or etcd reports the lease gone, the session is marked lost and the next
@@ -51,13 +56,14 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use etcd_client::{
-    Client, Compare, CompareOp, GetOptions, LeaseClient, LeaseKeepAliveStream, LeaseKeeper, PutOptions, SortOrder,
-    SortTarget, Txn, TxnOp, TxnOpResponse,
+    Compare, CompareOp, GetOptions, LeaseKeepAliveStream, LeaseKeeper, PutOptions, SortOrder, SortTarget, Txn, TxnOp,
+    TxnOpResponse,
 };
 use tokio::sync::OwnedMutexGuard;
 use tokio_util::sync::CancellationToken;
 
-use super::{Keyspace, revision_of, unavailable};
+use super::cluster::Cluster;
+use super::{Keyspace, revision_of};
 use crate::{Error, JobLock, JobLocker, Result};
 
 /// The etcd [`JobLocker`]. Cheap to share; get it from
@@ -82,7 +88,7 @@ struct Inner {
 impl EtcdJobLocker {
     /// No I/O: the session lease is granted by the first `lock`.
     pub(super) fn new(keys: Keyspace, ttl: Duration, retry_interval: Duration) -> Self {
-        let session = Session::new(keys.client.clone(), ttl);
+        let session = Session::new(keys.cluster.clone(), ttl);
         // A zero interval would turn a blocked lock into a busy loop on etcd.
         let retry_interval = retry_interval.max(Duration::from_millis(1));
         Self { inner: Arc::new(Inner { keys, session, retry_interval, local: LocalLocks::default() }) }
@@ -139,7 +145,9 @@ impl Inner {
                 TxnOp::get(prefix, Some(owner.clone())),
             ])
             .or_else([TxnOp::get(key, None), TxnOp::get(prefix, Some(owner))]);
-        let resp = self.keys.txn(txn).await?;
+        // A retry after an unknown outcome finds the key already there:
+        // the `else` branch reads it, so the answer is the same.
+        let resp = self.keys.txn(txn).await?.value;
         let ops = resp.op_responses();
         let first_kv = |i: usize| match ops.get(i) {
             Some(TxnOpResponse::Get(get)) => get.kvs().first().map(etcd_client::KeyValue::create_revision),
@@ -156,7 +164,7 @@ impl Inner {
     }
 
     async fn delete(&self, key: &str) -> Result<()> {
-        self.keys.client.kv_client().delete(key, None).await.map_err(unavailable)?;
+        self.keys.cluster.delete(key, None).await?;
         Ok(())
     }
 }
@@ -248,7 +256,7 @@ impl LocalLocks {
 
 /// The session: one lease, kept alive in the background, replaced when lost.
 struct Session {
-    client: Client,
+    cluster: Cluster,
     ttl: Duration,
     current: tokio::sync::Mutex<Option<Lease>>,
     /// Cancelled on drop: the keep-alive task revokes the lease and exits.
@@ -262,8 +270,8 @@ struct Lease {
 }
 
 impl Session {
-    fn new(client: Client, ttl: Duration) -> Self {
-        Self { client, ttl, current: tokio::sync::Mutex::new(None), shutdown: CancellationToken::new() }
+    fn new(cluster: Cluster, ttl: Duration) -> Self {
+        Self { cluster, ttl, current: tokio::sync::Mutex::new(None), shutdown: CancellationToken::new() }
     }
 
     async fn lease(&self) -> Result<i64> {
@@ -273,18 +281,20 @@ impl Session {
         }
         // etcd leases have whole-second TTLs.
         let ttl_secs = i64::try_from(self.ttl.as_millis().div_ceil(1000)).unwrap_or(i64::MAX).max(1);
-        let mut leases = self.client.lease_client();
-        let id = leases.grant(ttl_secs, None).await.map_err(unavailable)?.id();
-        let (keeper, responses) = match leases.keep_alive(id).await {
-            Ok(pair) => pair,
+        // A grant retried after an unknown outcome may leave an unused
+        // lease behind: it expires after its TTL.
+        let id = self.cluster.lease_grant(ttl_secs).await?.id();
+        let (keeper, responses, member) = match self.cluster.lease_keep_alive(id).await {
+            Ok(opened) => opened,
             Err(e) => {
-                let _ = leases.revoke(id).await;
-                return Err(unavailable(e));
+                let _ = self.cluster.lease_revoke(id).await;
+                return Err(e);
             }
         };
         let lost = CancellationToken::new();
-        let renewal = Renewal { leases, id, ttl: Duration::from_secs(ttl_secs.unsigned_abs()), lost: lost.clone() };
-        tokio::spawn(renewal.run(keeper, responses, self.shutdown.clone()));
+        let cluster = self.cluster.clone();
+        let renewal = Renewal { cluster, id, ttl: Duration::from_secs(ttl_secs.unsigned_abs()), lost: lost.clone() };
+        tokio::spawn(renewal.run(Stream { keeper, responses, member }, self.shutdown.clone()));
         tracing::debug!(lease = format!("{id:x}"), ttl_secs, "job lock session started");
         *current = Some(Lease { id, lost });
         Ok(id)
@@ -299,44 +309,58 @@ impl Drop for Session {
 
 /// The keep-alive task of one lease.
 struct Renewal {
-    leases: LeaseClient,
+    cluster: Cluster,
     id: i64,
     ttl: Duration,
     lost: CancellationToken,
 }
 
+/// A keep-alive stream and the cluster member it is open on.
+struct Stream {
+    keeper: LeaseKeeper,
+    responses: LeaseKeepAliveStream,
+    member: usize,
+}
+
 impl Renewal {
-    async fn run(mut self, mut keeper: LeaseKeeper, mut responses: LeaseKeepAliveStream, shutdown: CancellationToken) {
+    async fn run(self, mut stream: Stream, shutdown: CancellationToken) {
         let period = self.ttl / 3;
         let mut renewed = Instant::now();
         loop {
-            tokio::select! {
+            let cluster = self.cluster.clone();
+            let member_failed = tokio::select! {
                 () = shutdown.cancelled() => {
                     // Free this process's locks now rather than after the TTL.
-                    let _ = tokio::time::timeout(Duration::from_secs(1), self.leases.revoke(self.id)).await;
+                    let _ = tokio::time::timeout(Duration::from_secs(1), self.cluster.lease_revoke(self.id)).await;
                     return;
                 }
-                () = tokio::time::sleep(period) => {}
-            }
-            let failure = match renew(&mut keeper, &mut responses, period).await {
-                Ok(true) => {
-                    renewed = Instant::now();
-                    continue;
-                }
-                Ok(false) => return self.give_up("etcd reports the lease expired"),
-                Err(e) => e,
+                () = tokio::time::sleep(period) => false,
+                () = cluster.unhealthy(stream.member) => true,
             };
+            let failure = if member_failed {
+                "the member of the keep-alive stream failed its health check".to_string()
+            } else {
+                match renew(&mut stream, period).await {
+                    Ok(true) => {
+                        renewed = Instant::now();
+                        continue;
+                    }
+                    Ok(false) => return self.give_up("etcd reports the lease expired"),
+                    Err(e) => e,
+                }
+            };
+            self.cluster.stream_failed(stream.member);
             if renewed.elapsed() >= self.ttl {
                 return self.give_up(&format!("no renewal for a whole TTL ({failure})"));
             }
             tracing::warn!(lease = format!("{:x}", self.id), error = %failure, "lease keep-alive failed; reconnecting");
-            match self.leases.keep_alive(self.id).await {
+            match self.cluster.lease_keep_alive(self.id).await {
                 // Opening the stream renews the lease once.
-                Ok((k, r)) => {
-                    (keeper, responses) = (k, r);
+                Ok((keeper, responses, member)) => {
+                    stream = Stream { keeper, responses, member };
                     renewed = Instant::now();
                 }
-                Err(etcd_client::Error::LeaseKeepAliveError(e)) => return self.give_up(&e),
+                Err(e) if e.to_string().contains("lease not found") => return self.give_up(&e.to_string()),
                 Err(_) => {}
             }
         }
@@ -349,9 +373,9 @@ impl Renewal {
 }
 
 /// One renewal: `Ok(false)` when etcd no longer knows the lease.
-async fn renew(keeper: &mut LeaseKeeper, responses: &mut LeaseKeepAliveStream, wait: Duration) -> Result<bool, String> {
-    keeper.keep_alive().await.map_err(|e| e.to_string())?;
-    match tokio::time::timeout(wait, responses.message()).await {
+async fn renew(stream: &mut Stream, wait: Duration) -> Result<bool, String> {
+    stream.keeper.keep_alive().await.map_err(|e| e.to_string())?;
+    match tokio::time::timeout(wait, stream.responses.message()).await {
         Err(_) => Err("no keep-alive response".into()),
         Ok(Err(e)) => Err(e.to_string()),
         Ok(Ok(None)) => Err("keep-alive stream closed".into()),

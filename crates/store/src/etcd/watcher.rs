@@ -8,9 +8,11 @@
 //!
 //! - **watching**: a native etcd watch on the prefix from `next`. Events are
 //!   delivered in revision order and `next` moves past each response.
-//! - **reconnecting**: the stream failed or ended. After a capped
-//!   exponential back-off a new watch starts from `next`, so nothing is
-//!   lost and nothing is delivered twice across a reconnect.
+//! - **reconnecting**: the stream failed or ended, or the member it is on
+//!   failed a health check (a frozen member sends nothing and reports no
+//!   error). After a capped exponential back-off a new watch starts from
+//!   `next` on the member calls are pinned to now, so nothing is lost and
+//!   nothing is delivered twice across a reconnect or a failover.
 //! - **re-listing**: etcd answered with `compact_revision`: the history from
 //!   `next` is gone. The prefix is read at one revision `r`, a `Put` is
 //!   emitted for every key present (at its current `mod_revision`), and
@@ -23,8 +25,10 @@
 //! dropped. Failures are logged (`warn`) and retried inside.
 //!
 //! [`changes`] is the raw feed under `Store::watcher` (whose state machine
-//! does the listing and resuming): one etcd watch, progress requested every
-//! [`PROGRESS_INTERVAL`], ended by the first failure.
+//! does the listing and resuming): one etcd watch on the pinned cluster
+//! member, progress requested every [`PROGRESS_INTERVAL`], ended by the
+//! first failure or when that member fails a health check (the next feed
+//! opens on the member calls moved to).
 //!
 //! # Progress on etcd 3.4
 //! etcd 3.4 answers a progress request with the store's current revision
@@ -69,11 +73,12 @@ pub(super) async fn watch(
         // etcd reads start revision 0 as "now"; the API means "from the beginning".
         next: from.max(1),
         stream: None,
+        member: 0,
         pending: VecDeque::new(),
         backoff: BACKOFF_MIN,
         shutdown,
     };
-    watcher.stream = Some(watcher.open().await?);
+    watcher.open().await?;
     Ok(Box::pin(stream::unfold(watcher, |mut watcher| async move {
         let event = watcher.next_event().await?;
         Some((event, watcher))
@@ -89,6 +94,8 @@ struct Watcher {
     next: Revision,
     /// `None` while reconnecting.
     stream: Option<etcd_client::WatchStream>,
+    /// The cluster member `stream` is open on.
+    member: usize,
     /// Events received but not yet handed to the consumer.
     pending: VecDeque<Event>,
     backoff: Duration,
@@ -96,9 +103,11 @@ struct Watcher {
 }
 
 impl Watcher {
-    async fn open(&self) -> Result<etcd_client::WatchStream> {
+    async fn open(&mut self) -> Result<()> {
         let options = WatchOptions::new().with_range(self.end.clone()).with_start_revision(self.next);
-        self.keys.client.watch_client().watch(self.start.clone(), Some(options)).await.map_err(unavailable)
+        let (stream, member) = self.keys.cluster.watch(self.start.clone(), options).await?;
+        (self.stream, self.member) = (Some(stream), member);
+        Ok(())
     }
 
     /// The next event; `None` once the store is gone.
@@ -121,7 +130,9 @@ impl Watcher {
                     error = %e,
                     "etcd watch failed; re-watching from the last delivered revision"
                 );
-                self.stream = None;
+                if self.stream.take().is_some() {
+                    self.keys.cluster.stream_failed(self.member);
+                }
                 tokio::select! {
                     () = self.shutdown.cancelled() => return None,
                     () = tokio::time::sleep(self.backoff) => {}
@@ -134,14 +145,17 @@ impl Watcher {
     /// One unit of progress: open a watch, or handle one response.
     async fn step(&mut self) -> Result<()> {
         let Some(stream) = self.stream.as_mut() else {
-            self.stream = Some(self.open().await?);
-            return Ok(());
+            return self.open().await;
         };
-        let response = stream
-            .message()
-            .await
-            .map_err(unavailable)?
-            .ok_or_else(|| Error::Unavailable("etcd closed the watch stream".into()))?;
+        let cluster = self.keys.cluster.clone();
+        let response = tokio::select! {
+            message = stream.message() => message
+                .map_err(unavailable)?
+                .ok_or_else(|| Error::Unavailable("etcd closed the watch stream".into()))?,
+            () = cluster.unhealthy(self.member) => {
+                return Err(Error::Unavailable("the etcd member of this watch failed its health check".into()));
+            }
+        };
         if response.compact_revision() > 0 {
             return self.relist(response.compact_revision()).await;
         }
@@ -197,12 +211,13 @@ pub(super) async fn changes(
 ) -> Result<ChangeStream> {
     let (start, end) = keys.range(prefix);
     let options = WatchOptions::new().with_range(end).with_start_revision(from.max(1));
-    let stream = keys.client.watch_client().watch(start.clone(), Some(options)).await.map_err(unavailable)?;
+    let (stream, member) = keys.cluster.watch(start.clone(), options).await?;
     let (requests, responses) = stream.split();
     let mut ticker = tokio::time::interval(PROGRESS_INTERVAL);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let feed = Feed {
         keys,
+        member,
         requests,
         responses,
         ticker,
@@ -221,6 +236,8 @@ pub(super) async fn changes(
 
 struct Feed {
     keys: Keyspace,
+    /// The cluster member the watch is open on.
+    member: usize,
     requests: etcd_client::WatchRequestSender,
     responses: etcd_client::WatchResponseStream,
     ticker: tokio::time::Interval,
@@ -243,11 +260,14 @@ impl Feed {
             if self.done {
                 return None;
             }
-            let shutdown = self.shutdown.clone();
+            let (shutdown, cluster) = (self.shutdown.clone(), self.keys.cluster.clone());
             tokio::select! {
                 biased;
                 () = shutdown.cancelled() => return None,
                 message = self.responses.message() => self.on_message(message),
+                () = cluster.unhealthy(self.member) => {
+                    self.fail(Error::Unavailable("the etcd member of this watch failed its health check".into()));
+                }
                 _ = self.ticker.tick() => {
                     if self.last_answer.elapsed() > STALLED {
                         self.fail(Error::Unavailable(format!("etcd watch answered nothing for {STALLED:?}")));
@@ -260,6 +280,10 @@ impl Feed {
     }
 
     fn fail(&mut self, e: Error) {
+        if matches!(e, Error::Unavailable(_)) {
+            // Resume elsewhere: the consumer re-opens on the pinned member.
+            self.keys.cluster.stream_failed(self.member);
+        }
         self.pending.push_back(Err(e));
         self.done = true;
     }
