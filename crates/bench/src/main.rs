@@ -16,6 +16,8 @@
 //!   second (placeholder mode: the cost is kayra's, not a backend's),
 //!   against raw compare-and-swap updates of the same records.
 
+mod serve;
+
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -37,6 +39,12 @@ struct Args {
     /// Subscriptions in the fan-out measurement.
     #[arg(long, default_value_t = 500)]
     subscribers: usize,
+    /// Only the `kayra serve` figures (`serve.rs`).
+    #[arg(long)]
+    serve_only: bool,
+    /// Also measure a real `kayra serve`'s RSS over a large store, running this binary.
+    #[arg(long)]
+    memory: Option<std::path::PathBuf>,
 }
 
 const API: &str = "compute.example.com";
@@ -48,11 +56,24 @@ async fn main() -> anyhow::Result<()> {
     println!("|---|---|---:|---:|");
     let dir = tempfile::tempdir()?;
     let local = kayra_testkit::local_config(dir.path());
-    let store = Store::new(kayra_store::local::LocalStore::open(&local.path, local.poll_interval.0)?);
-    run("local", store, &args).await?;
     let etcd = kayra_testkit::Etcd::start().await;
-    let store = Store::new(kayra_store::etcd::EtcdStore::connect(&etcd.config("/bench")).await?);
-    run("etcd", store, &args).await?;
+    if !args.serve_only {
+        let store = Store::new(kayra_store::local::LocalStore::open(&local.path, local.poll_interval.0)?);
+        run("local", store, &args).await?;
+        let store = Store::new(kayra_store::etcd::EtcdStore::connect(&etcd.config("/bench")).await?);
+        run("etcd", store, &args).await?;
+    }
+    println!();
+    println!("| backend | measurement | ops/s | p50 ms | p99 ms | ratio |");
+    println!("|---|---|---:|---:|---:|---|");
+    let serve_dir = tempfile::tempdir()?;
+    let database = kayra_config::DatabaseConfig::local(kayra_testkit::local_config(serve_dir.path()));
+    serve::run("local", database, None, args.ops).await?;
+    let database = kayra_config::DatabaseConfig::etcd(etcd.config("/serve"));
+    serve::run("etcd", database, Some(etcd.endpoint()), args.ops).await?;
+    if let Some(binary) = &args.memory {
+        serve::memory(&kayra_config::DatabaseConfig::etcd(etcd.config("/memory")), binary).await?;
+    }
     Ok(())
 }
 

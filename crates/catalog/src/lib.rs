@@ -11,6 +11,7 @@
 //! [`pipeline`].
 
 pub mod api;
+pub mod cache;
 pub mod reconciler;
 pub mod repo;
 

@@ -21,6 +21,11 @@ pub async fn healthz() -> Json<Value> {
 }
 
 pub async fn readyz(State(state): State<AppState>) -> Response {
+    // Decisions come from the auth caches: not current, not ready.
+    if let Some(Err(e)) = state.api.repo.cache().map(|cache| cache.check_current()) {
+        tracing::warn!(error = %e, "not ready: the auth caches are not current");
+        return ApiError::unavailable(format!("not ready: {e}")).into_response();
+    }
     match tokio::time::timeout(READY_TIMEOUT, state.api.repo.store().revision()).await {
         Ok(Ok(_)) => Json(json!({"status": "ready"})).into_response(),
         Ok(Err(e)) => {

@@ -36,6 +36,7 @@ use axum::Router;
 use axum::routing::get;
 use bytes::Bytes;
 use kayra_catalog::api::{self, ApiError, ApiState};
+use kayra_catalog::cache::AuthCache;
 use kayra_catalog::repo::Repository;
 use kayra_config::Config;
 use kayra_store::Store;
@@ -43,6 +44,9 @@ use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tower_http::trace::TraceLayer;
+
+/// How long startup waits for the auth caches' first lists.
+const CACHE_SYNC_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// How long in-flight requests may take to finish after shutdown begins.
 pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
@@ -64,9 +68,18 @@ pub struct AppState {
 }
 
 impl AppState {
-    /// State for the deployment `config` describes, on `store`.
+    /// State for the deployment `config` describes, on `store`, reading
+    /// the store for every decision.
     pub fn new(config: &Config, store: Store) -> Self {
-        let repo = Repository::new(store, &config.platform, &config.region);
+        Self::with_repo(config, Repository::new(store, &config.platform, &config.region))
+    }
+
+    /// State whose authentication and RBAC decide from `cache`.
+    pub fn cached(config: &Config, store: Store, cache: AuthCache) -> Self {
+        Self::with_repo(config, Repository::new(store, &config.platform, &config.region).with_cache(cache))
+    }
+
+    fn with_repo(config: &Config, repo: Repository) -> Self {
         // Serializing utoipa's plain structs cannot fail; an empty document
         // would be caught by the OpenAPI tests.
         let openapi = serde_json::to_vec(&api::openapi::openapi()).unwrap_or_default();
@@ -140,10 +153,17 @@ pub async fn run(
     listener: TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
-    let state = AppState::new(&config, store);
+    let request_timeout = config.database.request_timeout.0;
+    let cache = AuthCache::start(&store, &config.platform, &config.region, request_timeout);
+    let state = AppState::cached(&config, store, cache.clone());
     if !config.auth.bootstrap_token.is_empty() {
         state.api.repo.bootstrap_admin(&config.auth.bootstrap_token).await.context("bootstrap the admin user")?;
         tracing::info!(user = kayra_catalog::repo::auth::BOOTSTRAP_USER, "bootstrap admin ensured");
+    }
+    // Serving before the first lists would only answer 503s; a store that
+    // stays silent this long is reported by /readyz instead.
+    if let Err(e) = cache.wait_synced(CACHE_SYNC_TIMEOUT.max(request_timeout)).await {
+        tracing::warn!(error = %e, "serving before the auth caches are synced; requests answer 503 until they are");
     }
     let tls = match &config.server.tls {
         Some(tls) => Some(tls::acceptor(tls).context("load server.tls")?),

@@ -18,6 +18,7 @@ mod api {
     mod operations;
     mod rbac;
     mod registrations;
+    mod replicas;
     mod store_outage;
     mod slow_clients;
     mod subscriptions;

@@ -18,6 +18,7 @@
 
 pub mod etcd;
 pub mod local;
+pub mod reflector;
 pub mod testsuite;
 pub mod txn;
 mod watcher;

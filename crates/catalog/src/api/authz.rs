@@ -22,7 +22,7 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{MethodFilter, MethodRouter, on};
 use kayra_core::CATALOG_API;
-use kayra_rbac::{Decision, Verb, authorize};
+use kayra_rbac::{Decision, Verb};
 
 use super::ApiState;
 use super::error::ApiError;
@@ -121,8 +121,7 @@ async fn enforce(State(requirement): State<Requirement>, request: Request, next:
 /// `resource`, `verb`); otherwise 403 naming user, api, resource and verb.
 #[doc(alias = "RequireClusterRBAC")]
 pub async fn require_cluster_rbac(repo: &Repository, user: &str, resource: &str, verb: Verb) -> Result<(), ApiError> {
-    let roles = repo.cluster_roles(user).await?;
-    match authorize(&roles, &kayra_rbac::Request::new(CATALOG_API, resource, verb.as_str())) {
+    match repo.decide(user, None, &kayra_rbac::Request::new(CATALOG_API, resource, verb.as_str())).await? {
         Decision::Allow { role, .. } => {
             tracing::debug!(user, resource, %verb, role, "allowed");
             Ok(())

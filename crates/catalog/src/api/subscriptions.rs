@@ -145,8 +145,19 @@ pub(crate) async fn get(
     State(state): State<ApiState>,
     Path((namespace, api)): Path<(String, String)>,
 ) -> Result<Json<SubscriptionView>, ApiError> {
-    let subscription = existing(&state, &namespace, &api).await?;
-    Ok(Json(view(&state, &subscription).await?))
+    label("namespace", &namespace)?;
+    long_name(&state, &api).await?;
+    match state.repo.get_subscription_and_registration(&namespace, &api).await? {
+        (Some(subscription), registration) => {
+            let sync_id = registration.map(|r| r.value.sync_id).unwrap_or_default();
+            Ok(Json(subscription.value.view(&sync_id)))
+        }
+        // Which 404: a missing namespace is named as such.
+        (None, _) => Err(existing(&state, &namespace, &api)
+            .await
+            .err()
+            .unwrap_or_else(|| ApiError::not_found(format!("{} not found", what(&namespace, &api))))),
+    }
 }
 
 /// The no-op confirmation behind PUT and PATCH: `api` is fixed by the path

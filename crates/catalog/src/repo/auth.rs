@@ -8,9 +8,12 @@
 //! (it is a prefix of a hash of 256 random bits). Revoking by id is a prefix
 //! listing of `/tokens/<id>`.
 //!
-//! Revocation is immediate because nothing is cached: every request reads
-//! its token, its user and its bindings from the store. Authentication
-//! also requires the token's user to exist.
+//! Authentication also requires the token's user to exist.
+//!
+//! With [`crate::cache::AuthCache`] attached (`kayra serve`), authentication
+//! and RBAC decide from memory: what the caches grant is final, while a
+//! token they do not know or a denial is confirmed against the store first.
+//! Without it every decision reads the store.
 //!
 //! Each token also has an index key under its user
 //! (`/usertokens/<user>/<hash>`), written in the token's own transaction,
@@ -27,6 +30,7 @@ use std::time::SystemTime;
 
 use base64::Engine;
 use kayra_core::{ClusterRoleBinding, Role, RoleBinding, Rule, TokenRecord, User};
+use kayra_rbac::{Decision, authorize};
 use rand::RngCore;
 use sha2::{Digest, Sha256};
 
@@ -91,6 +95,12 @@ pub fn everything() -> Rule {
     Rule { apis: vec!["*".into()], resources: vec!["*".into()], verbs: vec!["*".into()] }
 }
 
+/// A cache that cannot decide is the store being unavailable to this
+/// process: 503, never a decision from stale data.
+pub(crate) fn unavailable(e: crate::cache::Error) -> Error {
+    Error::Store(kayra_store::Error::Unavailable(e.to_string()))
+}
+
 fn now_rfc3339() -> String {
     humantime::format_rfc3339_seconds(SystemTime::now()).to_string()
 }
@@ -119,7 +129,7 @@ impl Repository {
                     txn = txn.then(Op::Delete { key: keys::token(hash) });
                 }
             }
-            if !self.store.txn(txn).await?.succeeded {
+            if !self.txn(txn).await?.succeeded {
                 continue;
             }
             // Tokens stored before the index existed: swept after the fact.
@@ -169,7 +179,7 @@ impl Repository {
                 }
             };
             txn = txn.then(Op::Put { key: key.clone(), value: encode(&value) });
-            let resp = self.store.txn(txn).await?;
+            let resp = self.txn(txn).await?;
             if resp.succeeded {
                 return Ok(value);
             }
@@ -206,7 +216,7 @@ impl Repository {
             .when(Compare::Exists(keys::token(&token.hash)))
             .then(Op::Delete { key: keys::token(&token.hash) })
             .then(Op::Delete { key: keys::user_token(user, &token.hash) });
-        if !self.store.txn(txn).await?.succeeded {
+        if !self.txn(txn).await?.succeeded {
             return Err(Error::NotFound(what));
         }
         Ok(())
@@ -218,10 +228,49 @@ impl Repository {
         if token.is_empty() {
             return Ok(None);
         }
-        let Some(record) = self.get::<TokenRecord>(&keys::token(&hash_token(token))).await? else {
+        let hash = hash_token(token);
+        if let Some(cache) = self.cache() {
+            cache.ready().await.map_err(unavailable)?;
+            if let Some(user) = cache.token_user(&hash) {
+                return Ok(Some(user));
+            }
+        }
+        let Some(record) = self.get::<TokenRecord>(&keys::token(&hash)).await? else {
             return Ok(None);
         };
         Ok(self.get_user(&record.value.user).await?.map(|_| record.value.user))
+    }
+
+    /// The RBAC decision on `request` for `user`: their cluster roles, and
+    /// when those do not grant it and the request goes into `namespace`
+    /// (the gateway), their role bindings there. From the caches when
+    /// attached; a denial is confirmed against the store before it stands.
+    pub async fn decide(
+        &self,
+        user: &str,
+        namespace: Option<&str>,
+        request: &kayra_rbac::Request<'_>,
+    ) -> Result<Decision> {
+        if let Some(cache) = self.cache() {
+            cache.ready().await.map_err(unavailable)?;
+            let decision = match authorize(&cache.cluster_roles(user), request) {
+                Decision::Deny => match namespace {
+                    Some(ns) => authorize(&cache.namespace_roles(ns, user), request),
+                    None => Decision::Deny,
+                },
+                allowed => allowed,
+            };
+            if decision.is_allowed() {
+                return Ok(decision);
+            }
+        }
+        Ok(match authorize(&self.cluster_roles(user).await?, request) {
+            Decision::Deny => match namespace {
+                Some(ns) => authorize(&self.namespace_roles(ns, user).await?, request),
+                None => Decision::Deny,
+            },
+            allowed => allowed,
+        })
     }
 
     /// The names of the roles bound to `user` by cluster role bindings,
@@ -326,7 +375,7 @@ impl Repository {
                 }
                 None => txn = txn.when(Compare::Absent(keys::BOOTSTRAP_TOKEN.into())),
             }
-            if self.store.txn(txn).await?.succeeded {
+            if self.txn(txn).await?.succeeded {
                 return Ok(());
             }
         }

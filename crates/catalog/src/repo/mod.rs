@@ -24,6 +24,8 @@ use thiserror::Error;
 
 use kayra_store::{Revision, Store};
 
+use crate::cache::AuthCache;
+
 /// Why a repository operation failed.
 #[derive(Debug, Error)]
 pub enum Error {
@@ -74,11 +76,56 @@ pub struct Repository {
     store: Store,
     platform: String,
     region: String,
+    /// `kayra serve`'s auth caches: authentication and RBAC read them, and
+    /// every write here is reported to them (read-your-writes).
+    cache: Option<AuthCache>,
 }
 
 impl Repository {
     pub fn new(store: Store, platform: impl Into<String>, region: impl Into<String>) -> Self {
-        Self { store, platform: platform.into(), region: region.into() }
+        Self { store, platform: platform.into(), region: region.into(), cache: None }
+    }
+
+    /// This repository, deciding authentication and RBAC from `cache`.
+    pub fn with_cache(mut self, cache: AuthCache) -> Self {
+        self.cache = Some(cache);
+        self
+    }
+
+    pub fn cache(&self) -> Option<&AuthCache> {
+        self.cache.as_ref()
+    }
+
+    /// Reports an acknowledged update or delete to the caches, so this
+    /// process's next decision waits until they have seen it. Every update
+    /// and delete path calls it. Creates need not: a create can only grant,
+    /// and what the caches do not know yet is confirmed against the store.
+    pub(crate) fn wrote(&self, key: &str, revision: Revision) -> Revision {
+        if let Some(cache) = &self.cache {
+            cache.note_write(key, revision);
+        }
+        revision
+    }
+
+    /// Runs `txn` and reports what it wrote to the caches, like
+    /// [`Repository::wrote`]: every put (but a create, a put guarded by
+    /// `Absent` on its key), delete and deleted prefix of the branch that ran.
+    pub(crate) async fn txn(&self, txn: kayra_store::Txn) -> Result<kayra_store::TxnResponse> {
+        let response = self.store.txn(txn.clone()).await?;
+        if self.cache.is_some() {
+            let ops = if response.succeeded { &txn.success } else { &txn.failure };
+            let created =
+                |key: &str| txn.compares.iter().any(|c| matches!(c, kayra_store::Compare::Absent(k) if k == key));
+            for op in ops {
+                match op {
+                    kayra_store::Op::Put { key, .. } if !created(key) => self.wrote(key, response.revision),
+                    kayra_store::Op::Delete { key } => self.wrote(key, response.revision),
+                    kayra_store::Op::DeletePrefix { prefix } => self.wrote(prefix, response.revision),
+                    _ => response.revision,
+                };
+            }
+        }
+        Ok(response)
     }
 
     pub fn store(&self) -> &Store {
@@ -124,7 +171,7 @@ impl Repository {
         match self.store.update(key, encode(value), revision).await {
             Err(kayra_store::Error::Conflict(_)) => Err(Error::Conflict(format!("{what} was changed concurrently"))),
             Err(kayra_store::Error::NotFound(_)) => Err(Error::NotFound(what.to_string())),
-            other => Ok(other?),
+            other => Ok(self.wrote(key, other?)),
         }
     }
 
@@ -133,7 +180,7 @@ impl Repository {
         match self.store.delete(key, revision).await {
             Err(kayra_store::Error::Conflict(_)) => Err(Error::Conflict(format!("{what} was changed concurrently"))),
             Err(kayra_store::Error::NotFound(_)) => Err(Error::NotFound(what.to_string())),
-            other => Ok(other?),
+            other => Ok(self.wrote(key, other?)),
         }
     }
 
@@ -157,7 +204,7 @@ impl Repository {
                 Change::Write => {}
             }
             match self.store.update(key, encode(&current.value), current.revision).await {
-                Ok(revision) => return Ok(Versioned { value: current.value, revision }),
+                Ok(revision) => return Ok(Versioned { value: current.value, revision: self.wrote(key, revision) }),
                 Err(kayra_store::Error::Conflict(_)) => continue,
                 Err(kayra_store::Error::NotFound(_)) => return Err(Error::NotFound(what.to_string())),
                 Err(e) => return Err(e.into()),
@@ -171,7 +218,7 @@ fn encode<T: Serialize>(value: &T) -> Vec<u8> {
     serde_json::to_vec(value).unwrap_or_default()
 }
 
-fn decode<T: DeserializeOwned>(kv: &kayra_store::KeyValue) -> Result<Versioned<T>> {
+pub(crate) fn decode<T: DeserializeOwned>(kv: &kayra_store::KeyValue) -> Result<Versioned<T>> {
     serde_json::from_slice(&kv.value)
         .map(|value| Versioned { value, revision: kv.mod_revision })
         .map_err(|e| Error::Corrupt { key: kv.key.clone(), message: e.to_string() })

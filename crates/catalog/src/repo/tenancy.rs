@@ -78,6 +78,48 @@ impl Repository {
         self.get(&keys::registration(&self.platform, &self.region, name)).await
     }
 
+    /// The registration the gateway admits a request to (§6 step 2): from
+    /// the caches when attached and they know it, else from the store.
+    pub async fn admit_registration(&self, name: &str) -> Result<Option<ApiRegistration>> {
+        if let Some(cache) = self.cache() {
+            cache.ready().await.map_err(super::auth::unavailable)?;
+            if let Some(registration) = cache.registration(name) {
+                return Ok(Some(registration));
+            }
+        }
+        Ok(self.get_registration(name).await?.map(|r| r.value))
+    }
+
+    /// Whether namespace `name` is active, `None` when it does not exist
+    /// (§6 step 3): "active" from the caches when attached, anything else
+    /// confirmed against the store.
+    pub async fn admit_namespace(&self, name: &str) -> Result<Option<bool>> {
+        if let Some(cache) = self.cache() {
+            cache.ready().await.map_err(super::auth::unavailable)?;
+            if cache.namespace_active(name) == Some(true) {
+                return Ok(Some(true));
+            }
+        }
+        Ok(self.get_namespace(name).await?.map(|ns| ns.value.active))
+    }
+
+    /// A subscription and its registration, read together in one round
+    /// trip (one etcd Txn of two gets; one SQLite transaction), so a GET of
+    /// a subscription is as linearizable, and as cheap, as one store read.
+    pub async fn get_subscription_and_registration(
+        &self,
+        namespace: &str,
+        api: &str,
+    ) -> Result<(Option<Versioned<Subscription>>, Option<Versioned<ApiRegistration>>)> {
+        let txn = kayra_store::Txn::new()
+            .then(kayra_store::Op::Get { key: keys::subscription(&self.platform, &self.region, namespace, api) })
+            .then(kayra_store::Op::Get { key: keys::registration(&self.platform, &self.region, api) });
+        let mut gets = self.txn(txn).await?.gets.into_iter();
+        let subscription = gets.next().flatten().map(|kv| super::decode(&kv)).transpose()?;
+        let registration = gets.next().flatten().map(|kv| super::decode(&kv)).transpose()?;
+        Ok((subscription, registration))
+    }
+
     /// Every registration of this deployment.
     pub async fn list_registrations(&self) -> Result<(Vec<Versioned<ApiRegistration>>, Revision)> {
         self.list_all(&keys::registrations(&self.platform, &self.region)).await
@@ -225,7 +267,7 @@ impl Repository {
                 .when(Compare::PrefixEmpty(keys::namespace_subscribers(name)))
                 .then(Op::Delete { key: keys::namespace(name) })
                 .then(Op::DeletePrefix { prefix: keys::role_bindings(name) });
-            if self.store.txn(txn).await?.succeeded {
+            if self.txn(txn).await?.succeeded {
                 return Ok(());
             }
         }
@@ -255,7 +297,7 @@ impl Repository {
             if let Some((guard, revision)) = self.short_name_claim(&current.value.short_name, name).await? {
                 txn = txn.when(Compare::ModRevision(guard.clone(), revision)).then(Op::Delete { key: guard });
             }
-            if self.store.txn(txn).await?.succeeded {
+            if self.txn(txn).await?.succeeded {
                 return Ok(());
             }
         }
@@ -296,7 +338,7 @@ impl Repository {
                 .otherwise(Op::Get { key: guard })
                 .otherwise(Op::Get { key: short_as_name });
         }
-        let resp = self.store.txn(txn).await?;
+        let resp = self.txn(txn).await?;
         if resp.succeeded {
             return Ok(resp.revision);
         }
@@ -356,7 +398,7 @@ impl Repository {
         if let Some((guard, short_as_name)) = &taken_checks {
             txn = txn.otherwise(Op::Get { key: guard.clone() }).otherwise(Op::Get { key: short_as_name.clone() });
         }
-        let resp = self.store.txn(txn).await?;
+        let resp = self.txn(txn).await?;
         if resp.succeeded {
             return Ok(Some(resp.revision));
         }
@@ -390,7 +432,7 @@ impl Repository {
             .then(Op::Put { key: keys::namespace_subscriber(namespace, p, r, api), value: encode(&key) })
             .otherwise(Op::Get { key: keys::namespace(namespace) })
             .otherwise(Op::Get { key: keys::registration(p, r, api) });
-        let resp = self.store.txn(txn).await?;
+        let resp = self.txn(txn).await?;
         if resp.succeeded {
             return Ok(Versioned { value: subscription, revision: resp.revision });
         }
@@ -414,7 +456,7 @@ impl Repository {
             .then(Op::Delete { key: keys::namespace_subscriber(namespace, p, r, api) })
             .then(Op::DeletePrefix { prefix: keys::runs(p, r, namespace, api) })
             .then(Op::Delete { key: keys::attempt(p, r, namespace, api) });
-        let resp = self.store.txn(txn).await?;
+        let resp = self.txn(txn).await?;
         if !resp.succeeded {
             return Err(Error::NotFound(format!("subscription of namespace {namespace:?} to {api:?}")));
         }
@@ -431,7 +473,7 @@ impl Repository {
             .when(Compare::Absent(key.clone()))
             .then(Op::Put { key, value: encode(binding) })
             .otherwise(Op::Get { key: keys::namespace(&binding.namespace) });
-        let resp = self.store.txn(txn).await?;
+        let resp = self.txn(txn).await?;
         if resp.succeeded {
             return Ok(resp.revision);
         }

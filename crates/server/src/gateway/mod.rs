@@ -54,7 +54,7 @@ use kayra_catalog::api::authz::Caller;
 use kayra_catalog::api::error::ApiError;
 use kayra_catalog::repo::Repository;
 use kayra_core::{ApiRegistration, CATALOG_API, SubscriptionState};
-use kayra_rbac::{Decision, Verb, authorize};
+use kayra_rbac::{Decision, Verb};
 
 use access::Exchange;
 use path::{Refusal, Target};
@@ -185,8 +185,8 @@ impl Gateway {
             // A catalog path that matched no catalog route: not a gateway target.
             return Err(ApiError::not_found(format!("the catalog api {CATALOG_API:?} has no such route")));
         }
-        if let Some(registration) = self.repo.get_registration(api).await? {
-            return Ok(registration.value);
+        if let Some(registration) = self.repo.admit_registration(api).await? {
+            return Ok(registration);
         }
         if let Some(registration) = self.repo.find_registration_by_short_name(api).await? {
             let long = registration.name;
@@ -203,9 +203,9 @@ impl Gateway {
 
     /// Step 3: the namespace exists and the reconciler has activated it.
     async fn active_namespace(&self, namespace: &str) -> Result<(), ApiError> {
-        match self.repo.get_namespace(namespace).await? {
+        match self.repo.admit_namespace(namespace).await? {
             None => Err(ApiError::not_found(format!("namespace {namespace:?} not found"))),
-            Some(ns) if !ns.value.active => Err(ApiError::forbidden(format!(
+            Some(false) => Err(ApiError::forbidden(format!(
                 "namespace {namespace:?} is not active yet; the reconciler activates new namespaces, retry shortly"
             ))),
             Some(_) => Ok(()),
@@ -218,12 +218,7 @@ impl Gateway {
     async fn authorize(&self, user: &str, target: &Target<'_>, method: &Method) -> Result<(), ApiError> {
         let verb = verb(method, target.names_an_object());
         let request = kayra_rbac::Request::new(target.api, target.resource, &verb);
-        let cluster = self.repo.cluster_roles(user).await?;
-        let decision = match authorize(&cluster, &request) {
-            Decision::Deny => authorize(&self.repo.namespace_roles(target.namespace, user).await?, &request),
-            allowed => allowed,
-        };
-        match decision {
+        match self.repo.decide(user, Some(target.namespace), &request).await? {
             Decision::Allow { role, .. } => {
                 tracing::debug!(user, api = target.api, resource = target.resource, verb = &*verb, role, "allowed");
                 Ok(())

@@ -178,6 +178,17 @@ impl Server {
         }
     }
 
+    /// The etcd behind an etcd-backed server: its pid and client endpoint.
+    pub async fn etcd_process(&self) -> (u32, String) {
+        match &*self.keep {
+            Keep::Etcd(etcd) => {
+                let etcd = etcd.lock().await;
+                (etcd.pid().expect("etcd is running"), etcd.endpoint())
+            }
+            Keep::Dir(_) => panic!("etcd_process on a local store"),
+        }
+    }
+
     /// Starts the etcd stopped by [`Server::stop_etcd`] again.
     pub async fn restart_etcd(&self) {
         match &*self.keep {
