@@ -14,12 +14,14 @@
 //! # Layout
 //! - this file: [`AppState`], [`router`], [`run`], shutdown.
 //! - `auth`: bearer-token authentication middleware.
+//! - [`console`]: the web console at `/ui/` (§11), embedded assets.
 //! - [`gateway`]: `/apis/<other api>/...`, the six steps and forwarding (§6).
 //! - `health`: `/healthz`, `/readyz`, `/metrics`, `/openapi.json`.
 //! - `metrics`: the Prometheus recorder and the request metrics middleware.
 //! - `tls`: HTTPS when `server.tls` is set.
 
 mod auth;
+pub mod console;
 pub mod gateway;
 mod health;
 pub mod metrics;
@@ -88,6 +90,7 @@ pub fn router(state: AppState) -> Router {
         .route("/metrics", get(health::metrics))
         .route("/openapi.json", get(health::openapi))
         .with_state(state)
+        .merge(console::router())
         .nest("/apis", apis)
         .fallback(|| async { ApiError::not_found("no such route") })
         .layer(axum::middleware::from_fn(metrics::track))
