@@ -10,8 +10,6 @@ mod browser;
 #[path = "console/world.rs"]
 mod world;
 
-use std::time::{Duration, Instant};
-
 use browser::Browser;
 use fantoccini::Locator;
 use kayra_catalog::repo::keys;
@@ -371,12 +369,15 @@ async fn console_pages_ten_thousand_subscribers() {
             "return document.querySelectorAll('#subscribers tbody tr').length === 100",
         )
         .await;
-        let started = Instant::now();
         let ms = b.js("return performance.getEntriesByName('kayra:data')[0].startTime").await.as_f64().unwrap();
-        assert!(started.elapsed() < Duration::from_secs(5));
         best = best.min(ms);
+        let status = b
+            .js("return performance.getEntriesByType('resource').filter(e => e.name.includes('/status')).map(e => e.duration)[0]")
+            .await;
+        eprintln!(
+            "10,000 subscribers: data rendered {ms:.0} ms after navigation start; /status took {status} ms of it"
+        );
     }
-    eprintln!("10,000 subscribers: first page rendered {best:.0} ms after navigation start");
     // The contract's budget is 200 ms on loopback; a shared, loaded CI
     // machine gets slack, a table rendering all 10,000 rows would not fit.
     assert!(best < 1000.0, "the subscribers page took {best:.0} ms");

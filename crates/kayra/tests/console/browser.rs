@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use fantoccini::{Client, ClientBuilder, Locator};
+use fantoccini::{Client, ClientBuilder};
 use kayra_testkit::{WAIT, free_port};
 use serde_json::{Value, json};
 
@@ -106,9 +106,17 @@ impl Browser {
         }
     }
 
-    /// The text of the first element matching `css`.
+    /// The rendered text of the first element matching `css`, read in one
+    /// script (the page may replace the element between two WebDriver calls).
     pub async fn text(&self, css: &str) -> String {
-        self.client.find(Locator::Css(css)).await.unwrap_or_else(|e| panic!("{css}: {e}")).text().await.unwrap()
+        let script = format!(
+            "const e = document.querySelector({}); return e ? e.innerText : null",
+            serde_json::to_string(css).unwrap()
+        );
+        match self.js(&script).await {
+            Value::String(text) => text,
+            _ => panic!("no element matches {css}"),
+        }
     }
 
     /// Whether a JavaScript dialog (alert/confirm/prompt) is open.

@@ -46,7 +46,8 @@ impl World {
         let backend = TestBackend::start().await;
         let port = free_port();
         // `ok` and `fail`: two steps; `hold`: one step, so one release lets
-        // one subscription finish.
+        // one subscription finish. The pool is larger than any test's held
+        // calls, so held subscriptions never starve the others.
         let step = |method: &str, behaviour: &str, tail: &str| {
             format!(
                 "\n      - method: {method}\n        endpoint: \"{base}/{behaviour}/{{{{ .Subscription.Namespace }}}}/{tail}\"",
@@ -70,7 +71,7 @@ auth:
   bootstrap_token: {ADMIN}
 reconciler:
   listen: 127.0.0.1:{rport}
-  max_concurrent_reconciles: 4
+  max_concurrent_reconciles: 16
   mode:{modes}
 "#,
             db = dir.path().join("kayra.db").display(),

@@ -17,7 +17,7 @@ export function el(tag, attributes = {}, ...children) {
 }
 
 function append(node, children) {
-  for (const child of children.flat()) {
+  for (const child of children.flat(Infinity)) {
     if (child === null || child === undefined) continue;
     node.append(child instanceof Node ? child : document.createTextNode(String(child)));
   }

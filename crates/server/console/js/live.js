@@ -73,9 +73,12 @@ async function follow(path, sink, { signal, stream = true, interval = () => 2000
       const response = await request(withParam(path, 'watch=true'), { signal, accept: 'application/x-ndjson' });
       const type = response.headers.get('content-type') ?? '';
       if (!type.startsWith('application/x-ndjson')) {
-        // The route answered the plain GET: it has no stream. Poll.
+        // The route answered the plain GET: it has no stream. Poll,
+        // starting from this answer.
         sink.snapshot(await response.json());
         sink.changed();
+        reportMode('polling');
+        await wake.wait(interval(sink), signal);
         break;
       }
       reportMode('live');

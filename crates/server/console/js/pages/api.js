@@ -26,6 +26,7 @@ export function render(view, { name }, signal) {
   let filter = 'all';
   let marked = false;
   const head = el('div');
+  let lastHead = '';
   const bar = progress(name);
   const errors = el('div');
   const empty = el('div');
@@ -65,7 +66,9 @@ export function render(view, { name }, signal) {
   }
 
   const draw = throttle(() => {
-    if (registration) {
+    const shown = JSON.stringify(registration);
+    if (registration && shown !== lastHead) {
+      lastHead = shown; // rebuild the fields only when they changed
       fill(head, fields([
         ['Name', registration.name], ['Short name', registration.short_name], ['Mode', registration.mode],
         ['Sync ID', registration.sync_id], ['Sync ID set at', time(registration.sync_id_updated_at)],

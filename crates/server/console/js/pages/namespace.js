@@ -10,6 +10,7 @@ export function render(view, { namespace }, signal) {
   let subscriptions = new Map();
   let errorOf = { namespace: null, subscriptions: null };
   const head = el('div');
+  let lastHead = '';
   const errors = el('div');
   const empty = el('div');
   const t = table({
@@ -41,7 +42,9 @@ export function render(view, { namespace }, signal) {
   const draw = throttle(() => {
     const messages = new Set(Object.values(errorOf).filter(Boolean).map((e) => e.message));
     fill(errors, [...messages].map((m) => notice(m, 'error')));
-    if (ns) {
+    const shown = JSON.stringify(ns);
+    if (ns && shown !== lastHead) {
+      lastHead = shown; // rebuild the fields only when they changed
       fill(head, fields([['Name', ns.name], ['Description', ns.description], ['Active', yesNo(ns.active)]]));
     }
     const items = [...subscriptions.values()].sort((a, b) => (a.api < b.api ? -1 : 1));

@@ -46,6 +46,7 @@ export function render(view, { namespace, api }, signal) {
   let errorOf = { subscription: null, runs: null };
   const path = `/namespaces/${seg(namespace)}/subscriptions/${seg(api)}`;
   const head = el('div');
+  let lastHead = '';
   const errors = el('div');
   const runErrors = el('div');
   const t = table({ caption: 'Runs, newest first', id: 'runs', columns: RUN_COLUMNS.map((label) => ({ label })) });
@@ -59,7 +60,9 @@ export function render(view, { namespace, api }, signal) {
   const draw = throttle(() => {
     const messages = new Set(Object.values(errorOf).filter(Boolean).map((e) => e.message));
     fill(errors, errorOf.subscription ? notice(errorOf.subscription.message, 'error') : null);
-    if (sub) {
+    const shown = JSON.stringify(sub);
+    if (sub && shown !== lastHead) {
+      lastHead = shown; // rebuild the fields only when they changed
       fill(head, fields([
         ['Namespace', link(`#/namespaces/${seg(sub.namespace)}`, sub.namespace)],
         ['API', link(`#/apis/${seg(sub.api)}`, sub.api)],
