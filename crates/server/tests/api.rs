@@ -13,6 +13,7 @@ mod api {
     mod hostile;
     mod namespaces;
     mod operations;
+    mod progress;
     mod rbac;
     mod registrations;
     mod subscriptions;
