@@ -16,5 +16,6 @@ mod api {
     mod progress;
     mod rbac;
     mod registrations;
+    mod runs;
     mod subscriptions;
 }

@@ -18,7 +18,7 @@
 //! - [`extract`]: body/path/query extractors refusing in that shape (400/413).
 //! - [`list`]: `{items, continue}` and pagination.
 //! - one module per resource: [`namespaces`], [`registrations`],
-//!   [`subscriptions`], [`users`] (with tokens and `/whoami`), [`roles`],
+//!   [`subscriptions`] (with their [`runs`]), [`users`] (with tokens and `/whoami`), [`roles`],
 //!   [`bindings`] (cluster and namespace role bindings).
 //! - [`openapi`]: the OpenAPI 3 document, derived from the handlers' types.
 
@@ -31,6 +31,7 @@ pub mod namespaces;
 pub mod openapi;
 pub mod registrations;
 pub mod roles;
+pub mod runs;
 pub mod subscriptions;
 pub mod users;
 
@@ -134,6 +135,14 @@ fn declarations() -> Vec<(&'static str, Vec<Endpoint>)> {
         (
             "/namespaces/{namespace}/subscriptions/{api}/sync",
             vec![Endpoint::put(cluster("subscriptions/sync", Patch), sub::sync)],
+        ),
+        (
+            "/namespaces/{namespace}/subscriptions/{api}/runs",
+            vec![Endpoint::get(cluster("subscriptions/runs", List), runs::list)],
+        ),
+        (
+            "/namespaces/{namespace}/subscriptions/{api}/runs/{id}",
+            vec![Endpoint::get(cluster("subscriptions/runs", Get), runs::get)],
         ),
         (
             "/users",

@@ -17,7 +17,7 @@ use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityRequirement
 use utoipa::openapi::{ContentBuilder, Ref, RefOr, Response, ResponseBuilder};
 
 use super::error::ErrorBody;
-use super::{Access, BASE_PATH, bindings, namespaces, registrations, roles, routes, subscriptions, users};
+use super::{Access, BASE_PATH, bindings, namespaces, registrations, roles, routes, runs, subscriptions, users};
 
 #[derive(OpenApi)]
 #[openapi(
@@ -48,6 +48,8 @@ use super::{Access, BASE_PATH, bindings, namespaces, registrations, roles, route
         subscriptions::patch,
         subscriptions::sync,
         subscriptions::delete,
+        runs::list,
+        runs::get,
         users::list,
         users::create,
         users::get,
