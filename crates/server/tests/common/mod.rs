@@ -82,6 +82,16 @@ impl Drop for Server {
     }
 }
 
+/// The watch streams' tunables in tests: short, so keep-alives and
+/// revocations show within a test's patience.
+pub fn watch_options() -> kayra_catalog::api::WatchOptions {
+    kayra_catalog::api::WatchOptions {
+        keep_alive: std::time::Duration::from_millis(500),
+        recheck: std::time::Duration::from_millis(200),
+        ..Default::default()
+    }
+}
+
 /// `reqwest` is built without a default crypto provider: install ring once.
 fn crypto() {
     static ONCE: Once = Once::new();
@@ -133,7 +143,8 @@ impl Server {
         let addr = listener.local_addr().expect("local address");
         let stop = CancellationToken::new();
         let shutdown = stop.clone().cancelled_owned();
-        let task = tokio::spawn(kayra_server::run(config.clone(), store, listener, shutdown));
+        let state = kayra_server::AppState::new(&config, store).with_watch_options(watch_options());
+        let task = tokio::spawn(kayra_server::run_with(config.clone(), state, listener, shutdown));
         let scheme = if config.server.tls.is_some() { "https" } else { "http" };
         let server = Server {
             backend,
