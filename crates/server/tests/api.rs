@@ -18,4 +18,5 @@ mod api {
     mod registrations;
     mod runs;
     mod subscriptions;
+    mod watch;
 }

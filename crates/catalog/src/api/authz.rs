@@ -164,10 +164,16 @@ fn watch_requested(method: &Method, uri: &Uri) -> Result<bool, ApiError> {
 /// `?watch=true`: authorize verb `watch` on the route's resource, run the
 /// route's own GET (so a missing namespace, a short name or a missing
 /// object answer exactly as a GET does), then stream.
-async fn serve_watch(requirement: &Requirement, caller: Caller, request: Request, next: Next) -> Result<Response, Response> {
+async fn serve_watch(
+    requirement: &Requirement,
+    caller: Caller,
+    request: Request,
+    next: Next,
+) -> Result<Response, Response> {
     let (Some(kind), Access::Cluster { resource, .. }) = (requirement.watch, requirement.access) else {
-        return Err(ApiError::bad_request("this route cannot be watched: only a collection or one object can")
-            .into_response());
+        return Err(
+            ApiError::bad_request("this route cannot be watched: only a collection or one object can").into_response()
+        );
     };
     let repo = &requirement.state.repo;
     require_cluster_rbac(repo, &caller.user, resource, Verb::Watch).await.map_err(IntoResponse::into_response)?;

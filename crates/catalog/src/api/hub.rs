@@ -113,7 +113,7 @@ impl Hub {
         let (ready, _) = watch::channel(false);
         let feed = Arc::new(Feed { state: Mutex::new(BTreeMap::new()), announce, ready });
         feeds.insert(prefix.to_string(), feed.clone());
-        let events = watcher(self.inner.store.clone(), prefix.to_string(), self.inner.shutdown.clone());
+        let events = self.inner.store.watcher(prefix);
         tokio::spawn(feed.clone().run(events, self.inner.shutdown.clone(), prefix.to_string()));
         feed
     }
@@ -150,7 +150,12 @@ impl Feed {
         self.state.lock().unwrap_or_else(|p| p.into_inner()).get(key).cloned()
     }
 
-    async fn run(self: Arc<Self>, mut events: BoxStream<'static, WatcherEvent>, stop: CancellationToken, prefix: String) {
+    async fn run(
+        self: Arc<Self>,
+        mut events: BoxStream<'static, WatcherEvent>,
+        stop: CancellationToken,
+        prefix: String,
+    ) {
         // A re-list in progress: the records listed so far.
         let mut listing: Option<BTreeMap<String, Arc<KeyValue>>> = None;
         loop {
@@ -181,8 +186,7 @@ impl Feed {
     /// record appeared, changed or vanished. Returns how many did.
     fn replace(&self, listed: BTreeMap<String, Arc<KeyValue>>) -> usize {
         let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        let mut changed: Vec<String> =
-            state.keys().filter(|k| !listed.contains_key(*k)).cloned().collect();
+        let mut changed: Vec<String> = state.keys().filter(|k| !listed.contains_key(*k)).cloned().collect();
         changed.extend(
             listed
                 .iter()
@@ -241,68 +245,6 @@ impl KeyRange {
                 KeyRange::Exact(e) => *k == e,
             })
             .map(|(_, v)| v)
-    }
-}
-
-/// The list → watch → re-list event stream of `prefix`
-/// ([`kayra_store::WatcherEvent`]): a listing as `Init`, `InitApply`…,
-/// `InitDone`, then the store's watch from the next revision; when that
-/// watch ends or the listing fails, a fresh listing after a back-off.
-fn watcher(store: Store, prefix: String, stop: CancellationToken) -> BoxStream<'static, WatcherEvent> {
-    let (tx, rx) = tokio::sync::mpsc::channel::<WatcherEvent>(256);
-    tokio::spawn(async move {
-        let mut backoff = Duration::from_millis(100);
-        loop {
-            if stop.is_cancelled() {
-                return;
-            }
-            match relist_and_watch(&store, &prefix, &tx, &stop).await {
-                Ok(()) => return,
-                Err(e) => {
-                    tracing::warn!(prefix, error = %e, retry_in = ?backoff, "watch feed failed; re-listing");
-                    tokio::select! {
-                        () = stop.cancelled() => return,
-                        () = tokio::time::sleep(backoff) => {}
-                    }
-                    backoff = (backoff * 2).min(Duration::from_secs(5));
-                }
-            }
-        }
-    });
-    Box::pin(futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|e| (e, rx)) }))
-}
-
-/// One listing and the watch after it. `Ok` when the consumer or the hub
-/// is gone; `Err` when the store failed and a re-list is due.
-async fn relist_and_watch(
-    store: &Store,
-    prefix: &str,
-    tx: &tokio::sync::mpsc::Sender<WatcherEvent>,
-    stop: &CancellationToken,
-) -> Result<(), kayra_store::Error> {
-    let (items, revision) = store.list_all(prefix).await?;
-    let mut watch = store.watch(prefix, revision + 1).await?;
-    let mut events = vec![WatcherEvent::Init];
-    events.extend(items.into_iter().map(WatcherEvent::InitApply));
-    events.push(WatcherEvent::InitDone { revision });
-    for event in events {
-        if tx.send(event).await.is_err() {
-            return Ok(());
-        }
-    }
-    loop {
-        let event = tokio::select! {
-            () = stop.cancelled() => return Ok(()),
-            event = watch.next() => event,
-        };
-        let event = match event {
-            Some(kayra_store::Event::Put(kv)) => WatcherEvent::Apply(kv),
-            Some(kayra_store::Event::Delete { key, revision }) => WatcherEvent::Delete { key, revision },
-            None => return Err(kayra_store::Error::Unavailable("the store watch ended".into())),
-        };
-        if tx.send(event).await.is_err() {
-            return Ok(());
-        }
     }
 }
 

@@ -167,7 +167,10 @@ fn declarations() -> Vec<(&'static str, Vec<Endpoint>)> {
         ),
         (
             "/users",
-            vec![Endpoint::get(cluster("users", List), u::list).watch(W::Users), Endpoint::post(cluster("users", Create), u::create)],
+            vec![
+                Endpoint::get(cluster("users", List), u::list).watch(W::Users),
+                Endpoint::post(cluster("users", Create), u::create),
+            ],
         ),
         (
             "/users/{name}",
@@ -195,7 +198,10 @@ fn declarations() -> Vec<(&'static str, Vec<Endpoint>)> {
         ("/whoami", vec![Endpoint::get(Access::Authenticated, u::whoami)]),
         (
             "/roles",
-            vec![Endpoint::get(cluster("roles", List), r::list).watch(W::Roles), Endpoint::post(cluster("roles", Create), r::create)],
+            vec![
+                Endpoint::get(cluster("roles", List), r::list).watch(W::Roles),
+                Endpoint::post(cluster("roles", Create), r::create),
+            ],
         ),
         (
             "/roles/{name}",
@@ -246,8 +252,7 @@ fn declarations() -> Vec<(&'static str, Vec<Endpoint>)> {
 pub fn router(state: ApiState) -> Router {
     let mut router = Router::new();
     for (path, endpoints) in declarations() {
-        let methods =
-            endpoints.into_iter().fold(MethodRouter::new(), |methods, e| methods.merge(e.guarded(&state)));
+        let methods = endpoints.into_iter().fold(MethodRouter::new(), |methods, e| methods.merge(e.guarded(&state)));
         router = router.route(path, methods);
     }
     router

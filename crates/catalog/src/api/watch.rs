@@ -66,10 +66,17 @@ enum View {
     Namespace,
     Registration,
     /// With `expected_sync_id` from the registrations feed (its prefix).
-    Subscription { registrations: String },
-    Run { id: Option<String> },
+    Subscription {
+        registrations: String,
+    },
+    Run {
+        id: Option<String>,
+    },
     User,
-    Token { user: String, id: Option<String> },
+    Token {
+        user: String,
+        id: Option<String>,
+    },
     Role,
     ClusterRoleBinding,
     RoleBinding,
@@ -106,7 +113,10 @@ impl Target {
             },
             Watched::Subscriptions => Target {
                 feed: keys::subscriptions(platform, region),
-                range: one(keys::namespace_subscriptions(platform, region, &p("namespace")), params.get("api").cloned()),
+                range: one(
+                    keys::namespace_subscriptions(platform, region, &p("namespace")),
+                    params.get("api").cloned(),
+                ),
                 view: View::Subscription { registrations: keys::registrations(platform, region) },
             },
             Watched::Runs => Target {
