@@ -46,6 +46,18 @@ use super::hub::{Feed, Hub, KeyRange, WatchOptions};
 use super::users::TokenInfo;
 use crate::repo::{Repository, keys};
 
+/// One event of a watch stream (the schema of each NDJSON line and SSE `data:`).
+#[derive(Debug, Clone, Serialize, serde::Deserialize, utoipa::ToSchema)]
+pub struct WatchEvent {
+    /// `ADDED`, `MODIFIED` or `DELETED`.
+    #[serde(rename = "type")]
+    #[schema(example = "ADDED")]
+    pub kind: String,
+    /// The object exactly as a GET answers it (for `DELETED`, as last sent).
+    #[schema(value_type = Object)]
+    pub object: serde_json::Value,
+}
+
 /// What a watchable GET route shows, and so which feed it reads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Watched {
