@@ -68,10 +68,19 @@ impl AppState {
         let openapi = serde_json::to_vec(&api::openapi::openapi()).unwrap_or_default();
         Self {
             gateway: gateway::Gateway::new(repo.clone()),
-            api: ApiState { repo, max_body_bytes: config.server.max_body_bytes },
+            api: ApiState::new(repo, config.server.max_body_bytes),
             metrics: metrics::handle(),
             openapi: Bytes::from(openapi),
         }
+    }
+}
+
+impl AppState {
+    /// The same state with the watch streams' tunables replaced (tests
+    /// shorten the keep-alive and re-check intervals).
+    pub fn with_watch_options(mut self, options: api::WatchOptions) -> Self {
+        self.api = ApiState::with_watch_options(self.api.repo.clone(), self.api.max_body_bytes, options);
+        self
     }
 }
 
@@ -112,6 +121,16 @@ pub async fn run(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
     let state = AppState::new(&config, store);
+    run_with(config, state, listener, shutdown).await
+}
+
+/// [`run`] with a state built by the caller (see [`AppState::with_watch_options`]).
+pub async fn run_with(
+    config: Config,
+    state: AppState,
+    listener: TcpListener,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
     if !config.auth.bootstrap_token.is_empty() {
         state.api.repo.bootstrap_admin(&config.auth.bootstrap_token).await.context("bootstrap the admin user")?;
         tracing::info!(user = kayra_catalog::repo::auth::BOOTSTRAP_USER, "bootstrap admin ensured");
@@ -122,6 +141,7 @@ pub async fn run(
     };
 
     let stopping = CancellationToken::new();
+    let hub = state.api.hub.clone();
     let upkeep = tokio::spawn(metrics::upkeep(state.metrics.clone(), stopping.clone()));
     let app = router(state);
     let signal = {
@@ -129,6 +149,8 @@ pub async fn run(
         async move {
             shutdown.await;
             tracing::info!("shutting down: no new connections, finishing in-flight requests");
+            // Open watch streams end now, so they do not hold the drain open.
+            hub.shutdown();
             stopping.cancel();
         }
     };

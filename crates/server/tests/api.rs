@@ -13,7 +13,10 @@ mod api {
     mod hostile;
     mod namespaces;
     mod operations;
+    mod progress;
     mod rbac;
     mod registrations;
+    mod runs;
     mod subscriptions;
+    mod watch;
 }

@@ -17,6 +17,10 @@ pub enum Compare {
     Exists(String),
     /// The key's mod_revision is exactly this (it exists).
     ModRevision(String, Revision),
+    /// No key starts with this prefix (a guard or index range is empty).
+    /// On etcd: `create_revision < 1` over the prefix's range, which holds
+    /// exactly when no key in the range exists.
+    PrefixEmpty(String),
 }
 
 /// An operation of a branch, applied in order.

@@ -387,3 +387,46 @@ async fn tls_with_a_client_certificate() {
     let err = EtcdStore::connect(&half).await.expect_err("cert without key");
     assert!(err.to_string().contains("cert_file and key_file"), "{err}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watcher_resumes_or_relists_after_compaction() {
+    let etcd = Etcd::start().await;
+    let (backend, switch) =
+        kayra_store::testsuite::Switched::new(EtcdStore::connect(&etcd.config("/kayra")).await.expect("connect"));
+    let store = Store::new(backend);
+    let client = etcd.client().await;
+    kayra_store::testsuite::watcher_resumes_or_relists_across_outages(&store, &switch, || {
+        let (store, mut client) = (store.clone(), client.clone());
+        async move {
+            let at = store.revision().await.expect("revision");
+            client.compact(at, None).await.expect("compact");
+        }
+    })
+    .await;
+}
+
+/// A real outage: etcd killed and restarted under a running watcher; it
+/// resumes from its position and reports progress again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watcher_survives_an_etcd_restart() {
+    let mut etcd = Etcd::start().await;
+    let store = store(&etcd).await;
+    store.create("/w/a", b"1".to_vec()).await.expect("create");
+    let mut watcher = store.watcher("/w/");
+    let mut view = BTreeMap::new();
+    kayra_store::testsuite::follow_until(&mut watcher, &mut view, |v| v.len() == 1).await;
+    etcd.restart().await;
+    eventually("etcd answers after the restart", || {
+        let store = store.clone();
+        async move { store.create("/w/b", b"2".to_vec()).await.is_ok() }
+    })
+    .await;
+    kayra_store::testsuite::follow_until(&mut watcher, &mut view, |v| v.len() == 2).await;
+    let after = store.revision().await.expect("revision");
+    loop {
+        match kayra_store::testsuite::next_event_or_progress(&mut watcher).await {
+            kayra_store::WatcherEvent::Progress { revision } if revision >= after => break,
+            _ => {}
+        }
+    }
+}

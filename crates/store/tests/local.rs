@@ -166,3 +166,21 @@ async fn a_watcher_behind_the_trimmed_log_relists_then_resumes() {
     let next = tokio::time::timeout(Duration::from_secs(30), events.next()).await.unwrap().unwrap();
     assert_eq!(next.key(), "/k/new");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watcher_resumes_or_relists_after_the_log_is_trimmed() {
+    let dir = tempfile::tempdir().unwrap();
+    let local = LocalStore::open_with_retention(&dir.path().join("kayra.db"), Duration::from_millis(20), 10).unwrap();
+    let (backend, switch) = kayra_store::testsuite::Switched::new(local);
+    let store = Store::new(backend);
+    kayra_store::testsuite::watcher_resumes_or_relists_across_outages(&store, &switch, || {
+        let store = store.clone();
+        async move {
+            // More writes elsewhere than the log keeps.
+            for i in 0..20 {
+                store.create(&format!("/filler/{i}"), b"f".to_vec()).await.unwrap();
+            }
+        }
+    })
+    .await;
+}

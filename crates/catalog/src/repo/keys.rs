@@ -66,3 +66,13 @@ pub fn subscription_parts(key: &str) -> Option<[&str; 4]> {
 pub fn attempt(platform: &str, region: &str, namespace: &str, api: &str) -> String {
     format!("/reconcileattempts/{platform}/{region}/{namespace}/{api}")
 }
+
+/// Every run record of one deployment.
+pub fn all_runs(platform: &str, region: &str) -> String {
+    format!("/runs/{platform}/{region}/")
+}
+/// The run records of one subscription; the last key segment is the
+/// reconciler's choice, so readers list this prefix.
+pub fn runs(platform: &str, region: &str, namespace: &str, api: &str) -> String {
+    format!("/runs/{platform}/{region}/{namespace}/{api}/")
+}
