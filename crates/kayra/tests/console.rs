@@ -81,7 +81,7 @@ async fn seed_fleet(w: &World) {
 /// `docs/console.png` mid-fan-out when `KAYRA_CONSOLE_SCREENSHOT` names a path.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn console_follows_a_fan_out_live_and_renders_hostile_text_as_text() {
-    let w = World::start(true).await;
+    let mut w = World::start(true).await;
     seed_fleet(&w).await;
     let b = Browser::start().await;
     b.client.goto(&w.ui("")).await.unwrap();
@@ -98,6 +98,7 @@ async fn console_follows_a_fan_out_live_and_renders_hostile_text_as_text() {
     b.until("the APIs page", "return document.querySelectorAll('#apis tbody tr').length === 3").await;
     assert!(b.client.current_url().await.unwrap().as_str().ends_with("/ui/#/apis"));
     assert_eq!(b.js("return document.getElementById('signin').hidden").await, true);
+    b.until("the registrations stream", "return document.getElementById('live').textContent === 'live'").await;
 
     // Correct counts for each registration, as /status has them.
     b.until("storage synced", &counts_are(STORAGE, "2/2 synced, 0 failed, 0 pending")).await;
@@ -201,6 +202,14 @@ async fn console_follows_a_fan_out_live_and_renders_hostile_text_as_text() {
     b.client.find(Locator::LinkText("APIs")).await.unwrap().click().await.unwrap();
     b.until("back on APIs", "return document.querySelectorAll('#apis tbody tr').length === 3").await;
     assert!(!b.dialog_open().await, "a dialog opened");
+
+    // The server goes away and comes back: the stream reconnects (with
+    // back-off) and the page carries on, still without a reload.
+    w.restart_serve().await;
+    w.registration("dns.example.com", json!({"mode": "ok"})).await;
+    b.until("the new API after the reconnect", "return document.querySelectorAll('#apis tbody tr').length === 4").await;
+    b.until("live again", "return document.getElementById('live').textContent === 'live'").await;
+    assert_eq!(b.js("return window.__samePage").await, "yes", "the page was reloaded");
 
     // Readable on a phone: the page itself never scrolls sideways (wide
     // tables scroll inside their own region).
@@ -396,6 +405,9 @@ async fn console_pages_ten_thousand_subscribers() {
 /// A subscription's page shows its run history, newest first, with every
 /// step of a pipeline that ran against the recording backend, and a new
 /// run appears without a reload.
+///
+/// Needs the reconciler to record runs (branch `queue`); the runs API is here.
+#[ignore = "needs run recording by the reconciler (branch queue)"]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn console_shows_run_history_with_step_details() {
     let w = World::start(true).await;

@@ -32,7 +32,8 @@ pub struct World {
     pub backend: TestBackend,
     pub http: reqwest::Client,
     config: PathBuf,
-    processes: Vec<Process>,
+    serve: Option<Process>,
+    reconciler: Option<Process>,
     dir: tempfile::TempDir,
 }
 
@@ -84,22 +85,35 @@ reconciler:
             backend,
             http: reqwest::Client::new(),
             config,
-            processes: Vec::new(),
+            serve: None,
+            reconciler: None,
             dir,
         };
-        world.spawn("serve");
-        let health = format!("{}/healthz", world.base);
-        eventually("kayra serve to answer /healthz", || async {
-            world.http.get(&health).send().await.is_ok_and(|r| r.status().is_success())
-        })
-        .await;
+        world.serve = Some(world.spawn("serve"));
+        world.wait_ready().await;
         if reconciler {
-            world.spawn("reconciler");
+            world.reconciler = Some(world.spawn("reconciler"));
         }
         world
     }
 
-    fn spawn(&mut self, command: &str) {
+    async fn wait_ready(&self) {
+        let health = format!("{}/healthz", self.base);
+        eventually("kayra serve to answer /healthz", || async {
+            self.http.get(&health).send().await.is_ok_and(|r| r.status().is_success())
+        })
+        .await;
+    }
+
+    /// Kills `kayra serve` and starts it again on the same port: every
+    /// open stream drops.
+    pub async fn restart_serve(&mut self) {
+        drop(self.serve.take());
+        self.serve = Some(self.spawn("serve"));
+        self.wait_ready().await;
+    }
+
+    fn spawn(&self, command: &str) -> Process {
         let child = Command::new(env!("CARGO_BIN_EXE_kayra"))
             .args([command, "--config"])
             .arg(&self.config)
@@ -110,7 +124,7 @@ reconciler:
             .stderr(Stdio::null())
             .spawn()
             .unwrap_or_else(|e| panic!("start kayra {command}: {e}"));
-        self.processes.push(Process(child));
+        Process(child)
     }
 
     /// The same store, opened by the test (for seeding thousands of records

@@ -16,11 +16,32 @@ import { ApiError, getJSON, request, withParam } from './api.js';
 const MIN_BACKOFF = 250;
 const MAX_BACKOFF = 10_000;
 
-let reportMode = () => {};
+let showMode = () => {};
+const modes = new Map(); // follower → its mode
+let followers = 0;
 
-/** Who shows how the page is kept current ("live", "polling", "reconnecting"). */
+/**
+ * Who shows how the page is kept current: "reconnecting" while any of its
+ * followers is, else "live" while any reads a stream, else "polling".
+ */
 export function onMode(handler) {
-  reportMode = handler;
+  showMode = handler;
+}
+
+function publish() {
+  const all = [...modes.values()];
+  showMode(['reconnecting', 'live', 'polling'].find((m) => all.includes(m)) ?? '');
+}
+
+/** A follower's way to report its mode; forgotten when `signal` aborts. */
+function reporter(signal) {
+  const id = followers++;
+  signal.addEventListener('abort', () => { modes.delete(id); publish(); }, { once: true });
+  return (mode) => {
+    if (signal.aborted || modes.get(id) === mode) return;
+    modes.set(id, mode);
+    publish();
+  };
 }
 
 const sleep = (ms, signal) =>
@@ -66,6 +87,7 @@ export function poker() {
  * `wake` (a poker) makes a poller fetch at once.
  */
 async function follow(path, sink, { signal, stream = true, interval = () => 2000, wake = poker() }) {
+  const reportMode = reporter(signal);
   let backoff = MIN_BACKOFF;
   while (stream && !signal.aborted) {
     const opened = performance.now();
@@ -107,10 +129,10 @@ async function follow(path, sink, { signal, stream = true, interval = () => 2000
     await sleep(backoff + Math.random() * backoff * 0.2, signal);
     backoff = Math.min(backoff * 2, MAX_BACKOFF);
   }
-  await poll(path, sink, { signal, interval, wake });
+  await poll(path, sink, { signal, interval, wake, reportMode });
 }
 
-async function poll(path, sink, { signal, interval, wake }) {
+async function poll(path, sink, { signal, interval, wake, reportMode }) {
   let backoff = MIN_BACKOFF;
   while (!signal.aborted) {
     let wait;
