@@ -13,7 +13,7 @@ mod world;
 use browser::Browser;
 use fantoccini::Locator;
 use kayra_catalog::repo::keys;
-use kayra_core::{ApiRegistration, Namespace, Subscription};
+use kayra_core::{ApiRegistration, Namespace, Run, RunResult, RunStep, RunTrigger, Subscription};
 use reqwest::Method;
 use serde_json::{Value, json};
 use world::{ADMIN, World};
@@ -466,4 +466,107 @@ async fn console_shows_run_history_with_step_details() {
     assert_eq!(step[1], "POST");
     assert_eq!(step[4], "500");
     assert!(!step[8].as_str().unwrap().is_empty(), "the failed step shows its error: {step}");
+}
+
+/// Run records as the reconciler stores them (§4.4), written here directly:
+/// the subscription page lists them newest first with every run and step
+/// field, hostile error text as text, and a new run appears live.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn console_renders_recorded_runs_newest_first_with_every_step_field() {
+    let w = World::start(false).await;
+    w.namespace("core", "").await;
+    w.registration(COMPUTE, json!({"mode": "api", "sync_id": "s2"})).await;
+    w.subscribe("core", COMPUTE).await;
+    let repo = w.repo().await;
+    let prefix = keys::runs("dev", "local", "core", COMPUTE);
+    let step = |index: usize, method: &str, status: u16, error: &str| RunStep {
+        index,
+        method: method.into(),
+        endpoint: format!("https://compute.local.services/api/v1/namespaces/core/step{index}"),
+        is_async: index == 0,
+        attempts: index as u32 + 1,
+        status,
+        error: error.into(),
+        duration_ms: 41 + index as u64,
+        outputs: [("JobID".to_string(), format!("7{index}"))].into(),
+    };
+    let run = |id: &str, sync_id: &str, trigger: RunTrigger, result: RunResult, error: &str, steps: Vec<RunStep>| Run {
+        id: id.into(),
+        namespace: "core".into(),
+        api: COMPUTE.into(),
+        sync_id: sync_id.into(),
+        mode: "api".into(),
+        trigger,
+        result,
+        error: error.into(),
+        started_at: format!("2026-02-01T00:00:0{}.200Z", &id[id.len() - 1..]),
+        finished_at: format!("2026-02-01T00:00:0{}.900Z", &id[id.len() - 1..]),
+        lock_id: 3,
+        reconciler: "host-a:4711".into(),
+        steps,
+    };
+    let older = run(
+        "0193a6c1-0000-7000-8000-000000000001",
+        "s1",
+        RunTrigger::Initial,
+        RunResult::Success,
+        "",
+        vec![step(0, "POST", 202, ""), step(1, "GET", 200, "")],
+    );
+    let newer = run(
+        "0193a6c1-0000-7000-8000-000000000002",
+        "s2",
+        RunTrigger::Ongoing,
+        RunResult::Error,
+        HOSTILE_SCRIPT,
+        vec![step(0, "POST", 500, HOSTILE_IMG)],
+    );
+    for r in [&older, &newer] {
+        repo.create(&format!("{prefix}{}", r.id), r, "run").await.unwrap();
+    }
+
+    let b = Browser::start().await;
+    b.client.goto(&w.ui(&format!("#/namespaces/core/subscriptions/{COMPUTE}"))).await.unwrap();
+    submit_token(&b, ADMIN).await;
+    b.until("two runs", "return document.querySelectorAll('#runs tbody.run').length === 2").await;
+    let fields = b.text("dl.fields").await;
+    for expected in ["core", COMPUTE, "init", "s2"] {
+        assert!(fields.contains(expected), "{expected} missing from {fields}");
+    }
+    let rows = b
+        .js("return [...document.querySelectorAll('#runs tbody.run')].map(t => [...t.rows[0].cells].map(c => c.textContent))")
+        .await;
+    assert_eq!(rows[0], json!([newer.id, "ongoing", "s2", "error", newer.started_at, "700 ms", HOSTILE_SCRIPT]));
+    assert_eq!(rows[1], json!([older.id, "initial", "s1", "success", older.started_at, "700 ms", ""]));
+    let steps = b
+        .js("return [...document.querySelectorAll('#runs tbody.run')].map(t => [...t.querySelectorAll('table.steps tbody tr')].map(r => [...r.cells].map(c => c.textContent)))")
+        .await;
+    let endpoint = |i: usize| format!("https://compute.local.services/api/v1/namespaces/core/step{i}");
+    assert_eq!(steps[0], json!([["0", "POST", endpoint(0), "yes", "500", "1", "41", "JobID70", HOSTILE_IMG]]));
+    assert_eq!(
+        steps[1],
+        json!([
+            ["0", "POST", endpoint(0), "yes", "202", "1", "41", "JobID70", ""],
+            ["1", "GET", endpoint(1), "no", "200", "2", "42", "JobID71", ""]
+        ])
+    );
+    assert_eq!(b.js("return document.querySelectorAll('#view img, #view script').length").await, 0);
+    assert_eq!(b.js("return window.__pwned === undefined").await, true);
+    assert!(!b.dialog_open().await, "a dialog opened");
+
+    // The steps are behind a <details>, which opens from the keyboard.
+    b.js("document.querySelector('#runs tbody.run details summary').focus(); return true").await;
+    b.client.active_element().await.unwrap().send_keys("\u{E006}").await.unwrap(); // Enter
+    b.until("the details open", "return document.querySelector('#runs tbody.run details').open").await;
+
+    // A new run shows on top without a reload, the open <details> stays open.
+    b.js("window.__samePage = 'yes'; return true").await;
+    let newest = run("0193a6c1-0000-7000-8000-000000000003", "s2", RunTrigger::Retry, RunResult::Success, "", vec![]);
+    repo.create(&format!("{prefix}{}", newest.id), &newest, "run").await.unwrap();
+    b.until("three runs", "return document.querySelectorAll('#runs tbody.run').length === 3").await;
+    let top = b.js("return document.querySelector('#runs tbody.run').rows[0].cells[1].textContent").await;
+    assert_eq!(top, "retry");
+    assert_eq!(b.text("#runs tbody.run details").await, "0 steps");
+    assert_eq!(b.js("return document.querySelectorAll('#runs tbody.run details')[1].open").await, true);
+    assert_eq!(b.js("return window.__samePage").await, "yes");
 }
