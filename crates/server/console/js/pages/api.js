@@ -102,6 +102,7 @@ export function render(view, { name }, signal) {
     draw();
   }, {
     signal,
+    stream: false, // /status is a computed document with no watch stream (§4.5)
     wake,
     interval: () => (status && status.subscribers.some((s) => !s.synced && s.state !== 'error') ? 1000 : 3000),
   });
