@@ -569,3 +569,71 @@ async fn console_renders_recorded_runs_newest_first_with_every_step_field() {
     assert_eq!(b.js("return document.querySelectorAll('#runs tbody.run details')[1].open").await, true);
     assert_eq!(b.js("return window.__samePage").await, "yes");
 }
+
+/// Seeded hostile text in every displayed field a caller controls (names are
+/// DNS labels; descriptions are free text): each shows exactly as written,
+/// and nothing in it becomes an element, runs, or opens a dialog.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn console_shows_any_text_as_text() {
+    use rand::{Rng, SeedableRng};
+    const PIECES: [&str; 16] = [
+        "<script>window.__pwned=1</script>",
+        "<img src=x onerror=alert(1)>",
+        "<svg onload=alert(1)>",
+        "\"",
+        "'",
+        "&amp;",
+        "&lt;b&gt;",
+        "</td></tr>",
+        "<!--",
+        "javascript:alert(1)",
+        "${alert(1)}",
+        "\u{202e}",
+        "ü",
+        " ",
+        "<iframe src=/>",
+        "{{ .X }}",
+    ];
+    let w = World::start(false).await;
+    let mut rng = rand::rngs::StdRng::seed_from_u64(0x6b61_7972_61);
+    let mut expected = Vec::new();
+    for i in 0..12 {
+        let text: String = (0..rng.random_range(1..8)).map(|_| PIECES[rng.random_range(0..PIECES.len())]).collect();
+        let name = format!("hostile-{i:02}");
+        w.namespace(&name, &text).await;
+        expected.push((name, text));
+    }
+    w.registration(COMPUTE, json!({"description": expected[0].1})).await;
+
+    let b = Browser::start().await;
+    b.client.goto(&w.ui("#/namespaces")).await.unwrap();
+    submit_token(&b, ADMIN).await;
+    b.until("every namespace", "return document.querySelectorAll('#namespaces tbody tr').length === 12").await;
+    let shown = b.js("return [...document.querySelectorAll('#namespaces tbody tr')].map(r => [r.dataset.key, r.cells[1].textContent])").await;
+    let expected_json: Vec<Value> = expected.iter().map(|(n, t)| json!([n, t])).collect();
+    assert_eq!(shown, json!(expected_json));
+    b.client.goto(&w.ui("#/apis")).await.unwrap();
+    b.until(
+        "the API",
+        &format!(
+            "const d = document.querySelector('#apis td.description'); return !!d && d.textContent === {}",
+            lit(&expected[0].1)
+        ),
+    )
+    .await;
+    b.client.goto(&w.ui(&format!("#/namespaces/{}", expected[1].0))).await.unwrap();
+    b.until(
+        "the namespace",
+        &format!(
+            "const d = document.querySelector('dl.fields dd:nth-of-type(2)'); return !!d && d.textContent === {}",
+            lit(&expected[1].1)
+        ),
+    )
+    .await;
+    assert_eq!(
+        b.js("return document.querySelectorAll('#view img, #view script, #view svg, #view iframe').length").await,
+        0
+    );
+    assert_eq!(b.js("return window.__pwned === undefined").await, true);
+    assert!(!b.dialog_open().await, "a dialog opened");
+}
