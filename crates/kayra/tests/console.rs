@@ -595,7 +595,7 @@ async fn console_shows_any_text_as_text() {
         "{{ .X }}",
     ];
     let w = World::start(false).await;
-    let mut rng = rand::rngs::StdRng::seed_from_u64(0x6b61_7972_61);
+    let mut rng = rand::rngs::StdRng::seed_from_u64(0x006b_6179_7261);
     let mut expected = Vec::new();
     for i in 0..12 {
         let text: String = (0..rng.random_range(1..8)).map(|_| PIECES[rng.random_range(0..PIECES.len())]).collect();
