@@ -29,6 +29,15 @@ fn lit(s: &str) -> String {
     serde_json::to_string(s).unwrap()
 }
 
+/// With `KAYRA_CONSOLE_SHOTS` naming a directory, saves a screenshot of
+/// the page as `<dir>/<name>.png` (to look at the pages while changing them).
+async fn shot(b: &Browser, name: &str) {
+    if let Ok(dir) = std::env::var("KAYRA_CONSOLE_SHOTS") {
+        let path = std::path::Path::new(&dir).join(format!("{name}.png"));
+        std::fs::write(&path, b.client.screenshot().await.unwrap()).unwrap();
+    }
+}
+
 /// Types `token` into the sign-in form and submits it.
 async fn submit_token(b: &Browser, token: &str) {
     b.until("the sign-in form", "return !document.getElementById('signin').hidden").await;
@@ -176,6 +185,7 @@ async fn console_follows_a_fan_out_live_and_renders_hostile_text_as_text() {
             .as_str()
             .ends_with(&format!("#/namespaces/team-b/subscriptions/{NETWORK}"))
     );
+    shot(&b, "subscription-failed").await;
     let fields = b.text("dl.fields").await;
     for expected in ["team-b", NETWORK, "error"] {
         assert!(fields.contains(expected), "{expected} missing from {fields}");
@@ -196,6 +206,7 @@ async fn console_follows_a_fan_out_live_and_renders_hostile_text_as_text() {
     assert_eq!(core, HOSTILE_SCRIPT);
     assert_eq!(b.js("return window.__pwned === undefined").await, true, "a description ran as script");
     assert_eq!(b.js("return document.querySelectorAll('#view img, #view script').length").await, 0);
+    shot(&b, "namespaces").await;
     b.client.find(Locator::LinkText("core")).await.unwrap().click().await.unwrap();
     b.until("core's subscriptions", "return document.querySelectorAll('#subscriptions tbody tr').length === 2").await;
     assert_eq!(b.text("dl.fields dd:nth-of-type(2)").await, HOSTILE_SCRIPT);
@@ -215,6 +226,7 @@ async fn console_follows_a_fan_out_live_and_renders_hostile_text_as_text() {
     // tables scroll inside their own region).
     b.client.set_window_size(390, 844).await.unwrap();
     b.until("narrow layout", "return document.documentElement.scrollWidth <= window.innerWidth").await;
+    shot(&b, "phone-apis").await;
     b.client.set_window_size(1280, 900).await.unwrap();
 
     // The token: in sessionStorage only, in no URL, sent only as a bearer
@@ -390,6 +402,7 @@ async fn console_pages_ten_thousand_subscribers() {
     // machine gets slack, a table rendering all 10,000 rows would not fit.
     assert!(best < 1000.0, "the subscribers page took {best:.0} ms");
     assert_eq!(b.text(".pager-info").await, "1–100 of 10000");
+    shot(&b, "api-10000").await;
     assert_eq!(b.js("return document.querySelectorAll('#subscribers tbody tr').length").await, 100);
 
     // Paging and filtering work on the whole set.
@@ -557,6 +570,7 @@ async fn console_renders_recorded_runs_newest_first_with_every_step_field() {
     b.js("document.querySelector('#runs tbody.run details summary').focus(); return true").await;
     b.client.active_element().await.unwrap().send_keys("\u{E006}").await.unwrap(); // Enter
     b.until("the details open", "return document.querySelector('#runs tbody.run details').open").await;
+    shot(&b, "subscription").await;
 
     // A new run shows on top without a reload, the open <details> stays open.
     b.js("window.__samePage = 'yes'; return true").await;
