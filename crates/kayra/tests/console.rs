@@ -250,6 +250,7 @@ async fn console_follows_a_fan_out_live_and_renders_hostile_text_as_text() {
     for name in entries.as_array().unwrap() {
         assert!(!name.as_str().unwrap().contains(ADMIN), "the token is in {name}");
     }
+    b.assert_no_script_errors().await;
 }
 
 /// Sessions: a reload keeps the sign-in, a new tab asks again, a caller
@@ -322,11 +323,7 @@ async fn console_sessions_follow_the_token_and_every_response_is_locked_down() {
         assert_eq!(headers["referrer-policy"], "no-referrer");
     }
     assert!(seen >= kayra_server::console::ASSETS.len() - 1, "only {seen} console responses logged");
-    // No CSP violation, no script error: the console runs under its policy.
-    for entry in b.log("browser").await {
-        let text = entry["message"].as_str().unwrap_or("");
-        assert!(!text.contains("Content Security Policy") && !text.contains("Uncaught"), "console error: {text}");
-    }
+    b.assert_no_script_errors().await;
 
     // And with a plain HTTP client: every asset, the redirect and a miss.
     let no_redirects = reqwest::Client::builder().redirect(reqwest::redirect::Policy::none()).build().unwrap();
@@ -582,6 +579,7 @@ async fn console_renders_recorded_runs_newest_first_with_every_step_field() {
     assert_eq!(b.text("#runs tbody.run details").await, "0 steps");
     assert_eq!(b.js("return document.querySelectorAll('#runs tbody.run details')[1].open").await, true);
     assert_eq!(b.js("return window.__samePage").await, "yes");
+    b.assert_no_script_errors().await;
 }
 
 /// Seeded hostile text in every displayed field a caller controls (names are
@@ -650,4 +648,5 @@ async fn console_shows_any_text_as_text() {
     );
     assert_eq!(b.js("return window.__pwned === undefined").await, true);
     assert!(!b.dialog_open().await, "a dialog opened");
+    b.assert_no_script_errors().await;
 }

@@ -148,6 +148,19 @@ impl Browser {
             .collect()
     }
 
+    /// Panics on any script error or Content-Security-Policy violation the
+    /// browser reported since the last call: the console must run under
+    /// its own policy without a single refusal.
+    pub async fn assert_no_script_errors(&self) {
+        for entry in self.log("browser").await {
+            let text = entry["message"].as_str().unwrap_or("");
+            assert!(
+                !text.contains("Content Security Policy") && !text.contains("Uncaught"),
+                "the browser reported: {text}"
+            );
+        }
+    }
+
     /// Every request the page sent since the last call: (URL, headers).
     pub async fn requests(&self) -> Vec<(String, Value)> {
         self.log("performance")
