@@ -304,6 +304,23 @@ async fn console_sessions_follow_the_token_and_every_response_is_locked_down() {
     assert_eq!(b.text("#signin-error").await, w.refusal(&token).await);
     assert_eq!(b.js("return sessionStorage.length").await, 0);
 
+    // A caller who may read registrations but not their status sees the
+    // server's 403 where the counts would be.
+    let rules = json!([{"resources": ["apiregistrations"], "verbs": ["get", "list", "watch"]}]);
+    w.call(Method::POST, "/roles", Some(json!({"name": "reader-role", "rules": rules})), 201).await;
+    w.call(Method::POST, "/users", Some(json!({"name": "reader"})), 201).await;
+    let binding = json!({"name": "reader-binding", "role": "reader-role", "user": "reader"});
+    w.call(Method::POST, "/clusterrolebindings", Some(binding), 201).await;
+    let reader = w.call(Method::POST, "/users/reader/tokens", Some(json!({})), 201).await;
+    let reader = reader["token"].as_str().unwrap().to_string();
+    let status =
+        w.http.get(format!("{}{}/apiregistrations/{COMPUTE}/status", w.base, world::CATALOG)).bearer_auth(&reader);
+    let status: Value = status.send().await.unwrap().json().await.unwrap();
+    assert_eq!(status["code"], 403, "{status}");
+    submit_token(&b, &reader).await;
+    b.until("the status refusal in the row", &counts_are(COMPUTE, status["message"].as_str().unwrap())).await;
+    b.until("the registrations stream", "return document.getElementById('live').textContent === 'live'").await;
+
     // Every console response the browser saw carried the headers.
     let mut seen = 0;
     for entry in b.log("performance").await {

@@ -33,15 +33,18 @@ export function category(subscriber) {
 
 /**
  * Follows the fleet until `signal` aborts: `onChange({registrations,
- * statuses, error})`, registrations a Map name → registration, statuses a
- * Map name → /status.
+ * statuses, statusErrors, error})`, registrations a Map name →
+ * registration, statuses a Map name → /status, statusErrors a Map name →
+ * the ApiError of its last /status call (a caller may list APIs without
+ * the right to read their status).
  */
 export function followFleet(signal, onChange) {
   const statuses = new Map();
+  const statusErrors = new Map();
   const pollers = new Map(); // name → {controller, wake, syncId}
   let registrations = new Map();
   let error = null;
-  const changed = () => onChange({ registrations, statuses, error });
+  const changed = () => onChange({ registrations, statuses, statusErrors, error });
 
   followCollection('/apiregistrations', (r) => r.name, (map, e) => {
     registrations = map;
@@ -60,6 +63,7 @@ export function followFleet(signal, onChange) {
         poller.controller.abort();
         pollers.delete(name);
         statuses.delete(name);
+        statusErrors.delete(name);
       }
     }
     changed();
@@ -74,8 +78,10 @@ export function followFleet(signal, onChange) {
       const c = counts(statuses.get(name));
       return c.pending > 0 ? 1000 : 5000;
     };
-    followObject(`/apiregistrations/${seg(name)}/status`, (status) => {
+    followObject(`/apiregistrations/${seg(name)}/status`, (status, e) => {
       if (status) statuses.set(name, status);
+      if (e) statusErrors.set(name, e);
+      else statusErrors.delete(name);
       changed();
     }, { signal: controller.signal, stream: false, interval, wake });
   }

@@ -76,7 +76,7 @@ export function render(view, { name }, signal) {
         ['Platform', registration.platform], ['Region', registration.region],
       ]));
     }
-    bar.update(status);
+    bar.update(status, errorOf.status);
     const subscribers = (status?.subscribers ?? []).filter((s) => matches(filter, s));
     keyed(t.tbody, pages.slice(subscribers), (s) => s.namespace, create, update);
     if (status && !marked) {

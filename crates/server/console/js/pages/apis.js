@@ -21,8 +21,13 @@ export function progress(label) {
   const node = el('span', { class: 'progress' }, bar, text);
   return {
     node,
-    update(status) {
+    update(status, error) {
       const c = counts(status);
+      node.classList.toggle('refused', !!error);
+      if (error) {
+        setText(text, error.message); // e.g. a 403: where the counts would be
+        return;
+      }
       if (!status) {
         setText(text, 'loading…');
         return;
@@ -38,7 +43,7 @@ export function progress(label) {
 
 export function render(view, _params, signal) {
   let sort = { key: 'name', direction: 'ascending' };
-  let fleet = { registrations: new Map(), statuses: new Map(), error: null };
+  let fleet = { registrations: new Map(), statuses: new Map(), statusErrors: new Map(), error: null };
   const message = el('div');
   const t = table({
     caption: 'API registrations',
@@ -75,7 +80,7 @@ export function render(view, _params, signal) {
     for (const key of ['short_name', 'mode', 'sync_id', 'sync_id_updated_at', 'description']) {
       setText(row.cells_[key], registration[key] ?? '');
     }
-    row.bar_.update(fleet.statuses.get(registration.name));
+    row.bar_.update(fleet.statuses.get(registration.name), fleet.statusErrors.get(registration.name));
   }
 
   const draw = throttle(() => {
