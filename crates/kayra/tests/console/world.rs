@@ -32,6 +32,8 @@ pub struct World {
     pub backend: TestBackend,
     pub http: reqwest::Client,
     config: PathBuf,
+    /// The reconciler's admin listener (`/readyz`).
+    reconciler_admin: String,
     serve: Option<Process>,
     reconciler: Option<Process>,
     dir: tempfile::TempDir,
@@ -46,6 +48,7 @@ impl World {
         let dir = tempfile::tempdir().unwrap();
         let backend = TestBackend::start().await;
         let port = free_port();
+        let rport = free_port();
         // `ok` and `fail`: two steps; `hold`: one step, so one release lets
         // one subscription finish. The pool is larger than any test's held
         // calls, so held subscriptions never starve the others.
@@ -76,7 +79,6 @@ reconciler:
   mode:{modes}
 "#,
             db = dir.path().join("kayra.db").display(),
-            rport = free_port(),
         );
         let config = dir.path().join("kayra.yaml");
         std::fs::write(&config, yaml).unwrap();
@@ -85,6 +87,7 @@ reconciler:
             backend,
             http: reqwest::Client::new(),
             config,
+            reconciler_admin: format!("http://127.0.0.1:{rport}"),
             serve: None,
             reconciler: None,
             dir,
@@ -93,6 +96,13 @@ reconciler:
         world.wait_ready().await;
         if reconciler {
             world.reconciler = Some(world.spawn("reconciler"));
+            // Ready once its startup list is dispatched: what the test
+            // writes from now on is an `initial` run, not a `startup` one.
+            let ready = format!("{}/readyz", world.reconciler_admin);
+            eventually("kayra reconciler to be ready", || async {
+                world.http.get(&ready).send().await.is_ok_and(|r| r.status().is_success())
+            })
+            .await;
         }
         world
     }
