@@ -111,8 +111,11 @@ async function follow(path, sink, { signal, stream = true, interval = () => 2000
       // An empty collection sends nothing: after a quiet moment the
       // (re)connected stream has told all there is.
       const quiet = setTimeout(() => { first(); sink.changed(); }, 300);
-      await readLines(response.body, (e) => { first(); sink.event(e); }, () => sink.changed());
-      clearTimeout(quiet);
+      try {
+        await readLines(response.body, (e) => { first(); sink.event(e); }, () => sink.changed());
+      } finally {
+        clearTimeout(quiet); // a stream that drops at once must not empty the page
+      }
     } catch (error) {
       if (signal.aborted) return;
       if (error instanceof ApiError) {
