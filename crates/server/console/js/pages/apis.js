@@ -34,7 +34,14 @@ export function progress(label) {
       }
       bar.setAttribute('max', c.total);
       bar.setAttribute('value', c.synced);
-      setText(text, countsText(c));
+      const next = countsText(c);
+      if (text.textContent !== next && text.textContent !== 'loading…') {
+        // Restart the highlight: the eye follows a fan-out as it moves.
+        text.classList.remove('changed');
+        void text.offsetWidth;
+        text.classList.add('changed');
+      }
+      setText(text, next);
       node.classList.toggle('failed', c.failed > 0);
       node.classList.toggle('done', c.total > 0 && c.synced === c.total);
     },
