@@ -155,9 +155,30 @@ async fn console_follows_a_fan_out_live_and_renders_hostile_text_as_text() {
     b.until("all synced", &counts_are(COMPUTE, "5/5 synced, 0 failed, 0 pending")).await;
     assert_eq!(b.js("return window.__samePage").await, "yes", "the page was reloaded");
 
+    // Keyboard only: Tab walks the navigation, the sort buttons and every
+    // name link, and Enter on a sort button sorts.
+    b.js("document.activeElement.blur(); window.focus(); return true").await;
+    let mut reached = Vec::new();
+    for _ in 0..20 {
+        b.client.active_element().await.unwrap().send_keys("\u{E004}").await.unwrap(); // Tab
+        let focused = b.js("const e = document.activeElement; return `${e.tagName} ${e.textContent.trim()}`").await;
+        reached.push(focused.as_str().unwrap().to_string());
+    }
+    for expected in [
+        "A APIs",
+        "A Namespaces",
+        "BUTTON Name",
+        "BUTTON Subscribers",
+        &format!("A {COMPUTE}"),
+        &format!("A {STORAGE}"),
+    ] {
+        assert!(reached.iter().any(|r| r == expected), "Tab never reached {expected:?}: {reached:?}");
+    }
+
     // Sorting by progress puts the failing API first.
-    let sort = b.client.find(Locator::XPath("//table[@id='apis']//th/button[text()='Subscribers']")).await.unwrap();
-    sort.click().await.unwrap();
+    let sort = "[...document.querySelectorAll('#apis th button')].find(b => b.textContent === 'Subscribers').focus()";
+    b.js(&format!("{sort}; return true")).await;
+    b.client.active_element().await.unwrap().send_keys("\u{E006}").await.unwrap(); // Enter
     b.until(
         "sorted by progress",
         &format!("return document.querySelector('#apis tbody tr').dataset.key === {}", lit(NETWORK)),
