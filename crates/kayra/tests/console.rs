@@ -16,7 +16,7 @@ use kayra_catalog::repo::keys;
 use kayra_core::{ApiRegistration, Namespace, Run, RunResult, RunStep, RunTrigger, Subscription};
 use reqwest::Method;
 use serde_json::{Value, json};
-use world::{ADMIN, World};
+use world::{ADMIN, Backend, World};
 
 const COMPUTE: &str = "compute.example.com";
 const STORAGE: &str = "storage.example.com";
@@ -90,7 +90,18 @@ async fn seed_fleet(w: &World) {
 /// `docs/console.png` mid-fan-out when `KAYRA_CONSOLE_SCREENSHOT` names a path.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn console_follows_a_fan_out_live_and_renders_hostile_text_as_text() {
-    let mut w = World::start(true).await;
+    fan_out(Backend::Local).await;
+}
+
+/// The same on etcd: the streams the page follows come from the other
+/// backend's watch.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn console_follows_a_fan_out_live_on_etcd() {
+    fan_out(Backend::Etcd).await;
+}
+
+async fn fan_out(backend: Backend) {
+    let mut w = World::start_on(backend, true).await;
     seed_fleet(&w).await;
     let b = Browser::start().await;
     b.client.goto(&w.ui("")).await.unwrap();
@@ -147,7 +158,8 @@ async fn console_follows_a_fan_out_live_and_renders_hostile_text_as_text() {
     w.backend.release(2);
     b.until("two synced", &counts_are(COMPUTE, "2/5 synced, 0 failed, 3 pending")).await;
     assert_eq!(progress_of(&b, COMPUTE).await, ("2".into(), "5".into()));
-    if let Ok(path) = std::env::var("KAYRA_CONSOLE_SCREENSHOT") {
+    let screenshot = std::env::var("KAYRA_CONSOLE_SCREENSHOT").ok().filter(|_| backend == Backend::Local);
+    if let Some(path) = screenshot {
         std::fs::write(&path, b.client.screenshot().await.unwrap()).unwrap();
         eprintln!("console screenshot written to {path}");
     }

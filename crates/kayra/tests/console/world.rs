@@ -26,6 +26,15 @@ impl Drop for Process {
     }
 }
 
+/// Which store the processes share.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    /// A SQLite file (what `kayra dev` runs on).
+    Local,
+    /// A private etcd.
+    Etcd,
+}
+
 pub struct World {
     /// `http://127.0.0.1:<port>` of `kayra serve`.
     pub base: String,
@@ -36,6 +45,7 @@ pub struct World {
     reconciler_admin: String,
     serve: Option<Process>,
     reconciler: Option<Process>,
+    etcd: Option<kayra_testkit::Etcd>,
     dir: tempfile::TempDir,
 }
 
@@ -44,8 +54,24 @@ impl World {
     /// `kayra reconciler` whose modes `ok`, `fail` and `hold` call the
     /// recording backend in two steps.
     pub async fn start(reconciler: bool) -> World {
+        Self::start_on(Backend::Local, reconciler).await
+    }
+
+    /// [`World::start`] on `backend`.
+    pub async fn start_on(backend_kind: Backend, reconciler: bool) -> World {
         let _ = rustls::crypto::ring::default_provider().install_default();
         let dir = tempfile::tempdir().unwrap();
+        let etcd = match backend_kind {
+            Backend::Local => None,
+            Backend::Etcd => Some(kayra_testkit::Etcd::start().await),
+        };
+        let database = match &etcd {
+            None => format!("  local:\n    path: {}\n    poll_interval: 20ms", dir.path().join("kayra.db").display()),
+            Some(etcd) => format!(
+                "  etcd:\n    endpoints: [\"{}\"]\n    prefix: /kayra\n    lock_ttl: 2s\n    lock_retry_interval: 50ms",
+                etcd.endpoint()
+            ),
+        };
         let backend = TestBackend::start().await;
         let port = free_port();
         let rport = free_port();
@@ -68,9 +94,7 @@ region: local
 server:
   listen: 127.0.0.1:{port}
 database:
-  local:
-    path: {db}
-    poll_interval: 20ms
+{database}
 auth:
   bootstrap_token: {ADMIN}
 reconciler:
@@ -78,7 +102,6 @@ reconciler:
   max_concurrent_reconciles: 16
   mode:{modes}
 "#,
-            db = dir.path().join("kayra.db").display(),
         );
         let config = dir.path().join("kayra.yaml");
         std::fs::write(&config, yaml).unwrap();
@@ -90,6 +113,7 @@ reconciler:
             reconciler_admin: format!("http://127.0.0.1:{rport}"),
             serve: None,
             reconciler: None,
+            etcd,
             dir,
         };
         world.serve = Some(world.spawn("serve"));
@@ -140,7 +164,10 @@ reconciler:
     /// The same store, opened by the test (for seeding thousands of records
     /// faster than the API would take them).
     pub async fn repo(&self) -> Repository {
-        let config = kayra_config::DatabaseConfig::local(kayra_testkit::local_config(self.dir.path()));
+        let config = match &self.etcd {
+            None => kayra_config::DatabaseConfig::local(kayra_testkit::local_config(self.dir.path())),
+            Some(etcd) => kayra_config::DatabaseConfig::etcd(etcd.config("/kayra")),
+        };
         Repository::new(Store::open(&config).await.expect("open the store"), "dev", "local")
     }
 
