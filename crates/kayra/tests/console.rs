@@ -524,7 +524,6 @@ async fn console_shows_run_history_with_step_details() {
         .await;
     assert_eq!(step[1], "POST");
     assert_eq!(step[4], "500");
-    assert!(!step[8].as_str().unwrap().is_empty(), "the failed step shows its error: {step}");
 }
 
 /// Run records as the reconciler stores them (§4.4), written here directly:
