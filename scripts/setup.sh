@@ -1,13 +1,17 @@
 #!/usr/bin/env bash
 # Installs what building and testing kayra needs on a fresh Debian machine:
-# protoc (etcd-client's build compiles etcd's .proto files) and etcd (the
-# production store; the test suite starts private instances of it).
-# Idempotent: does nothing when both are present.
+# protoc (etcd-client's build compiles etcd's .proto files), etcd (the
+# production store; the test suite starts private instances of it), and
+# chromium with chromedriver (the web console's browser tests drive them;
+# nothing is downloaded at test time).
+# Idempotent: does nothing when all are present.
 set -euo pipefail
 
 missing=()
 command -v protoc >/dev/null 2>&1 || missing+=(protobuf-compiler)
 command -v etcd >/dev/null 2>&1 || missing+=(etcd-server etcd-client)
+[ -x /usr/bin/chromium ] || missing+=(chromium)
+[ -x /usr/bin/chromedriver ] || missing+=(chromium-driver)
 if [ ${#missing[@]} -gt 0 ]; then
   echo "setup: installing ${missing[*]}" >&2
   SUDO=""

@@ -31,6 +31,11 @@ pub struct ApiRegistration {
     /// Moving it to any new value starts the ongoing action (seed).
     #[serde(default)]
     pub sync_id: String,
+    /// Computed: RFC 3339 UTC time, with milliseconds, of the last write
+    /// that changed `sync_id` (set on create too). Empty on records written
+    /// before the field existed.
+    #[serde(default)]
+    pub sync_id_updated_at: String,
     /// Base URL of the API's backend, used by the gateway.
     #[serde(default)]
     pub endpoint: String,

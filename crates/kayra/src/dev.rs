@@ -53,6 +53,7 @@ pub async fn run(common: Common) -> anyhow::Result<()> {
 
     let url = format!("http://{}", listen.replace("0.0.0.0", "127.0.0.1"));
     println!("kayra dev: API server  {url}");
+    println!("kayra dev: console     {url}/ui/");
     println!("kayra dev: store       {}", local.path.display());
     println!("kayra dev: admin token {token}   (kept in {TOKEN_FILE})");
     println!(

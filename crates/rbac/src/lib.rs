@@ -42,11 +42,14 @@ pub enum Verb {
     Patch,
     /// DELETE.
     Delete,
+    /// A GET with `?watch=true` (§4.5): neither `get` nor `list` grants it.
+    Watch,
 }
 
 impl Verb {
     /// Every verb, for exhaustive tests and docs.
-    pub const ALL: [Verb; 6] = [Verb::Get, Verb::List, Verb::Create, Verb::Update, Verb::Patch, Verb::Delete];
+    pub const ALL: [Verb; 7] =
+        [Verb::Get, Verb::List, Verb::Create, Verb::Update, Verb::Patch, Verb::Delete, Verb::Watch];
 
     pub fn as_str(self) -> &'static str {
         match self {
@@ -56,6 +59,7 @@ impl Verb {
             Verb::Update => "update",
             Verb::Patch => "patch",
             Verb::Delete => "delete",
+            Verb::Watch => "watch",
         }
     }
 
@@ -193,7 +197,7 @@ mod tests {
             assert_eq!(Verb::from_http("get", collection), None);
         }
         let names: Vec<_> = Verb::ALL.iter().map(|v| v.to_string()).collect();
-        assert_eq!(names, ["get", "list", "create", "update", "patch", "delete"]);
+        assert_eq!(names, ["get", "list", "create", "update", "patch", "delete", "watch"]);
     }
 
     #[test]

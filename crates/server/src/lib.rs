@@ -14,6 +14,7 @@
 //! # Layout
 //! - this file: [`AppState`], [`router`], [`run`], shutdown.
 //! - `auth`: bearer-token authentication middleware.
+//! - [`console`]: the web console at `/ui/` (§11), embedded assets.
 //! - [`gateway`]: `/apis/<other api>/...`, the six steps and forwarding (§6).
 //! - `health`: `/healthz`, `/readyz`, `/metrics`, `/openapi.json`.
 //! - `metrics`: the Prometheus recorder and the request metrics middleware.
@@ -22,6 +23,7 @@
 //! - `tls`: HTTPS when `server.tls` is set.
 
 mod auth;
+pub mod console;
 pub mod gateway;
 mod health;
 pub mod listener;
@@ -86,11 +88,20 @@ impl AppState {
         metrics::describe(metrics::SERVE);
         Self {
             gateway: gateway::Gateway::new(repo.clone()),
-            api: ApiState { repo, max_body_bytes: config.server.max_body_bytes },
+            api: ApiState::new(repo, config.server.max_body_bytes),
             metrics: metrics::handle(),
             openapi: Bytes::from(openapi),
             body_stall_timeout: config.server.request_header_timeout.0,
         }
+    }
+}
+
+impl AppState {
+    /// The same state with the watch streams' tunables replaced (tests
+    /// shorten the keep-alive and re-check intervals).
+    pub fn with_watch_options(mut self, options: api::WatchOptions) -> Self {
+        self.api = ApiState::with_watch_options(self.api.repo.clone(), self.api.max_body_bytes, options);
+        self
     }
 }
 
@@ -113,6 +124,7 @@ pub fn router(state: AppState) -> Router {
         .route("/metrics", get(health::metrics))
         .route("/openapi.json", get(health::openapi))
         .with_state(state)
+        .merge(console::router())
         .nest("/apis", apis)
         .fallback(|| async { ApiError::not_found("no such route") })
         .layer(axum::middleware::map_response(method_not_allowed))
@@ -155,14 +167,27 @@ pub async fn run(
 ) -> anyhow::Result<()> {
     let request_timeout = config.database.request_timeout.0;
     let cache = AuthCache::start(&store, &config.platform, &config.region, request_timeout);
-    let state = AppState::cached(&config, store, cache.clone());
+    let state = AppState::cached(&config, store, cache);
+    run_with(config, state, listener, shutdown).await
+}
+
+/// [`run`] with a state built by the caller (see [`AppState::with_watch_options`]).
+pub async fn run_with(
+    config: Config,
+    state: AppState,
+    listener: TcpListener,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    let request_timeout = config.database.request_timeout.0;
     if !config.auth.bootstrap_token.is_empty() {
         state.api.repo.bootstrap_admin(&config.auth.bootstrap_token).await.context("bootstrap the admin user")?;
         tracing::info!(user = kayra_catalog::repo::auth::BOOTSTRAP_USER, "bootstrap admin ensured");
     }
     // Serving before the first lists would only answer 503s; a store that
     // stays silent this long is reported by /readyz instead.
-    if let Err(e) = cache.wait_synced(CACHE_SYNC_TIMEOUT.max(request_timeout)).await {
+    if let Some(cache) = state.api.repo.cache()
+        && let Err(e) = cache.wait_synced(CACHE_SYNC_TIMEOUT.max(request_timeout)).await
+    {
         tracing::warn!(error = %e, "serving before the auth caches are synced; requests answer 503 until they are");
     }
     let tls = match &config.server.tls {
@@ -172,6 +197,7 @@ pub async fn run(
     let timeouts = listener::Timeouts::from_config(&config.server);
 
     let stopping = CancellationToken::new();
+    let hub = state.api.hub.clone();
     let upkeep = tokio::spawn(metrics::upkeep(state.metrics.clone(), stopping.clone()));
     let app = router(state);
     {
@@ -179,6 +205,8 @@ pub async fn run(
         tokio::spawn(async move {
             shutdown.await;
             tracing::info!("shutting down: no new connections, finishing in-flight requests");
+            // Open watch streams end now, so they do not hold the drain open.
+            hub.shutdown();
             stopping.cancel();
         });
     }

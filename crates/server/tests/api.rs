@@ -16,10 +16,13 @@ mod api {
     mod hostile;
     mod namespaces;
     mod operations;
+    mod progress;
     mod rbac;
     mod registrations;
     mod replicas;
     mod store_outage;
     mod slow_clients;
+    mod runs;
     mod subscriptions;
+    mod watch;
 }

@@ -15,9 +15,11 @@
 //! one is refused with 401 here, so a router mounted without that
 //! middleware fails closed.
 
-use axum::extract::{Request, State};
+use std::collections::HashMap;
+
+use axum::extract::{FromRequestParts, RawPathParams, Request, State};
 use axum::handler::Handler;
-use axum::http::Method;
+use axum::http::{Method, StatusCode, Uri, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{MethodFilter, MethodRouter, on};
@@ -26,6 +28,7 @@ use kayra_rbac::{Decision, Verb};
 
 use super::ApiState;
 use super::error::ApiError;
+use super::watch::{self, Watched, Watcher};
 use crate::repo::Repository;
 
 /// Who is calling: put into the request's extensions by authentication.
@@ -57,6 +60,8 @@ pub struct RouteSpec {
     /// Relative to `/apis/catalog.example.com/v1`, in axum's `{param}` syntax.
     pub path: &'static str,
     pub access: Access,
+    /// Answers `?watch=true` with a watch stream (RBAC verb `watch`).
+    pub watchable: bool,
 }
 
 /// A handler for one HTTP method, with the access it demands.
@@ -64,6 +69,8 @@ pub(crate) struct Endpoint {
     method: Method,
     access: Access,
     handler: MethodRouter<ApiState>,
+    /// A GET that also answers `?watch=true` with a stream of these objects.
+    watch: Option<Watched>,
 }
 
 macro_rules! endpoint_constructors {
@@ -74,7 +81,7 @@ macro_rules! endpoint_constructors {
                 H: Handler<T, ApiState>,
                 T: 'static,
             {
-                Self { method: Method::$method, access, handler: on(MethodFilter::$method, handler) }
+                Self { method: Method::$method, access, handler: on(MethodFilter::$method, handler), watch: None }
             }
         )*
     };
@@ -83,37 +90,123 @@ macro_rules! endpoint_constructors {
 impl Endpoint {
     endpoint_constructors!(get => GET, post => POST, put => PUT, patch => PATCH, delete => DELETE);
 
+    /// A GET that answers `?watch=true` too (§4.5), with verb `watch`.
+    pub(crate) fn watch(mut self, kind: Watched) -> Self {
+        debug_assert_eq!(self.method, Method::GET);
+        self.watch = Some(kind);
+        self
+    }
+
     pub(crate) fn spec(&self, path: &'static str) -> RouteSpec {
-        RouteSpec { method: self.method.clone(), path, access: self.access }
+        RouteSpec { method: self.method.clone(), path, access: self.access, watchable: self.watch.is_some() }
     }
 
     /// The handler behind its requirement.
-    pub(crate) fn guarded(self, repo: &Repository) -> MethodRouter<ApiState> {
-        let requirement = Requirement { repo: repo.clone(), access: self.access };
+    pub(crate) fn guarded(self, state: &ApiState) -> MethodRouter<ApiState> {
+        let requirement = Requirement { state: state.clone(), access: self.access, watch: self.watch };
         self.handler.route_layer(axum::middleware::from_fn_with_state(requirement, enforce))
     }
 }
 
 #[derive(Clone)]
 struct Requirement {
-    repo: Repository,
+    state: ApiState,
     access: Access,
+    watch: Option<Watched>,
 }
 
 async fn enforce(State(requirement): State<Requirement>, request: Request, next: Next) -> Response {
-    let Some(caller) = request.extensions().get::<Caller>() else {
+    let Some(caller) = request.extensions().get::<Caller>().cloned() else {
         return ApiError::unauthorized("missing bearer token").into_response();
     };
+    let watching = match watch_requested(request.method(), request.uri()) {
+        Ok(watching) => watching,
+        Err(e) => return e.into_response(),
+    };
+    if watching {
+        return match serve_watch(&requirement, caller, request, next).await {
+            Ok(response) | Err(response) => response,
+        };
+    }
     let decided = match requirement.access {
         Access::Authenticated => Ok(()),
         Access::Cluster { resource, verb } => {
-            require_cluster_rbac(&requirement.repo, &caller.user, resource, verb).await
+            require_cluster_rbac(&requirement.state.repo, &caller.user, resource, verb).await
         }
     };
     match decided {
         Ok(()) => next.run(request).await,
         Err(e) => e.into_response(),
     }
+}
+
+/// Whether a GET asks for a watch stream: `watch=true` (or `1`); `false`,
+/// `0` or no `watch` is an ordinary GET; anything else is a 400.
+fn watch_requested(method: &Method, uri: &Uri) -> Result<bool, ApiError> {
+    if method != Method::GET {
+        return Ok(false);
+    }
+    let mut watching = false;
+    for pair in uri.query().unwrap_or_default().split('&') {
+        let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
+        if name != "watch" {
+            continue;
+        }
+        watching = match value {
+            "true" | "1" => true,
+            "false" | "0" | "" => false,
+            _ => return Err(ApiError::bad_request("query parameter \"watch\" must be true or false")),
+        };
+    }
+    Ok(watching)
+}
+
+/// `?watch=true`: authorize verb `watch` on the route's resource, run the
+/// route's own GET (so a missing namespace, a short name or a missing
+/// object answer exactly as a GET does), then stream.
+async fn serve_watch(
+    requirement: &Requirement,
+    caller: Caller,
+    request: Request,
+    next: Next,
+) -> Result<Response, Response> {
+    let (Some(kind), Access::Cluster { resource, .. }) = (requirement.watch, requirement.access) else {
+        return Err(
+            ApiError::bad_request("this route cannot be watched: only a collection or one object can").into_response()
+        );
+    };
+    let repo = &requirement.state.repo;
+    require_cluster_rbac(repo, &caller.user, resource, Verb::Watch).await.map_err(IntoResponse::into_response)?;
+    let (mut parts, body) = request.into_parts();
+    let params: HashMap<String, String> = match RawPathParams::from_request_parts(&mut parts, &()).await {
+        Ok(raw) => raw.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+        Err(_) => return Err(ApiError::bad_request("malformed path").into_response()),
+    };
+    let token = parts
+        .headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().split_once(' '))
+        .map(|(_, token)| token.trim().to_string())
+        .unwrap_or_default();
+    let event_stream = parts
+        .headers
+        .get_all(header::ACCEPT)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .any(|v| v.to_ascii_lowercase().contains("text/event-stream"));
+    // The validation GET reads at most one item of a collection.
+    if let Ok(uri) = format!("{}?limit=1", parts.uri.path()).parse::<Uri>() {
+        parts.uri = uri;
+    }
+    let checked = next.run(Request::from_parts(parts, body)).await;
+    if checked.status() != StatusCode::OK {
+        return Err(checked);
+    }
+    let watcher = Watcher { user: caller.user, token, resource };
+    watch::open(&requirement.state.hub, repo, kind, &params, watcher, event_stream)
+        .await
+        .map_err(IntoResponse::into_response)
 }
 
 /// The seed's `rbac.RequireClusterRBAC(repo, resource, verb)`: allowed when

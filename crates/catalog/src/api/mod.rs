@@ -18,21 +18,26 @@
 //! - [`extract`]: body/path/query extractors refusing in that shape (400/413).
 //! - [`list`]: `{items, continue}` and pagination.
 //! - one module per resource: [`namespaces`], [`registrations`],
-//!   [`subscriptions`], [`users`] (with tokens and `/whoami`), [`roles`],
+//!   [`subscriptions`] (with their [`runs`]), [`users`] (with tokens and `/whoami`), [`roles`],
 //!   [`bindings`] (cluster and namespace role bindings).
+//! - [`watch`], [`hub`]: `?watch=true` streams, fanned out from one store
+//!   watch per prefix.
 //! - [`openapi`]: the OpenAPI 3 document, derived from the handlers' types.
 
 pub mod authz;
 pub mod bindings;
 pub mod error;
 pub mod extract;
+pub mod hub;
 pub mod list;
 pub mod namespaces;
 pub mod openapi;
 pub mod registrations;
 pub mod roles;
+pub mod runs;
 pub mod subscriptions;
 pub mod users;
+pub mod watch;
 
 use std::future::Future;
 
@@ -47,9 +52,11 @@ use utoipa::ToSchema;
 
 pub use authz::{Access, Caller, RouteSpec, require_cluster_rbac};
 pub use error::{ApiError, ErrorBody};
+pub use hub::{Hub, WatchOptions};
 
 use authz::{Endpoint, cluster};
 use extract::RequestBody;
+use watch::Watched as W;
 
 use crate::repo::Repository;
 
@@ -63,6 +70,21 @@ pub struct ApiState {
     pub repo: Repository,
     /// `server.max_body_bytes`: larger bodies are refused with 413.
     pub max_body_bytes: usize,
+    /// The watch streams' one store watch per prefix (§4.5).
+    pub hub: Hub,
+}
+
+impl ApiState {
+    /// State over `repo`, with default watch options.
+    pub fn new(repo: Repository, max_body_bytes: usize) -> Self {
+        Self::with_watch_options(repo, max_body_bytes, WatchOptions::default())
+    }
+
+    /// State whose watch streams use `options` (tests shorten them).
+    pub fn with_watch_options(repo: Repository, max_body_bytes: usize, options: WatchOptions) -> Self {
+        let hub = Hub::new(repo.store().clone(), options);
+        Self { repo, max_body_bytes, hub }
+    }
 }
 
 /// The body of the `/sync` shorthands and of token creation: `{}` (or
@@ -84,14 +106,14 @@ fn declarations() -> Vec<(&'static str, Vec<Endpoint>)> {
         (
             "/namespaces",
             vec![
-                Endpoint::get(cluster("namespaces", List), ns::list),
+                Endpoint::get(cluster("namespaces", List), ns::list).watch(W::Namespaces),
                 Endpoint::post(cluster("namespaces", Create), ns::create),
             ],
         ),
         (
             "/namespaces/{namespace}",
             vec![
-                Endpoint::get(cluster("namespaces", Get), ns::get),
+                Endpoint::get(cluster("namespaces", Get), ns::get).watch(W::Namespaces),
                 Endpoint::put(cluster("namespaces", Update), ns::update),
                 Endpoint::patch(cluster("namespaces", Patch), ns::patch),
                 Endpoint::delete(cluster("namespaces", Delete), ns::delete),
@@ -100,14 +122,14 @@ fn declarations() -> Vec<(&'static str, Vec<Endpoint>)> {
         (
             "/apiregistrations",
             vec![
-                Endpoint::get(cluster("apiregistrations", List), reg::list),
+                Endpoint::get(cluster("apiregistrations", List), reg::list).watch(W::Registrations),
                 Endpoint::post(cluster("apiregistrations", Create), reg::create),
             ],
         ),
         (
             "/apiregistrations/{name}",
             vec![
-                Endpoint::get(cluster("apiregistrations", Get), reg::get),
+                Endpoint::get(cluster("apiregistrations", Get), reg::get).watch(W::Registrations),
                 Endpoint::put(cluster("apiregistrations", Update), reg::update),
                 Endpoint::patch(cluster("apiregistrations", Patch), reg::patch),
                 Endpoint::delete(cluster("apiregistrations", Delete), reg::delete),
@@ -118,14 +140,14 @@ fn declarations() -> Vec<(&'static str, Vec<Endpoint>)> {
         (
             "/namespaces/{namespace}/subscriptions",
             vec![
-                Endpoint::get(cluster("subscriptions", List), sub::list),
+                Endpoint::get(cluster("subscriptions", List), sub::list).watch(W::Subscriptions),
                 Endpoint::post(cluster("subscriptions", Create), sub::create),
             ],
         ),
         (
             "/namespaces/{namespace}/subscriptions/{api}",
             vec![
-                Endpoint::get(cluster("subscriptions", Get), sub::get),
+                Endpoint::get(cluster("subscriptions", Get), sub::get).watch(W::Subscriptions),
                 Endpoint::put(cluster("subscriptions", Update), sub::update),
                 Endpoint::patch(cluster("subscriptions", Patch), sub::patch),
                 Endpoint::delete(cluster("subscriptions", Delete), sub::delete),
@@ -136,13 +158,24 @@ fn declarations() -> Vec<(&'static str, Vec<Endpoint>)> {
             vec![Endpoint::put(cluster("subscriptions/sync", Patch), sub::sync)],
         ),
         (
+            "/namespaces/{namespace}/subscriptions/{api}/runs",
+            vec![Endpoint::get(cluster("subscriptions/runs", List), runs::list).watch(W::Runs)],
+        ),
+        (
+            "/namespaces/{namespace}/subscriptions/{api}/runs/{id}",
+            vec![Endpoint::get(cluster("subscriptions/runs", Get), runs::get).watch(W::Runs)],
+        ),
+        (
             "/users",
-            vec![Endpoint::get(cluster("users", List), u::list), Endpoint::post(cluster("users", Create), u::create)],
+            vec![
+                Endpoint::get(cluster("users", List), u::list).watch(W::Users),
+                Endpoint::post(cluster("users", Create), u::create),
+            ],
         ),
         (
             "/users/{name}",
             vec![
-                Endpoint::get(cluster("users", Get), u::get),
+                Endpoint::get(cluster("users", Get), u::get).watch(W::Users),
                 Endpoint::put(cluster("users", Update), u::update),
                 Endpoint::patch(cluster("users", Patch), u::patch),
                 Endpoint::delete(cluster("users", Delete), u::delete),
@@ -151,26 +184,29 @@ fn declarations() -> Vec<(&'static str, Vec<Endpoint>)> {
         (
             "/users/{name}/tokens",
             vec![
-                Endpoint::get(cluster("users/tokens", List), u::list_tokens),
+                Endpoint::get(cluster("users/tokens", List), u::list_tokens).watch(W::Tokens),
                 Endpoint::post(cluster("users/tokens", Create), u::create_token),
             ],
         ),
         (
             "/users/{name}/tokens/{id}",
             vec![
-                Endpoint::get(cluster("users/tokens", Get), u::get_token),
+                Endpoint::get(cluster("users/tokens", Get), u::get_token).watch(W::Tokens),
                 Endpoint::delete(cluster("users/tokens", Delete), u::delete_token),
             ],
         ),
         ("/whoami", vec![Endpoint::get(Access::Authenticated, u::whoami)]),
         (
             "/roles",
-            vec![Endpoint::get(cluster("roles", List), r::list), Endpoint::post(cluster("roles", Create), r::create)],
+            vec![
+                Endpoint::get(cluster("roles", List), r::list).watch(W::Roles),
+                Endpoint::post(cluster("roles", Create), r::create),
+            ],
         ),
         (
             "/roles/{name}",
             vec![
-                Endpoint::get(cluster("roles", Get), r::get),
+                Endpoint::get(cluster("roles", Get), r::get).watch(W::Roles),
                 Endpoint::put(cluster("roles", Update), r::update),
                 Endpoint::patch(cluster("roles", Patch), r::patch),
                 Endpoint::delete(cluster("roles", Delete), r::delete),
@@ -179,14 +215,14 @@ fn declarations() -> Vec<(&'static str, Vec<Endpoint>)> {
         (
             "/clusterrolebindings",
             vec![
-                Endpoint::get(cluster("clusterrolebindings", List), b::cluster_list),
+                Endpoint::get(cluster("clusterrolebindings", List), b::cluster_list).watch(W::ClusterRoleBindings),
                 Endpoint::post(cluster("clusterrolebindings", Create), b::cluster_create),
             ],
         ),
         (
             "/clusterrolebindings/{name}",
             vec![
-                Endpoint::get(cluster("clusterrolebindings", Get), b::cluster_get),
+                Endpoint::get(cluster("clusterrolebindings", Get), b::cluster_get).watch(W::ClusterRoleBindings),
                 Endpoint::put(cluster("clusterrolebindings", Update), b::cluster_update),
                 Endpoint::patch(cluster("clusterrolebindings", Patch), b::cluster_patch),
                 Endpoint::delete(cluster("clusterrolebindings", Delete), b::cluster_delete),
@@ -195,14 +231,14 @@ fn declarations() -> Vec<(&'static str, Vec<Endpoint>)> {
         (
             "/namespaces/{namespace}/rolebindings",
             vec![
-                Endpoint::get(cluster("rolebindings", List), b::list),
+                Endpoint::get(cluster("rolebindings", List), b::list).watch(W::RoleBindings),
                 Endpoint::post(cluster("rolebindings", Create), b::create),
             ],
         ),
         (
             "/namespaces/{namespace}/rolebindings/{name}",
             vec![
-                Endpoint::get(cluster("rolebindings", Get), b::get),
+                Endpoint::get(cluster("rolebindings", Get), b::get).watch(W::RoleBindings),
                 Endpoint::put(cluster("rolebindings", Update), b::update),
                 Endpoint::patch(cluster("rolebindings", Patch), b::patch),
                 Endpoint::delete(cluster("rolebindings", Delete), b::delete),
@@ -216,8 +252,7 @@ fn declarations() -> Vec<(&'static str, Vec<Endpoint>)> {
 pub fn router(state: ApiState) -> Router {
     let mut router = Router::new();
     for (path, endpoints) in declarations() {
-        let methods =
-            endpoints.into_iter().fold(MethodRouter::new(), |methods, e| methods.merge(e.guarded(&state.repo)));
+        let methods = endpoints.into_iter().fold(MethodRouter::new(), |methods, e| methods.merge(e.guarded(&state)));
         router = router.route(path, methods);
     }
     router

@@ -13,11 +13,13 @@ use axum::http::Method;
 use serde_json::json;
 use utoipa::OpenApi;
 use utoipa::openapi::extensions::ExtensionsBuilder;
+use utoipa::openapi::path::{Operation, ParameterBuilder, ParameterIn};
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityRequirement, SecurityScheme};
-use utoipa::openapi::{ContentBuilder, Ref, RefOr, Response, ResponseBuilder};
+use utoipa::openapi::{ContentBuilder, Ref, RefOr, Required, Response, ResponseBuilder};
 
 use super::error::ErrorBody;
-use super::{Access, BASE_PATH, bindings, namespaces, registrations, roles, routes, subscriptions, users};
+use super::watch::WatchEvent;
+use super::{Access, BASE_PATH, bindings, namespaces, registrations, roles, routes, runs, subscriptions, users};
 
 #[derive(OpenApi)]
 #[openapi(
@@ -48,6 +50,8 @@ use super::{Access, BASE_PATH, bindings, namespaces, registrations, roles, route
         subscriptions::patch,
         subscriptions::sync,
         subscriptions::delete,
+        runs::list,
+        runs::get,
         users::list,
         users::create,
         users::get,
@@ -78,7 +82,7 @@ use super::{Access, BASE_PATH, bindings, namespaces, registrations, roles, route
         bindings::patch,
         bindings::delete,
     ),
-    components(schemas(ErrorBody))
+    components(schemas(ErrorBody, WatchEvent))
 )]
 struct CatalogApi;
 
@@ -115,6 +119,9 @@ pub fn openapi() -> utoipa::openapi::OpenApi {
             .extensions
             .get_or_insert_with(Default::default)
             .merge(ExtensionsBuilder::new().add("x-kayra-rbac", rbac).build());
+        if let (true, Access::Cluster { resource, .. }) = (route.watchable, route.access) {
+            document_watch(operation, resource);
+        }
         let mut common = vec![
             ("401", "missing, unknown or revoked bearer token"),
             ("403", "no cluster role of the caller grants this; the message names user, api, resource and verb"),
@@ -133,6 +140,33 @@ pub fn openapi() -> utoipa::openapi::OpenApi {
         }
     }
     doc
+}
+
+/// `?watch=true` on a watchable GET (§4.5): the parameter, its RBAC
+/// requirement (`x-kayra-watch-rbac`) and the two streaming answers.
+fn document_watch(operation: &mut Operation, resource: &str) {
+    let parameter = ParameterBuilder::new()
+        .name("watch")
+        .parameter_in(ParameterIn::Query)
+        .required(Required::False)
+        .description(Some(
+            "true: answer with a stream of watch events (RBAC verb `watch`) instead of the object or list: \
+             first ADDED for every object there is, then every change. NDJSON, or server-sent events with \
+             `Accept: text/event-stream` (`event: <type>`, `data: <the event>`, `: keep-alive` after at most 15 s of silence).",
+        ))
+        .schema(Some(utoipa::openapi::schema::ObjectBuilder::new().schema_type(utoipa::openapi::schema::Type::Boolean)))
+        .build();
+    operation.parameters.get_or_insert_with(Vec::new).push(parameter);
+    let watch_rbac = json!({"api": kayra_core::CATALOG_API, "resource": resource, "verb": "watch"});
+    operation
+        .extensions
+        .get_or_insert_with(Default::default)
+        .merge(ExtensionsBuilder::new().add("x-kayra-watch-rbac", watch_rbac).build());
+    if let Some(RefOr::T(ok)) = operation.responses.responses.get_mut("200") {
+        let event = || ContentBuilder::new().schema(Some(Ref::from_schema_name("WatchEvent"))).build();
+        ok.content.insert("application/x-ndjson".to_string(), event());
+        ok.content.insert("text/event-stream".to_string(), event());
+    }
 }
 
 fn error_response(description: &str) -> RefOr<Response> {
@@ -191,5 +225,38 @@ mod tests {
             assert!(view[field].is_object(), "SubscriptionView.{field} missing from the schema");
         }
         assert_eq!(doc["components"]["securitySchemes"]["bearer"]["scheme"], "bearer");
+    }
+
+    #[test]
+    fn new_routes_fields_and_watch_streams_are_documented() {
+        let doc = serde_json::to_value(openapi()).unwrap();
+        let paths = &doc["paths"];
+        let runs = &paths["/apis/catalog.example.com/v1/namespaces/{namespace}/subscriptions/{api}/runs"]["get"];
+        assert_eq!(runs["x-kayra-rbac"]["resource"], "subscriptions/runs");
+        assert_eq!(runs["x-kayra-rbac"]["verb"], "list");
+        let run = &paths["/apis/catalog.example.com/v1/namespaces/{namespace}/subscriptions/{api}/runs/{id}"]["get"];
+        assert_eq!(run["x-kayra-rbac"]["verb"], "get");
+        let schemas = &doc["components"]["schemas"];
+        for field in
+            ["id", "trigger", "sync_id", "result", "started_at", "finished_at", "lock_id", "reconciler", "steps"]
+        {
+            assert!(schemas["Run"]["properties"][field].is_object(), "Run.{field}");
+        }
+        assert!(schemas["ApiRegistration"]["properties"]["sync_id_updated_at"].is_object());
+        for field in ["sync_id_updated_at", "total", "synced", "failed", "pending"] {
+            assert!(schemas["RegistrationStatus"]["properties"][field].is_object(), "RegistrationStatus.{field}");
+        }
+        assert!(schemas["WatchEvent"]["properties"]["type"].is_object());
+        // Every watchable GET documents `watch`, its RBAC and both stream types.
+        for route in routes().iter().filter(|r| r.watchable) {
+            let op = &paths[format!("{BASE_PATH}{}", route.path)]["get"];
+            assert_eq!(op["x-kayra-watch-rbac"]["verb"], "watch", "{}", route.path);
+            let params = op["parameters"].as_array().unwrap();
+            assert!(params.iter().any(|p| p["name"] == "watch"), "{}", route.path);
+            for ct in ["application/json", "application/x-ndjson", "text/event-stream"] {
+                assert!(op["responses"]["200"]["content"][ct].is_object(), "{} {ct}", route.path);
+            }
+        }
+        assert!(routes().iter().filter(|r| r.watchable).count() >= 18);
     }
 }

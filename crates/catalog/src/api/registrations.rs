@@ -20,9 +20,9 @@ use super::extract::{JsonBody, JsonObject, Path, Query, RequestBody, merged, rej
 use super::list::{List, ListQuery, page};
 use super::{ApiState, Empty, check_body_name, label, long_name, registration_not_found};
 use crate::repo::keys;
-use crate::repo::tenancy::new_sync_id;
+use crate::repo::tenancy::{new_sync_id, sync_id_updated_now};
 
-const COMPUTED: &[&str] = &["platform", "region"];
+const COMPUTED: &[&str] = &["platform", "region", "sync_id_updated_at"];
 
 /// POST body.
 #[derive(Debug, Deserialize, ToSchema)]
@@ -80,11 +80,18 @@ pub struct RegistrationStatus {
     pub api: String,
     /// The registration's current SyncID: every subscriber's expected one.
     pub sync_id: String,
+    /// When `sync_id` last changed (RFC 3339 UTC, milliseconds).
+    pub sync_id_updated_at: String,
     /// Sorted by namespace.
     pub subscribers: Vec<Subscriber>,
+    /// `synced + failed + pending`.
     pub total: usize,
     /// How many subscribers are synced.
     pub synced: usize,
+    /// Not synced, and the last sync failed (`state: error`).
+    pub failed: usize,
+    /// Not synced, and not failed: the reconciler has yet to get to them.
+    pub pending: usize,
 }
 
 /// One subscriber in a [`RegistrationStatus`].
@@ -149,6 +156,7 @@ pub(crate) async fn create(
     given_sync_id(body.sync_id.as_deref())?;
     let registration = ApiRegistration {
         sync_id: body.sync_id.filter(|s| !s.is_empty()).unwrap_or_else(|| new_sync_id("")),
+        sync_id_updated_at: sync_id_updated_now(),
         name: body.name,
         short_name: body.short_name,
         mode: body.mode,
@@ -258,8 +266,9 @@ async fn apply(
     current.mode.clone_from(&body.mode);
     current.endpoint.clone_from(&body.endpoint);
     current.description.clone_from(&body.description);
-    if let Some(sync_id) = body.sync_id.as_ref().filter(|s| !s.is_empty()) {
+    if let Some(sync_id) = body.sync_id.as_ref().filter(|s| !s.is_empty() && **s != current.sync_id) {
         current.sync_id.clone_from(sync_id);
+        current.sync_id_updated_at = sync_id_updated_now();
     }
     Ok(current)
 }
@@ -315,11 +324,16 @@ pub(crate) async fn status(
             current_sync_id: s.value.current_sync_id,
         })
         .collect();
+    let synced = subscribers.iter().filter(|s| s.synced).count();
+    let failed = subscribers.iter().filter(|s| !s.synced && s.state == SubscriptionState::Error).count();
     Ok(Json(RegistrationStatus {
         api: registration.name,
         sync_id: registration.sync_id,
+        sync_id_updated_at: registration.sync_id_updated_at,
         total: subscribers.len(),
-        synced: subscribers.iter().filter(|s| s.synced).count(),
+        synced,
+        failed,
+        pending: subscribers.len() - synced - failed,
         subscribers,
     }))
 }

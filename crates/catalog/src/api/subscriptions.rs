@@ -82,7 +82,7 @@ async fn check_path(state: &ApiState, namespace: &str, api: Option<&str>) -> Res
     }
 }
 
-async fn existing(state: &ApiState, namespace: &str, api: &str) -> Result<Subscription, ApiError> {
+pub(crate) async fn existing(state: &ApiState, namespace: &str, api: &str) -> Result<Subscription, ApiError> {
     check_path(state, namespace, Some(api)).await?;
     let subscription = state.repo.get_subscription(namespace, api).await?;
     subscription.map(|s| s.value).ok_or_else(|| ApiError::not_found(format!("{} not found", what(namespace, api))))

@@ -98,7 +98,12 @@ pub fn user_token(user: &str, hash: &str) -> String {
 }
 /// The hash of the token the last bootstrap installed (platform §5.4: one bootstrap token).
 pub const BOOTSTRAP_TOKEN: &str = "/bootstraptoken";
-/// The run records of one subscription (written by the reconciler; readers sort by the record's `id`).
+/// Every run record of one deployment.
+pub fn all_runs(platform: &str, region: &str) -> String {
+    format!("/runs/{platform}/{region}/")
+}
+/// The run records of one subscription; the last key segment is the
+/// reconciler's choice, so readers list this prefix.
 pub fn runs(platform: &str, region: &str, namespace: &str, api: &str) -> String {
     format!("/runs/{platform}/{region}/{namespace}/{api}/")
 }

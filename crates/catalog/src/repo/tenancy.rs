@@ -222,6 +222,11 @@ pub fn new_sync_id(previous: &str) -> String {
     }
 }
 
+/// A `sync_id_updated_at` for a write made now: RFC 3339, UTC, milliseconds.
+pub fn sync_id_updated_now() -> String {
+    humantime::format_rfc3339_millis(SystemTime::now()).to_string()
+}
+
 impl Repository {
     /// Every subscription, of any deployment, in namespace `namespace`.
     pub async fn subscriptions_in_namespace_everywhere(&self, namespace: &str) -> Result<Vec<SubscriptionRef>> {
@@ -506,6 +511,7 @@ impl Repository {
         let key = keys::registration(&self.platform, &self.region, name);
         self.modify::<ApiRegistration, _>(&key, &format!("api registration {name:?}"), |r| {
             r.sync_id = new_sync_id(&r.sync_id);
+            r.sync_id_updated_at = sync_id_updated_now();
             Change::Write
         })
         .await

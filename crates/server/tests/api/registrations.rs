@@ -15,10 +15,10 @@ both_backends! {
         let reply = server.post("/apiregistrations", json!({"name": "compute.example.com"})).await;
         let reg = reply.expect(201);
         let keys: Vec<_> = reg.as_object().unwrap().keys().cloned().collect();
-        for field in ["name", "short_name", "mode", "sync_id", "endpoint", "description", "platform", "region"] {
+        for field in ["name", "short_name", "mode", "sync_id", "sync_id_updated_at", "endpoint", "description", "platform", "region"] {
             assert!(keys.iter().any(|k| k == field), "{field} missing from {reg}");
         }
-        assert_eq!(keys.len(), 8, "{reg}");
+        assert_eq!(keys.len(), 9, "{reg}");
         assert_eq!((reg["platform"].clone(), reg["region"].clone()), (json!("dev"), json!("local")));
         assert_eq!((reg["short_name"].clone(), reg["mode"].clone(), reg["endpoint"].clone()), (json!(""), json!(""), json!("")));
         let sync_id = reg["sync_id"].as_str().unwrap();
@@ -62,13 +62,14 @@ both_backends! {
     /// PUT replaces the writable fields; omitted ones become empty, except
     /// sync_id, which keeps its value unless given.
     async fn put_replaces_writable_fields(server: Server) {
-        server.registration("compute.example.com", json!({"short_name": "compute", "mode": "api", "sync_id": "s1",
+        let created = server.registration("compute.example.com", json!({"short_name": "compute", "mode": "api", "sync_id": "s1",
             "endpoint": "http://127.0.0.1:1", "description": "d"})).await;
         let reg = server.put("/apiregistrations/compute.example.com", json!({"mode": "trigger"})).await.expect(200);
         assert_eq!(
             reg,
             json!({"name": "compute.example.com", "short_name": "", "mode": "trigger", "sync_id": "s1", "endpoint": "",
-                   "description": "", "platform": "dev", "region": "local"})
+                   "description": "", "platform": "dev", "region": "local",
+                   "sync_id_updated_at": created["sync_id_updated_at"]})
         );
         let reg = server.put("/apiregistrations/compute.example.com", json!({"name": "compute.example.com", "sync_id": "s2"})).await.expect(200);
         assert_eq!((reg["sync_id"].clone(), reg["mode"].clone()), (json!("s2"), json!("")));
@@ -111,7 +112,7 @@ both_backends! {
     }
 
     async fn status_reports_every_subscriber(server: Server) {
-        server.registration("compute.example.com", json!({"sync_id": "s2"})).await;
+        let reg = server.registration("compute.example.com", json!({"sync_id": "s2"})).await;
         for ns in ["sre", "core", "web"] {
             server.namespace(ns).await;
             server.subscribe(ns, "compute.example.com").await;
@@ -120,10 +121,11 @@ both_backends! {
             let seen = server.repo.get_subscription(ns, "compute.example.com").await.unwrap().unwrap();
             server.repo.set_subscription_sync_id(&seen, sync_id).await.unwrap();
         }
-        let status = server.get("/apiregistrations/compute.example.com/status").await.expect(200);
+        let mut status = server.get("/apiregistrations/compute.example.com/status").await.expect(200);
+        assert_eq!(status.as_object_mut().unwrap().remove("sync_id_updated_at"), Some(reg["sync_id_updated_at"].clone()));
         assert_eq!(
             status,
-            json!({"api": "compute.example.com", "sync_id": "s2", "total": 3, "synced": 1, "subscribers": [
+            json!({"api": "compute.example.com", "sync_id": "s2", "total": 3, "synced": 1, "failed": 0, "pending": 2, "subscribers": [
                 {"namespace": "core", "active": true, "state": "success", "current_sync_id": "s1", "synced": false},
                 {"namespace": "sre", "active": true, "state": "success", "current_sync_id": "s2", "synced": true},
                 {"namespace": "web", "active": false, "state": "init", "current_sync_id": "", "synced": false},
@@ -131,8 +133,12 @@ both_backends! {
         );
         let empty = server.registration("idle.example.com", json!({"sync_id": "z"})).await;
         assert_eq!(empty["name"], "idle.example.com");
-        let status = server.get("/apiregistrations/idle.example.com/status").await.expect(200);
-        assert_eq!(status, json!({"api": "idle.example.com", "sync_id": "z", "subscribers": [], "total": 0, "synced": 0}));
+        let mut status = server.get("/apiregistrations/idle.example.com/status").await.expect(200);
+        assert_eq!(status.as_object_mut().unwrap().remove("sync_id_updated_at"), Some(empty["sync_id_updated_at"].clone()));
+        assert_eq!(
+            status,
+            json!({"api": "idle.example.com", "sync_id": "z", "subscribers": [], "total": 0, "synced": 0, "failed": 0, "pending": 0})
+        );
         server.get("/apiregistrations/missing.example.com/status").await.error(404, &["missing.example.com"]);
     }
 

@@ -71,6 +71,8 @@ pub struct Server {
     /// This deployment's repository on the same store, for what the API
     /// cannot do: acting as the reconciler, reading revisions.
     pub repo: Repository,
+    /// The server's watch hub, to count its store watches.
+    pub hub: kayra_catalog::api::Hub,
     stop: CancellationToken,
     task: Option<JoinHandle<anyhow::Result<()>>>,
     keep: Arc<Keep>,
@@ -79,6 +81,16 @@ pub struct Server {
 impl Drop for Server {
     fn drop(&mut self) {
         self.stop.cancel();
+    }
+}
+
+/// The watch streams' tunables in tests: short, so keep-alives and
+/// revocations show within a test's patience.
+pub fn watch_options() -> kayra_catalog::api::WatchOptions {
+    kayra_catalog::api::WatchOptions {
+        keep_alive: std::time::Duration::from_millis(500),
+        recheck: std::time::Duration::from_millis(200),
+        ..Default::default()
     }
 }
 
@@ -126,14 +138,35 @@ impl Server {
     }
 
     async fn start_with(backend: Backend, config: Config, keep: Arc<Keep>) -> Server {
-        crypto();
         let store = Store::open(&config.database).await.expect("open store");
+        Self::start_on(backend, config, keep, store).await
+    }
+
+    /// A server on a private etcd whose change feeds the test can cut, as a
+    /// lost connection would (`kayra_store::testsuite::Switched`), and a
+    /// client of that etcd (to compact it, say).
+    pub async fn start_switched() -> (Server, kayra_store::testsuite::FeedSwitch, etcd_client::Client) {
+        let etcd = kayra_testkit::Etcd::start().await;
+        let etcd_config = etcd.config("/kayra");
+        let client = etcd.client().await;
+        let connected = kayra_store::etcd::EtcdStore::connect(&etcd_config).await.expect("connect to etcd");
+        let (switched, switch) = kayra_store::testsuite::Switched::new(connected);
+        let mut config = Config { database: DatabaseConfig::etcd(etcd_config), ..Config::default() };
+        config.auth.bootstrap_token = "test-bootstrap-token-0123456789abcdef".into();
+        let keep = Arc::new(Keep::Etcd(Box::new(tokio::sync::Mutex::new(etcd))));
+        (Self::start_on(Backend::Etcd, config, keep, Store::new(switched)).await, switch, client)
+    }
+
+    async fn start_on(backend: Backend, config: Config, keep: Arc<Keep>, store: Store) -> Server {
+        crypto();
         let repo = Repository::new(store.clone(), &config.platform, &config.region);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind 127.0.0.1:0");
         let addr = listener.local_addr().expect("local address");
         let stop = CancellationToken::new();
         let shutdown = stop.clone().cancelled_owned();
-        let task = tokio::spawn(kayra_server::run(config.clone(), store, listener, shutdown));
+        let state = kayra_server::AppState::new(&config, store).with_watch_options(watch_options());
+        let hub = state.api.hub.clone();
+        let task = tokio::spawn(kayra_server::run_with(config.clone(), state, listener, shutdown));
         let scheme = if config.server.tls.is_some() { "https" } else { "http" };
         let server = Server {
             backend,
@@ -142,6 +175,7 @@ impl Server {
             admin: config.auth.bootstrap_token.clone(),
             config,
             repo,
+            hub,
             stop,
             task: Some(task),
             keep,

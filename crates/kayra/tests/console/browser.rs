@@ -1,0 +1,176 @@
+//! A headless Debian `chromium` driven through `chromedriver` (WebDriver),
+//! one private driver per test on a free loopback port, with a throwaway
+//! profile. Nothing is downloaded: when the driver is missing,
+//! `scripts/setup.sh` installs Debian's packages, and a failure is loud.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use fantoccini::{Client, ClientBuilder};
+use kayra_testkit::{WAIT, free_port};
+use serde_json::{Value, json};
+
+const DRIVER: &str = "/usr/bin/chromedriver";
+/// `/usr/bin/chromium` is a wrapper script; the driver wants the binary.
+const CHROMIUM: [&str; 2] = ["/usr/lib/chromium/chromium", "/usr/bin/chromium"];
+
+pub struct Browser {
+    pub client: Client,
+    driver: Child,
+    port: u16,
+    session: String,
+    _profile: tempfile::TempDir,
+}
+
+impl Drop for Browser {
+    fn drop(&mut self) {
+        let _ = self.driver.kill();
+        let _ = self.driver.wait();
+    }
+}
+
+fn ensure_installed() -> PathBuf {
+    if !Path::new(DRIVER).exists() || !CHROMIUM.iter().any(|p| Path::new(p).exists()) {
+        let setup = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/setup.sh");
+        let status = Command::new("bash").arg(&setup).status().expect("run scripts/setup.sh");
+        assert!(status.success(), "scripts/setup.sh failed ({status}); install chromium and chromium-driver");
+    }
+    assert!(Path::new(DRIVER).exists(), "{DRIVER} is missing after scripts/setup.sh");
+    CHROMIUM.iter().map(PathBuf::from).find(|p| p.exists()).expect("chromium is missing after scripts/setup.sh")
+}
+
+impl Browser {
+    /// A fresh browser at 1280×900.
+    pub async fn start() -> Browser {
+        let chromium = ensure_installed();
+        let port = free_port();
+        let driver = Command::new(DRIVER)
+            .arg(format!("--port={port}"))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start chromedriver");
+        let deadline = Instant::now() + WAIT;
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(Instant::now() < deadline, "chromedriver did not listen on {port}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let profile = tempfile::tempdir().expect("profile dir");
+        let args = [
+            "--headless=new".to_string(),
+            "--no-sandbox".into(),
+            "--disable-gpu".into(),
+            "--disable-dev-shm-usage".into(),
+            "--disable-background-networking".into(),
+            "--disable-component-update".into(),
+            "--disable-sync".into(),
+            "--no-first-run".into(),
+            "--window-size=1280,900".into(),
+            format!("--user-data-dir={}", profile.path().display()),
+        ];
+        let capabilities = json!({
+            "goog:chromeOptions": {"binary": chromium, "args": args},
+            // The network log: every request the page makes, with its URL and headers.
+            "goog:loggingPrefs": {"performance": "ALL", "browser": "ALL"},
+        });
+        let Value::Object(capabilities) = capabilities else { unreachable!() };
+        let client = ClientBuilder::new(hyper_util::client::legacy::connect::HttpConnector::new())
+            .capabilities(capabilities)
+            .connect(&format!("http://127.0.0.1:{port}"))
+            .await
+            .expect("start a chromium session");
+        let session = client.session_id().await.unwrap().expect("a session id");
+        Browser { client, driver, port, session, _profile: profile }
+    }
+
+    /// Runs `script` (a function body) in the page and returns its value.
+    pub async fn js(&self, script: &str) -> Value {
+        self.client.execute(script, vec![]).await.unwrap_or_else(|e| panic!("script failed: {e}\n{script}"))
+    }
+
+    /// Waits until `script` returns `true`, naming `what` on timeout, and
+    /// showing what the page said last.
+    pub async fn until(&self, what: &str, script: &str) {
+        let deadline = Instant::now() + WAIT;
+        loop {
+            if self.js(script).await == Value::Bool(true) {
+                return;
+            }
+            if Instant::now() > deadline {
+                let text = self.js("return document.body.innerText").await;
+                panic!("timed out waiting for {what}; the page says:\n{}", text.as_str().unwrap_or(""));
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+    }
+
+    /// The rendered text of the first element matching `css`, read in one
+    /// script (the page may replace the element between two WebDriver calls).
+    pub async fn text(&self, css: &str) -> String {
+        let script = format!(
+            "const e = document.querySelector({}); return e ? e.innerText : null",
+            serde_json::to_string(css).unwrap()
+        );
+        match self.js(&script).await {
+            Value::String(text) => text,
+            _ => panic!("no element matches {css}"),
+        }
+    }
+
+    /// Whether a JavaScript dialog (alert/confirm/prompt) is open.
+    pub async fn dialog_open(&self) -> bool {
+        self.client.get_alert_text().await.is_ok()
+    }
+
+    /// Entries of chromedriver's log of `kind` (`performance`, `browser`)
+    /// since the last call: each a JSON object, for `performance` one
+    /// DevTools event (`message.method`, `message.params`).
+    pub async fn log(&self, kind: &str) -> Vec<Value> {
+        let url = format!("http://127.0.0.1:{}/session/{}/se/log", self.port, self.session);
+        let reply: Value = reqwest::Client::new()
+            .post(url)
+            .json(&json!({"type": kind}))
+            .send()
+            .await
+            .expect("read the browser log")
+            .json()
+            .await
+            .expect("the log is JSON");
+        let entries = reply["value"].as_array().cloned().unwrap_or_default();
+        entries
+            .into_iter()
+            .map(|e| match kind {
+                "performance" => serde_json::from_str(e["message"].as_str().unwrap_or("{}")).unwrap_or(Value::Null),
+                _ => e,
+            })
+            .collect()
+    }
+
+    /// Panics on any script error or Content-Security-Policy violation the
+    /// browser reported since the last call: the console must run under
+    /// its own policy without a single refusal.
+    pub async fn assert_no_script_errors(&self) {
+        for entry in self.log("browser").await {
+            let text = entry["message"].as_str().unwrap_or("");
+            assert!(
+                !text.contains("Content Security Policy") && !text.contains("Uncaught"),
+                "the browser reported: {text}"
+            );
+        }
+    }
+
+    /// Every request the page sent since the last call: (URL, headers).
+    pub async fn requests(&self) -> Vec<(String, Value)> {
+        self.log("performance")
+            .await
+            .into_iter()
+            .filter(|e| e["message"]["method"] == "Network.requestWillBeSent")
+            .map(|e| {
+                let request = &e["message"]["params"]["request"];
+                (request["url"].as_str().unwrap_or("").to_string(), request["headers"].clone())
+            })
+            .collect()
+    }
+}

@@ -1,0 +1,109 @@
+// #/apis/NAME: one registration, its fan-out progress, and its subscribers,
+// filterable by state and paged (10,000 subscribers render as 100 rows).
+
+import { seg } from '../api.js';
+import { el, fields, fill, keyed, link, notice, pager, setText, table, throttle, time, yesNo } from '../dom.js';
+import { category } from '../fleet.js';
+import { followObject, poker } from '../live.js';
+import { progress } from './apis.js';
+
+const PAGE = 100;
+const FILTERS = [
+  ['all', 'all'], ['synced', 'synced'], ['pending', 'pending (not synced, not failed)'],
+  ['failed', 'failed (not synced, state error)'], ['init', 'state init'], ['success', 'state success'],
+  ['error', 'state error'],
+];
+
+function matches(filter, subscriber) {
+  if (filter === 'all') return true;
+  if (['synced', 'pending', 'failed'].includes(filter)) return category(subscriber) === filter;
+  return subscriber.state === filter;
+}
+
+export function render(view, { name }, signal) {
+  let registration = null;
+  let status = null;
+  let filter = 'all';
+  let marked = false;
+  const head = el('div');
+  let lastHead = '';
+  const bar = progress(name);
+  const errors = el('div');
+  const empty = el('div');
+  let errorOf = { registration: null, status: null };
+  const select = el('select', { id: 'state-filter' }, FILTERS.map(([v, label]) => el('option', { value: v }, label)));
+  const pages = pager('Subscriber pages', PAGE, () => draw());
+  select.addEventListener('change', () => { filter = select.value; pages.reset(); draw(); });
+  const t = table({
+    caption: 'Subscribers',
+    id: 'subscribers',
+    columns: ['Namespace', 'Active', 'State', 'Current sync ID', 'Expected sync ID', 'Synced'].map((label) => ({ label })),
+  });
+  fill(view,
+    el('h1', {}, name), head,
+    el('p', {}, bar.node),
+    el('h2', {}, 'Subscribers'),
+    el('p', { class: 'filter' }, el('label', { for: 'state-filter' }, 'State'), ' ', select),
+    errors, empty, pages.nav, t.region);
+
+  function create(s) {
+    const cells = [el('td'), el('td'), el('td'), el('td', { class: 'mono' }), el('td', { class: 'mono' }), el('td')];
+    cells[0].append(link(`#/namespaces/${seg(s.namespace)}/subscriptions/${seg(name)}`, s.namespace));
+    const row = el('tr', {}, cells);
+    row.cells_ = cells;
+    update(row, s);
+    return row;
+  }
+
+  function update(row, s) {
+    const [, active, state, current, expected, synced] = row.cells_;
+    setText(active, yesNo(s.active));
+    setText(state, s.state);
+    setText(current, s.current_sync_id);
+    setText(expected, status?.sync_id ?? registration?.sync_id ?? '');
+    setText(synced, yesNo(s.synced));
+    row.className = category(s);
+  }
+
+  const draw = throttle(() => {
+    const shown = JSON.stringify(registration);
+    if (registration && shown !== lastHead) {
+      lastHead = shown; // rebuild the fields only when they changed
+      fill(head, fields([
+        ['Name', registration.name], ['Short name', registration.short_name], ['Mode', registration.mode],
+        ['Sync ID', registration.sync_id], ['Sync ID set at', time(registration.sync_id_updated_at)],
+        ['Endpoint', registration.endpoint], ['Description', registration.description],
+        ['Platform', registration.platform], ['Region', registration.region],
+      ]));
+    }
+    bar.update(status, errorOf.status);
+    const subscribers = (status?.subscribers ?? []).filter((s) => matches(filter, s));
+    keyed(t.tbody, pages.slice(subscribers), (s) => s.namespace, create, update);
+    if (status && !marked) {
+      marked = true;
+      performance.mark('kayra:data'); // the first render with data (timed by the tests)
+    }
+    const messages = new Set(Object.values(errorOf).filter(Boolean).map((e) => e.message));
+    fill(errors, [...messages].map((m) => notice(m, 'error')));
+    const none = filter === 'all' ? 'No subscribers yet.' : 'No subscriber in this state.';
+    fill(empty, status && !subscribers.length ? notice(none) : null);
+  }, 100);
+
+  const wake = poker();
+  followObject(`/apiregistrations/${seg(name)}`, (r, error) => {
+    if (r && registration && r.sync_id !== registration.sync_id) wake.poke();
+    registration = r;
+    errorOf = { ...errorOf, registration: error };
+    draw();
+  }, { signal });
+  followObject(`/apiregistrations/${seg(name)}/status`, (s, error) => {
+    status = s;
+    errorOf = { ...errorOf, status: error };
+    draw();
+  }, {
+    signal,
+    stream: false, // /status is a computed document with no watch stream (§4.5)
+    wake,
+    interval: () => (status && status.subscribers.some((s) => !s.synced && s.state !== 'error') ? 1000 : 3000),
+  });
+}

@@ -1,0 +1,152 @@
+//! Runs (§4.4) through the catalog API: newest first by id, pagination,
+//! one run by id, RBAC on `subscriptions/runs`, and 404s. The reconciler
+//! that writes runs is not running here: records are put into the store
+//! directly, under keys whose last segment deliberately does not sort like
+//! the ids, since that segment is the reconciler's choice.
+
+use kayra_catalog::repo::keys;
+use kayra_core::{Run, RunResult, RunStep, RunTrigger};
+use reqwest::Method;
+use serde_json::{Value, json};
+
+use crate::both_backends;
+use crate::common::Server;
+
+const API: &str = "compute.example.com";
+const RUNS: &str = "/namespaces/core/subscriptions/compute.example.com/runs";
+
+/// A UUIDv7-shaped id whose time part is `n`: ids sort by `n`.
+pub fn run_id(n: u64) -> String {
+    format!("{:08x}-{:04x}-7000-8000-{:012x}", n >> 16, n & 0xffff, n)
+}
+
+pub fn run(namespace: &str, n: u64, result: RunResult) -> Run {
+    Run {
+        id: run_id(n),
+        namespace: namespace.into(),
+        api: API.into(),
+        sync_id: format!("s{n}"),
+        mode: "api".into(),
+        trigger: if n == 0 { RunTrigger::Initial } else { RunTrigger::Ongoing },
+        result,
+        error: if result == RunResult::Error { "step 0: POST answered 500".into() } else { String::new() },
+        started_at: "2026-02-01T00:00:03.200Z".into(),
+        finished_at: "2026-02-01T00:00:04.900Z".into(),
+        lock_id: 3,
+        reconciler: "host-a:4711".into(),
+        steps: vec![RunStep {
+            index: 0,
+            method: "POST".into(),
+            endpoint: "https://compute.local/api/v1/namespaces/core/sync".into(),
+            is_async: true,
+            attempts: 1,
+            status: if result == RunResult::Error { 500 } else { 202 },
+            error: String::new(),
+            duration_ms: 41,
+            outputs: [("JobID".to_string(), "77".to_string())].into(),
+        }],
+    }
+}
+
+/// Stores `run` as the reconciler would, under a key segment of its own.
+pub async fn put_run(server: &Server, run: &Run, segment: &str) {
+    let key =
+        format!("{}{segment}", keys::runs(&server.config.platform, &server.config.region, &run.namespace, &run.api));
+    server.repo.create(&key, run, "run").await.expect("store the run");
+}
+
+async fn setup(server: &Server) {
+    server.namespace("core").await;
+    server.registration(API, json!({"sync_id": "s1"})).await;
+    server.subscribe("core", API).await;
+}
+
+fn ids(list: &Value) -> Vec<String> {
+    list["items"].as_array().unwrap().iter().map(|r| r["id"].as_str().unwrap().to_string()).collect()
+}
+
+fn rule(resources: &[&str], verbs: &[&str]) -> Value {
+    json!([{"apis": ["catalog.example.com"], "resources": resources, "verbs": verbs}])
+}
+
+both_backends! {
+    async fn runs_are_listed_newest_first_and_paginated(server: Server) {
+        setup(&server).await;
+        assert_eq!(server.get(RUNS).await.expect(200), json!({"items": [], "continue": ""}));
+        // Key segments sort opposite to the ids.
+        for n in 1..=5u64 {
+            let result = if n % 2 == 0 { RunResult::Error } else { RunResult::Success };
+            put_run(&server, &run("core", n, result), &format!("k{}", 9 - n)).await;
+        }
+        // Another subscription's runs stay out of this one's list.
+        server.namespace("web").await;
+        server.subscribe("web", API).await;
+        put_run(&server, &run("web", 9, RunResult::Success), "a").await;
+
+        let all = server.get(RUNS).await.expect(200);
+        assert_eq!(ids(&all), (1..=5).rev().map(run_id).collect::<Vec<_>>());
+        assert_eq!(all["continue"], "");
+        // Exactly the stored record, every field.
+        assert_eq!(all["items"][0], serde_json::to_value(run("core", 5, RunResult::Success)).unwrap());
+        assert_eq!(all["items"][1]["steps"][0]["async"], true);
+        assert_eq!(all["items"][1]["result"], "error");
+
+        let mut seen = Vec::new();
+        let mut token = String::new();
+        loop {
+            let page = server.get(&format!("{RUNS}?limit=2&continue={token}")).await.expect(200);
+            assert!(ids(&page).len() <= 2, "{page}");
+            seen.extend(ids(&page));
+            token = page["continue"].as_str().unwrap().to_string();
+            if token.is_empty() {
+                break;
+            }
+        }
+        assert_eq!(seen, (1..=5).rev().map(run_id).collect::<Vec<_>>());
+        // A token belongs to its subscription's runs.
+        let first = server.get(&format!("{RUNS}?limit=1")).await.expect(200);
+        let token = first["continue"].as_str().unwrap();
+        server.get(&format!("/namespaces/web/subscriptions/{API}/runs?continue={token}")).await.error(400, &["continue"]);
+        server.get(&format!("{RUNS}?continue=not-a-token!")).await.error(400, &["continue"]);
+    }
+
+    async fn one_run_by_id(server: Server) {
+        setup(&server).await;
+        let stored = run("core", 7, RunResult::Error);
+        put_run(&server, &stored, "whatever").await;
+        let got = server.get(&format!("{RUNS}/{}", run_id(7))).await.expect(200);
+        assert_eq!(got, serde_json::to_value(&stored).unwrap());
+        server.get(&format!("{RUNS}/{}", run_id(8))).await.error(404, &[&run_id(8)]);
+    }
+
+    async fn runs_of_a_missing_subscription_are_404(server: Server) {
+        setup(&server).await;
+        server.registration("other.example.com", json!({})).await;
+        server.get("/namespaces/core/subscriptions/other.example.com/runs").await
+            .error(404, &["core", "other.example.com"]);
+        server.get(&format!("/namespaces/core/subscriptions/other.example.com/runs/{}", run_id(1))).await
+            .error(404, &["other.example.com"]);
+        server.get(&format!("/namespaces/missing/subscriptions/{API}/runs")).await.error(404, &["missing"]);
+        // A deleted subscription's leftover runs are not served.
+        put_run(&server, &run("core", 1, RunResult::Success), "x").await;
+        server.delete(&format!("/namespaces/core/subscriptions/{API}")).await.expect(204);
+        server.get(RUNS).await.error(404, &["core", API]);
+        server.get(&format!("{RUNS}/{}", run_id(1))).await.error(404, &[API]);
+    }
+
+    async fn runs_need_subscriptions_runs(server: Server) {
+        setup(&server).await;
+        put_run(&server, &run("core", 1, RunResult::Success), "x").await;
+        let one = format!("{RUNS}/{}", run_id(1));
+        let reader = server.user_with_rules("reader", rule(&["subscriptions"], &["get", "list"])).await;
+        server.call(Method::GET, RUNS, Some(&reader), None).await
+            .error(403, &["reader", "subscriptions/runs", "list"]);
+        server.call(Method::GET, &one, Some(&reader), None).await.error(403, &["subscriptions/runs", "get"]);
+        let lister = server.user_with_rules("lister", rule(&["subscriptions/runs"], &["list"])).await;
+        server.call(Method::GET, RUNS, Some(&lister), None).await.expect(200);
+        server.call(Method::GET, &one, Some(&lister), None).await.error(403, &["subscriptions/runs", "get"]);
+        let getter = server.user_with_rules("getter", rule(&["subscriptions/runs"], &["get"])).await;
+        server.call(Method::GET, &one, Some(&getter), None).await.expect(200);
+        server.call(Method::GET, RUNS, Some(&getter), None).await.error(403, &["subscriptions/runs", "list"]);
+    }
+}
