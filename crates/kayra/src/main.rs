@@ -112,7 +112,7 @@ async fn reconciler(common: Common) -> anyhow::Result<()> {
     let cancel = signal::shutdown_token();
     let store = kayra_store::Store::open(&config.database).await.context("open store")?;
     let repo = kayra_catalog::repo::Repository::new(store.clone(), &config.platform, &config.region);
-    let reconciler = kayra_catalog::reconciler::Reconciler::new(repo, config.reconciler.clone(), cancel.clone())?;
+    let reconciler = kayra_reconciler::Reconciler::new(repo, config.reconciler.clone(), cancel.clone())?;
     let listener = tokio::net::TcpListener::bind(&config.reconciler.listen)
         .await
         .with_context(|| format!("listen on {}", config.reconciler.listen))?;

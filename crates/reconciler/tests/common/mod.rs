@@ -6,10 +6,10 @@
 
 pub use kayra_testkit::{backend, eventually};
 
-use kayra_catalog::reconciler::Reconciler;
 use kayra_catalog::repo::{Repository, keys};
 use kayra_config::ReconcilerConfig;
 use kayra_core::{ApiRegistration, Namespace, Subscription};
+use kayra_reconciler::Reconciler;
 use kayra_store::Store;
 use tokio_util::sync::CancellationToken;
 

@@ -39,10 +39,10 @@ use kayra_core::{ApiRegistration, Namespace, Subscription};
 use kayra_store::{Event, Revision};
 use tokio_util::sync::CancellationToken;
 
-use crate::pipeline::{Pipelines, ValidationError};
-use crate::repo::{Repository, keys};
 use ensure::{Trigger, Worker};
 use index::Index;
+use kayra_catalog::pipeline::{Pipelines, ValidationError};
+use kayra_catalog::repo::{Repository, keys};
 use locks::JobLocks;
 use pool::Pool;
 
@@ -76,7 +76,7 @@ impl Reconciler {
         let pipelines = Pipelines::compile(&config)?;
         let locks = JobLocks::new(repo.store().job_locker());
         let pool = Pool::new(config.max_concurrent_reconciles);
-        let worker = Worker { repo, config, pipelines, client: crate::pipeline::http_client(), locks, cancel };
+        let worker = Worker { repo, config, pipelines, client: kayra_catalog::pipeline::http_client(), locks, cancel };
         Ok(Self { worker: Arc::new(worker), pool, index: Index::default(), ready: Arc::default() })
     }
 
@@ -87,7 +87,7 @@ impl Reconciler {
 
     /// Runs until the cancel token fires, then waits for every in-flight
     /// operation before returning (seed: "Reconciler.Run waits").
-    pub async fn run(mut self) -> Result<(), crate::repo::Error> {
+    pub async fn run(mut self) -> Result<(), kayra_catalog::repo::Error> {
         let cancel = self.worker.cancel.clone();
         let result = loop {
             if cancel.is_cancelled() {
@@ -111,7 +111,7 @@ impl Reconciler {
     }
 
     /// One listing → watching cycle. Returns when a stream ends or on cancel.
-    async fn list_and_watch(&mut self, cancel: &CancellationToken) -> Result<(), crate::repo::Error> {
+    async fn list_and_watch(&mut self, cancel: &CancellationToken) -> Result<(), kayra_catalog::repo::Error> {
         let repo = self.worker.repo.clone();
         self.index = Index::default();
 
@@ -225,7 +225,7 @@ async fn watch(
     prefix: &str,
     listed_at: Revision,
     kind: Kind,
-) -> Result<futures::stream::BoxStream<'static, (Kind, Event)>, crate::repo::Error> {
+) -> Result<futures::stream::BoxStream<'static, (Kind, Event)>, kayra_catalog::repo::Error> {
     let stream = store.watch(prefix, listed_at + 1).await?;
     Ok(stream.map(move |e| (kind, e)).boxed())
 }

@@ -27,9 +27,9 @@ use kayra_core::{ApiRegistration, Subscription};
 use kayra_store::Revision;
 
 use super::locks::JobLocks;
-use crate::pipeline::{PipelineError, Pipelines, SubscriptionContext};
-use crate::repo::tenancy::Recorded;
-use crate::repo::{Repository, Versioned, keys};
+use kayra_catalog::pipeline::{PipelineError, Pipelines, SubscriptionContext};
+use kayra_catalog::repo::tenancy::Recorded;
+use kayra_catalog::repo::{Repository, Versioned, keys};
 
 /// Everything a job needs; shared by every job of one reconciler.
 pub struct Worker {
@@ -124,7 +124,7 @@ impl Worker {
         guard.release().await;
     }
 
-    async fn needs_work(&self, namespace: &str, api: &str, trigger: Trigger) -> crate::repo::Result<bool> {
+    async fn needs_work(&self, namespace: &str, api: &str, trigger: Trigger) -> kayra_catalog::repo::Result<bool> {
         let Some(sub) = self.repo.get_subscription(namespace, api).await? else { return Ok(false) };
         let Some(reg) = self.repo.get_registration(api).await? else { return Ok(false) };
         if sub.value.is_synced(&reg.value.sync_id) {
@@ -139,7 +139,7 @@ impl Worker {
         api: &str,
         trigger: Trigger,
         lock_id: usize,
-    ) -> crate::repo::Result<()> {
+    ) -> kayra_catalog::repo::Result<()> {
         let mut failures = 0;
         loop {
             if self.cancel.is_cancelled() {
@@ -176,7 +176,7 @@ impl Worker {
         reg: &Versioned<ApiRegistration>,
         mut failures: u32,
         lock_id: usize,
-    ) -> crate::repo::Result<Next> {
+    ) -> kayra_catalog::repo::Result<Next> {
         let sync_id = &reg.value.sync_id;
         let started = Instant::now();
         metrics::gauge!(super::METRIC_IN_FLIGHT).increment(1.0);
@@ -253,12 +253,12 @@ impl Worker {
         Ok(())
     }
 
-    async fn last_attempt(&self, namespace: &str, api: &str) -> crate::repo::Result<Option<Attempt>> {
+    async fn last_attempt(&self, namespace: &str, api: &str) -> kayra_catalog::repo::Result<Option<Attempt>> {
         let key = keys::attempt(self.repo.platform(), self.repo.region(), namespace, api);
         Ok(self.repo.get::<Attempt>(&key).await?.map(|v| v.value))
     }
 
-    async fn record_attempt(&self, namespace: &str, api: &str, attempt: &Attempt) -> crate::repo::Result<()> {
+    async fn record_attempt(&self, namespace: &str, api: &str, attempt: &Attempt) -> kayra_catalog::repo::Result<()> {
         let key = keys::attempt(self.repo.platform(), self.repo.region(), namespace, api);
         loop {
             let result = match self.repo.get::<Attempt>(&key).await? {
@@ -268,7 +268,7 @@ impl Worker {
             };
             match result {
                 Ok(_) => return Ok(()),
-                Err(crate::repo::Error::Conflict(_) | crate::repo::Error::NotFound(_)) => continue,
+                Err(kayra_catalog::repo::Error::Conflict(_) | kayra_catalog::repo::Error::NotFound(_)) => continue,
                 Err(e) => return Err(e),
             }
         }
