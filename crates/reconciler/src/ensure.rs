@@ -1,35 +1,37 @@
 //! The jobs: namespace activation and `ensureReconciled` (seed, "Initial
-//! action" / "Ongoing action"; platform contract §7).
+//! action" / "Ongoing action"; platform contract §7) — the thin I/O around
+//! the pure decision in [`crate::decide`].
 //!
-//! ```text
-//! ensureReconciled(reg, sub):
-//!   already active and CurrentSyncID == reg.SyncID?  -> nothing to do
-//!   this exact (sub, reg) state already failed twice  -> nothing to do
-//!   reconcile(reg) succeeds -> CurrentSyncID = reg.SyncID (+ active, state success)
-//!   reconcile(reg) fails    -> state error (once), retry once right away,
-//!                              then wait for the next write to either record
-//! ```
-//!
-//! Every result is written with compare-and-swap against the revision the
-//! decision was made on: when the subscription changed meanwhile (a force
-//! re-sync, a delete) the write is dropped and the fresh record decides
-//! again, so a force re-sync racing a reconcile always causes one more.
+//! A subscription job: (1) asks the watch-fed [`View`] whether there is
+//! anything to do, with no store read; (2) takes its job lock without
+//! blocking (held elsewhere: the job goes back to the queue, not into a
+//! slot); (3) reads the subscription, registration and given-up record
+//! fresh and decides again; (4) reconciles and writes the result with
+//! compare-and-swap against the revision it decided on: when the
+//! subscription changed meanwhile (a force re-sync, a delete) the write is
+//! dropped and the fresh record decides again, so a force re-sync racing a
+//! reconcile always causes one more.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::Instant;
 
-use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use kayra_config::ReconcilerConfig;
-use kayra_core::{ApiRegistration, Subscription};
-use kayra_store::Revision;
-
-use super::locks::JobLocks;
 use kayra_catalog::pipeline::{PipelineError, Pipelines, SubscriptionContext};
 use kayra_catalog::repo::tenancy::Recorded;
-use kayra_catalog::repo::{Repository, Versioned, keys};
+use kayra_catalog::repo::{Repository, Versioned};
+use kayra_config::ReconcilerConfig;
+use kayra_core::{ApiRegistration, Subscription};
+
+use crate::decide::{self, Attempt, Decision, Observed, Outcome, Then, Write};
+use crate::locks::{Acquired, JobLocks};
+use crate::queue::{Cause, JobKey};
+use crate::view::View;
+
+/// A test-only fault injection: called with the job's key right before it
+/// reconciles (under its lock).
+pub type FaultHook = Arc<dyn Fn(&JobKey) + Send + Sync>;
 
 /// Everything a job needs; shared by every job of one reconciler.
 pub struct Worker {
@@ -39,6 +41,29 @@ pub struct Worker {
     pub client: reqwest::Client,
     pub locks: JobLocks,
     pub cancel: CancellationToken,
+    pub view: Arc<RwLock<View>>,
+    pub fault: Option<FaultHook>,
+}
+
+/// How a job ended, for the dispatcher.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum JobEnd {
+    Done,
+    /// Its lock is held by another process: retry from the queue.
+    LockBusy,
+}
+
+/// The SyncID a job works toward, readable by the dispatcher if the job panics.
+#[derive(Default)]
+pub struct SyncNote(Mutex<String>);
+
+impl SyncNote {
+    fn set(&self, sync_id: &str) {
+        sync_id.clone_into(&mut self.0.lock().unwrap_or_else(PoisonError::into_inner));
+    }
+    pub fn get(&self) -> String {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner).clone()
+    }
 }
 
 /// Why a reconcile did not succeed.
@@ -52,119 +77,117 @@ pub enum ReconcileError {
     Pipeline(#[from] PipelineError),
 }
 
-/// The last failed attempt on a subscription (stored under `keys::attempt`).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-struct Attempt {
-    subscription_revision: Revision,
-    registration_revision: Revision,
-}
-
-/// What dispatched a job.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Trigger {
-    /// reconcileExisting at startup: every record, unconditionally, so a
-    /// subscription that gave up before the restart is tried again (seed).
-    Startup,
-    /// A watch event (a write to the subscription or its registration).
-    Event,
-}
-
-/// What `ensureReconciled` does after one attempt.
-enum Next {
-    Done,
-    /// Read the records fresh and decide again, with this many failures so far.
-    Again {
-        failures: u32,
-    },
-}
-
-/// How many times one decision is attempted before waiting for the next write.
-const ATTEMPTS_PER_DECISION: u32 = 2;
-
 impl Worker {
-    /// Activates a namespace still `active: false` (seed, "Initial action").
-    pub async fn activate_namespace(self: Arc<Self>, name: String, lock_id: usize) {
-        let job = format!("namespaces/{name}");
-        let span = tracing::info_span!("activate", namespace = %name, lock_id, sync_id = "");
-        async move {
-            match self.repo.get_namespace(&name).await {
-                Ok(Some(ns)) if !ns.value.active => {}
-                Ok(_) => return,
-                Err(e) => return tracing::warn!(error = %e, "read namespace failed"),
+    /// Runs one job.
+    pub async fn run(&self, key: &JobKey, cause: Cause, lock_id: usize, note: &SyncNote) -> JobEnd {
+        match key {
+            JobKey::Namespace(name) => self.activate_namespace(key, name, lock_id).await,
+            JobKey::Subscription { namespace, api } => {
+                self.ensure_reconciled(key, namespace, api, cause, lock_id, note).await
             }
-            let Some(guard) = self.locks.lock(&job, &self.cancel).await else { return };
-            match self.repo.activate_namespace(&name).await {
-                Ok(Recorded::Written(_)) => tracing::info!("namespace activated"),
+        }
+    }
+
+    fn view(&self) -> std::sync::RwLockReadGuard<'_, View> {
+        self.view.read().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn view_mut(&self) -> std::sync::RwLockWriteGuard<'_, View> {
+        self.view.write().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Activates a namespace still `active: false` (seed, "Initial action").
+    async fn activate_namespace(&self, key: &JobKey, name: &str, lock_id: usize) -> JobEnd {
+        if !self.view().namespace_inactive(name) {
+            return JobEnd::Done;
+        }
+        let guard = match self.locks.try_lock(key).await {
+            Acquired::Held(guard) => guard,
+            Acquired::Busy => return JobEnd::LockBusy,
+        };
+        if let Some(fault) = &self.fault {
+            fault(key);
+        }
+        let span = tracing::info_span!("activate", namespace = %name, lock_id, sync_id = "");
+        async {
+            match self.repo.activate_namespace(name).await {
+                Ok(Recorded::Written(revision)) => {
+                    self.view_mut().put_namespace(name, true, revision);
+                    tracing::info!("namespace activated");
+                }
                 Ok(_) => {}
                 Err(e) => tracing::warn!(error = %e, "namespace activation failed"),
             }
-            guard.release().await;
         }
         .instrument(span)
-        .await
+        .await;
+        guard.release().await;
+        JobEnd::Done
     }
 
     /// `ensureReconciled` for one subscription.
-    pub async fn ensure_reconciled(self: Arc<Self>, namespace: String, api: String, trigger: Trigger, lock_id: usize) {
-        // Unlocked fast path: reads only, so an idle reconciler takes no
-        // locks and makes no writes.
-        match self.needs_work(&namespace, &api, trigger).await {
-            Ok(true) => {}
-            Ok(false) => return,
-            Err(e) => {
-                tracing::warn!(namespace, api, lock_id, sync_id = "", error = %e, "read subscription failed");
-                return;
-            }
+    async fn ensure_reconciled(
+        &self,
+        key: &JobKey,
+        namespace: &str,
+        api: &str,
+        cause: Cause,
+        lock_id: usize,
+        note: &SyncNote,
+    ) -> JobEnd {
+        // Unlocked: answered from the view, so an idle reconciler reads,
+        // locks and writes nothing.
+        if let Decision::Nothing(_) = self.view().decide(namespace, api, cause.startup) {
+            return JobEnd::Done;
         }
-        let job = format!("subscriptions/{namespace}/{api}");
-        let Some(guard) = self.locks.lock(&job, &self.cancel).await else { return };
-        if let Err(e) = self.ensure_locked(&namespace, &api, trigger, lock_id).await {
-            tracing::warn!(namespace, api, lock_id, sync_id = "", error = %e, "reconcile aborted: store error");
+        let guard = match self.locks.try_lock(key).await {
+            Acquired::Held(guard) => guard,
+            Acquired::Busy => return JobEnd::LockBusy,
+        };
+        if let Err(e) = self.ensure_locked(key, namespace, api, cause, lock_id, note).await {
+            tracing::warn!(namespace, api, lock_id, sync_id = %note.get(), error = %e, "reconcile aborted: store error");
         }
         guard.release().await;
-    }
-
-    async fn needs_work(&self, namespace: &str, api: &str, trigger: Trigger) -> kayra_catalog::repo::Result<bool> {
-        let Some(sub) = self.repo.get_subscription(namespace, api).await? else { return Ok(false) };
-        let Some(reg) = self.repo.get_registration(api).await? else { return Ok(false) };
-        if sub.value.is_synced(&reg.value.sync_id) {
-            return Ok(false);
-        }
-        Ok(trigger == Trigger::Startup || self.last_attempt(namespace, api).await? != Some(attempt_of(&sub, &reg)))
+        JobEnd::Done
     }
 
     async fn ensure_locked(
         &self,
+        key: &JobKey,
         namespace: &str,
         api: &str,
-        trigger: Trigger,
+        cause: Cause,
         lock_id: usize,
+        note: &SyncNote,
     ) -> kayra_catalog::repo::Result<()> {
         let mut failures = 0;
         loop {
             if self.cancel.is_cancelled() {
                 return Ok(());
             }
-            let Some(sub) = self.repo.get_subscription(namespace, api).await? else { return Ok(()) };
-            let Some(reg) = self.repo.get_registration(api).await? else {
-                // The registration is gone (or out of scope): nothing to reconcile toward.
+            let sub = self.repo.get_subscription(namespace, api).await?;
+            let reg = self.repo.get_registration(api).await?;
+            let given_up = self.given_up(namespace, api).await?;
+            let observed = Observed {
+                subscription: sub.as_ref().map(|s| (&s.value, s.revision)),
+                registration: reg.as_ref().map(|r| (&r.value, r.revision)),
+                given_up: given_up.as_ref(),
+            };
+            let (Decision::Reconcile { sync_id, .. }, Some(sub), Some(reg)) =
+                (decide::decide(&observed, cause.startup), &sub, &reg)
+            else {
                 return Ok(());
             };
-            if sub.value.is_synced(&reg.value.sync_id) {
-                return Ok(());
-            }
-            if failures == 0
-                && trigger == Trigger::Event
-                && self.last_attempt(namespace, api).await? == Some(attempt_of(&sub, &reg))
-            {
-                return Ok(()); // this exact state already failed: wait for the next write
+            note.set(&sync_id);
+            if let Some(fault) = &self.fault {
+                fault(key);
             }
             // One span per attempt, instrumenting (never entered across an
             // await), so every line inside carries all four fields.
-            let span = tracing::info_span!("reconcile", namespace, api, lock_id, sync_id = %reg.value.sync_id);
-            match self.attempt(&sub, &reg, failures, lock_id).instrument(span).await? {
-                Next::Done => return Ok(()),
-                Next::Again { failures: f } => failures = f,
+            let span = tracing::info_span!("reconcile", namespace, api, lock_id, sync_id = %sync_id);
+            match self.attempt(sub, reg, failures, lock_id).instrument(span).await? {
+                Step::Done => return Ok(()),
+                Step::Again { failures: f } => failures = f,
             }
         }
     }
@@ -174,59 +197,83 @@ impl Worker {
         &self,
         sub: &Versioned<Subscription>,
         reg: &Versioned<ApiRegistration>,
-        mut failures: u32,
+        failures: u32,
         lock_id: usize,
-    ) -> kayra_catalog::repo::Result<Next> {
+    ) -> kayra_catalog::repo::Result<Step> {
         let sync_id = &reg.value.sync_id;
         let started = Instant::now();
         metrics::gauge!(super::METRIC_IN_FLIGHT).increment(1.0);
         let result = self.reconcile(&reg.value, &sub.value, lock_id).await;
         metrics::gauge!(super::METRIC_IN_FLIGHT).decrement(1.0);
         metrics::histogram!(super::METRIC_DURATION).record(started.elapsed().as_secs_f64());
-        match result {
-            Ok(()) => {
-                metrics::counter!(super::METRIC_RECONCILES, "result" => "success").increment(1);
-                let first = !sub.value.active;
-                let recorded = if first {
-                    self.repo.activate_subscription(sub, sync_id).await?
-                } else {
-                    self.repo.set_subscription_sync_id(sub, sync_id).await?
-                };
-                if recorded == Recorded::Stale {
-                    tracing::info!("subscription changed during reconcile; deciding again");
-                    return Ok(Next::Again { failures: 0 });
-                }
-                let what = if first { "subscription activated" } else { "subscription reconciled" };
-                tracing::info!(result = "success", "{what}");
-                Ok(Next::Done)
-            }
+        let outcome = match &result {
+            Ok(()) => Outcome::Succeeded,
+            Err(ReconcileError::Pipeline(PipelineError::Cancelled)) => Outcome::Cancelled,
+            Err(_) => Outcome::Failed,
+        };
+        let label = match outcome {
+            Outcome::Succeeded => "success",
+            Outcome::Failed => "error",
+            Outcome::Cancelled => "cancelled",
+        };
+        metrics::counter!(super::METRIC_RECONCILES, "result" => label).increment(1);
+        match &result {
             Err(ReconcileError::Pipeline(PipelineError::Cancelled)) => {
-                metrics::counter!(super::METRIC_RECONCILES, "result" => "cancelled").increment(1);
                 tracing::info!("reconcile stopped between steps: shutting down");
-                Ok(Next::Done)
             }
-            Err(e) => {
-                metrics::counter!(super::METRIC_RECONCILES, "result" => "error").increment(1);
-                failures += 1;
-                tracing::warn!(result = "error", attempt = failures, error = %e, "reconcile failed");
-                let after = match self.repo.mark_subscription_error(sub).await? {
-                    Recorded::Stale => {
-                        tracing::info!("subscription changed during reconcile; deciding again");
-                        return Ok(Next::Again { failures: 0 });
-                    }
-                    Recorded::Written(revision) => revision,
-                    Recorded::Unchanged => sub.revision,
-                };
-                if failures >= ATTEMPTS_PER_DECISION {
-                    let attempt = Attempt { subscription_revision: after, registration_revision: reg.revision };
-                    self.record_attempt(&sub.value.namespace, &sub.value.api, &attempt).await?;
-                    tracing::warn!("giving up until the subscription or its registration is written again");
-                    return Ok(Next::Done);
-                }
+            Err(e) => tracing::warn!(result = "error", attempt = failures + 1, error = %e, "reconcile failed"),
+            Ok(()) => {}
+        }
+        let (write, then) = decide::after(&sub.value, sync_id, outcome, failures);
+        let recorded = match &write {
+            Write::Success { sync_id } => self.repo.set_subscription_sync_id(sub, sync_id).await?,
+            Write::Error => self.repo.mark_subscription_error(sub).await?,
+            Write::Nothing => Recorded::Unchanged,
+        };
+        let after = match recorded {
+            Recorded::Stale => {
+                tracing::info!("subscription changed during reconcile; deciding again");
+                return Ok(Step::Again { failures: 0 });
+            }
+            Recorded::Written(revision) => {
+                self.feed_back(sub, &write, revision);
+                revision
+            }
+            Recorded::Unchanged => sub.revision,
+        };
+        if let Write::Success { .. } = write {
+            let what = if sub.value.active { "subscription reconciled" } else { "subscription activated" };
+            tracing::info!(result = "success", "{what}");
+        }
+        match then {
+            Then::Done => Ok(Step::Done),
+            Then::RetryNow => {
                 tracing::info!("retrying once right away");
-                Ok(Next::Again { failures })
+                Ok(Step::Again { failures: failures + 1 })
+            }
+            Then::GiveUp => {
+                let attempt = Attempt { subscription_revision: after, registration_revision: reg.revision };
+                self.record_given_up(&sub.value.namespace, &sub.value.api, &attempt).await?;
+                tracing::warn!("giving up until the subscription or its registration is written again");
+                Ok(Step::Done)
             }
         }
+    }
+
+    /// Puts this job's own write into the view, so a job run again right
+    /// after it does not wait for the watch's echo.
+    fn feed_back(&self, sub: &Versioned<Subscription>, write: &Write, revision: kayra_store::Revision) {
+        let mut next = sub.value.clone();
+        match write {
+            Write::Success { sync_id } => {
+                next.active = true;
+                next.state = kayra_core::SubscriptionState::Success;
+                next.current_sync_id.clone_from(sync_id);
+            }
+            Write::Error => next.state = kayra_core::SubscriptionState::Error,
+            Write::Nothing => return,
+        }
+        self.view_mut().put_subscription(next, revision);
     }
 
     /// reconcile(reg): run the mode's pipeline, or the placeholder.
@@ -253,36 +300,48 @@ impl Worker {
         Ok(())
     }
 
-    async fn last_attempt(&self, namespace: &str, api: &str) -> kayra_catalog::repo::Result<Option<Attempt>> {
-        let key = keys::attempt(self.repo.platform(), self.repo.region(), namespace, api);
+    async fn given_up(&self, namespace: &str, api: &str) -> kayra_catalog::repo::Result<Option<Attempt>> {
+        let key = attempt_key(&self.repo, namespace, api);
         Ok(self.repo.get::<Attempt>(&key).await?.map(|v| v.value))
     }
 
-    async fn record_attempt(&self, namespace: &str, api: &str, attempt: &Attempt) -> kayra_catalog::repo::Result<()> {
-        let key = keys::attempt(self.repo.platform(), self.repo.region(), namespace, api);
+    async fn record_given_up(&self, namespace: &str, api: &str, attempt: &Attempt) -> kayra_catalog::repo::Result<()> {
+        let key = attempt_key(&self.repo, namespace, api);
         loop {
             let result = match self.repo.get::<Attempt>(&key).await? {
-                Some(old) if old.value == *attempt => return Ok(()),
+                Some(old) if old.value == *attempt => break,
                 Some(old) => self.repo.update(&key, attempt, old.revision, "reconcile attempt").await,
                 None => self.repo.create(&key, attempt, "reconcile attempt").await,
             };
             match result {
-                Ok(_) => return Ok(()),
+                Ok(_) => break,
                 Err(kayra_catalog::repo::Error::Conflict(_) | kayra_catalog::repo::Error::NotFound(_)) => continue,
                 Err(e) => return Err(e),
             }
         }
-    }
-
-    /// Forgets the failed-attempt record of a deleted subscription.
-    pub async fn forget_attempt(&self, namespace: &str, api: &str) {
-        let key = keys::attempt(self.repo.platform(), self.repo.region(), namespace, api);
-        if let Ok(Some(_)) = self.repo.get::<Attempt>(&key).await {
-            let _ = self.repo.delete(&key, None, "reconcile attempt").await;
-        }
+        self.view_mut().put_given_up(namespace, api, *attempt);
+        Ok(())
     }
 }
 
-fn attempt_of(sub: &Versioned<Subscription>, reg: &Versioned<ApiRegistration>) -> Attempt {
-    Attempt { subscription_revision: sub.revision, registration_revision: reg.revision }
+/// Forgets the given-up record of a deleted subscription.
+pub async fn forget_given_up(repo: &Repository, namespace: &str, api: &str) {
+    let key = attempt_key(repo, namespace, api);
+    match repo.delete(&key, None, "reconcile attempt").await {
+        Ok(_) | Err(kayra_catalog::repo::Error::NotFound(_)) => {}
+        Err(e) => tracing::warn!(key, error = %e, "could not remove a deleted subscription's attempt record"),
+    }
+}
+
+fn attempt_key(repo: &Repository, namespace: &str, api: &str) -> String {
+    kayra_catalog::repo::keys::attempt(repo.platform(), repo.region(), namespace, api)
+}
+
+/// What [`Worker::attempt`] leaves to do.
+enum Step {
+    Done,
+    /// Read the records fresh and decide again, with this many failures so far.
+    Again {
+        failures: u32,
+    },
 }

@@ -1,50 +1,62 @@
 //! `Reconciler`: the controller behind `kayra reconciler` (seed,
-//! "Reconciler").
+//! "Reconciler"; `catalog.Reconciler` in the seed, `Reconciler.Run` is
+//! [`Reconciler::run`]).
 //!
 //! It runs as its own process, built on `store.Store.Watch`. `run` is an
 //! explicit state machine (kube-runtime's watcher): **listing** — list
-//! namespaces and activate the inactive ones, list every subscription of
-//! this deployment and run `ensureReconciled` on each (reconcileExisting) —
-//! then **watching** from the list's revision + 1, so nothing written in
-//! between is missed; if a watch stream ever ends, back to listing.
+//! namespaces, registrations, subscriptions and given-up attempts into a
+//! fresh [`view::View`] that replaces the old one whole, then queue every
+//! inactive namespace and every subscription with anything to do
+//! (reconcileExisting) — then **watching** from the list's revision + 1,
+//! so nothing written in between is missed; if a watch stream ever ends,
+//! back to listing.
 //!
-//! Reactions to watch events:
+//! Watch events update the view and queue jobs on the [`queue::WorkQueue`]:
 //! - namespace put, `active: false` → activation (initial action);
-//! - subscription put → `ensureReconciled` (initial action), unless the
-//!   record is already converged;
+//! - subscription put with anything to do → `ensureReconciled` (initial action);
 //! - registration put → the ongoing action's fan-out to every *active*
-//!   subscriber whose CurrentSyncID differs, found through the in-memory
-//!   [`index::Index`] instead of a store scan.
+//!   subscriber whose CurrentSyncID differs, found in the view.
 //!
-//! Every operation runs on the shared [`pool::Pool`] (its slot number is
-//! the `lock_id`) under a per-job lock ([`locks::JobLocks`]).
+//! A dispatcher takes a pool slot ([`pool::Pool`]; its number is the
+//! `lock_id`), then the queue's next key, and runs the job in its own task
+//! under its job lock ([`locks::JobLocks`]). A job that panics is logged
+//! once and its key is queued again; its slot and lock come back by RAII.
 //!
 //! # Layout
-//! - [`ensure`]: the jobs (`ensureReconciled`, namespace activation).
-//! - [`pool`]: the bounded, numbered worker pool.
-//! - [`locks`]: in-process + distributed per-job locks.
-//! - [`index`]: subscribers by API, registrations' SyncIDs.
+//! - [`decide`]: `ensureReconciled`'s decision, pure.
+//! - [`ensure`]: the jobs, the I/O around the decision.
+//! - [`queue`]: the work queue (coalescing, fair order).
+//! - [`pool`]: the numbered slots.
+//! - [`locks`]: cross-process job locks.
+//! - [`view`]: the watch-fed view of this deployment.
 
+pub mod decide;
 pub mod ensure;
-pub mod index;
 pub mod locks;
 pub mod pool;
+pub mod queue;
+pub mod view;
 
-use std::sync::Arc;
+use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, PoisonError};
+use std::time::Duration;
 
-use futures::StreamExt;
-use kayra_config::ReconcilerConfig;
-use kayra_core::{ApiRegistration, Namespace, Subscription};
-use kayra_store::{Event, Revision};
-use tokio_util::sync::CancellationToken;
-
-use ensure::{Trigger, Worker};
-use index::Index;
+use futures::{FutureExt, StreamExt};
 use kayra_catalog::pipeline::{Pipelines, ValidationError};
 use kayra_catalog::repo::{Repository, keys};
+use kayra_config::ReconcilerConfig;
+use kayra_core::{ApiRegistration, Namespace, RunTrigger, Subscription};
+use kayra_store::{Event, Revision};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use decide::{Attempt, Decision};
+use ensure::{FaultHook, JobEnd, SyncNote, Worker};
 use locks::JobLocks;
 use pool::Pool;
+use queue::{Cause, Class, JobKey, WorkQueue};
+use view::View;
 
 pub const METRIC_RECONCILES: &str = "kayra_reconciles_total";
 pub const METRIC_DURATION: &str = "kayra_reconcile_duration_seconds";
@@ -52,12 +64,19 @@ pub const METRIC_IN_FLIGHT: &str = "kayra_reconciles_in_flight";
 pub const METRIC_SLOTS_IN_USE: &str = "kayra_reconciler_pool_slots_in_use";
 pub const METRIC_LOCK_WAIT: &str = "kayra_reconciler_lock_wait_seconds";
 pub const METRIC_WATCH_EVENTS: &str = "kayra_reconciler_watch_events_total";
+pub const METRIC_QUEUE_DEPTH: &str = "kayra_work_queue_depth";
+pub const METRIC_PANICS: &str = "kayra_reconciler_job_panics_total";
+
+/// How long a key whose job panicked waits before it is queued again (a
+/// job that panics every time must not spin).
+const PANIC_BACKOFF: Duration = Duration::from_secs(1);
 
 /// The controller. Build with [`Reconciler::new`], drive with [`Reconciler::run`].
 pub struct Reconciler {
     worker: Arc<Worker>,
     pool: Pool,
-    index: Index,
+    queue: Arc<WorkQueue>,
+    tracker: TaskTracker,
     ready: Arc<AtomicBool>,
 }
 
@@ -67,20 +86,48 @@ enum Kind {
     Namespace,
     Registration,
     Subscription,
+    Attempt,
 }
 
 impl Reconciler {
     /// Compiles every mode's pipeline (the startup validation) and prepares
-    /// the pool and locks. `cancel` is the shutdown signal.
+    /// the pool, the queue and the locks. `cancel` is the shutdown signal.
     pub fn new(repo: Repository, config: ReconcilerConfig, cancel: CancellationToken) -> Result<Self, ValidationError> {
+        describe_metrics();
         let pipelines = Pipelines::compile(&config)?;
-        let locks = JobLocks::new(repo.store().job_locker());
+        let locks = JobLocks::new(repo.store().job_locker(), repo.platform(), repo.region());
         let pool = Pool::new(config.max_concurrent_reconciles);
-        let worker = Worker { repo, config, pipelines, client: kayra_catalog::pipeline::http_client(), locks, cancel };
-        Ok(Self { worker: Arc::new(worker), pool, index: Index::default(), ready: Arc::default() })
+        // This process's own order within an API (see `queue`).
+        let seed = rand_seed();
+        let worker = Worker {
+            repo,
+            config,
+            pipelines,
+            client: kayra_catalog::pipeline::http_client(),
+            locks,
+            cancel,
+            view: Arc::default(),
+            fault: None,
+        };
+        Ok(Self {
+            worker: Arc::new(worker),
+            pool,
+            queue: Arc::new(WorkQueue::new(seed)),
+            tracker: TaskTracker::new(),
+            ready: Arc::default(),
+        })
     }
 
-    /// Becomes true once the startup list has been dispatched (for `/readyz`).
+    /// Test-only fault injection: `hook` runs in every job right before it
+    /// acts under its lock (e.g. to make one panic). Call before `run`.
+    #[doc(hidden)]
+    pub fn set_fault_hook(&mut self, hook: FaultHook) {
+        if let Some(worker) = Arc::get_mut(&mut self.worker) {
+            worker.fault = Some(hook);
+        }
+    }
+
+    /// Becomes true once the startup list has been queued (for `/readyz`).
     pub fn ready_flag(&self) -> Arc<AtomicBool> {
         self.ready.clone()
     }
@@ -89,6 +136,13 @@ impl Reconciler {
     /// operation before returning (seed: "Reconciler.Run waits").
     pub async fn run(mut self) -> Result<(), kayra_catalog::repo::Error> {
         let cancel = self.worker.cancel.clone();
+        let dispatcher = tokio::spawn(dispatch(
+            self.worker.clone(),
+            self.pool.clone(),
+            self.queue.clone(),
+            self.tracker.clone(),
+            cancel.clone(),
+        ));
         let result = loop {
             if cancel.is_cancelled() {
                 break Ok(());
@@ -99,52 +153,75 @@ impl Reconciler {
                 Err(e) => {
                     tracing::warn!(error = %e, "reconciler list/watch failed; re-listing");
                     tokio::select! {
-                        _ = tokio::time::sleep(std::time::Duration::from_secs(1)) => {}
+                        _ = tokio::time::sleep(Duration::from_secs(1)) => {}
                         _ = cancel.cancelled() => {}
                     }
                 }
             }
         };
-        self.pool.close_and_wait().await;
+        self.queue.close();
+        let _ = dispatcher.await;
+        self.pool.close();
+        self.tracker.close();
+        self.tracker.wait().await;
         tracing::info!("reconciler stopped; every in-flight operation finished");
         result
+    }
+
+    fn view(&self) -> std::sync::RwLockWriteGuard<'_, View> {
+        self.worker.view.write().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// One listing → watching cycle. Returns when a stream ends or on cancel.
     async fn list_and_watch(&mut self, cancel: &CancellationToken) -> Result<(), kayra_catalog::repo::Error> {
         let repo = self.worker.repo.clone();
-        self.index = Index::default();
+        let (platform, region) = (repo.platform().to_string(), repo.region().to_string());
+        let attempts_prefix = attempts_prefix(&platform, &region);
 
+        let mut view = View::default();
         let (namespaces, ns_rev) = repo.list_namespaces().await?;
+        for ns in &namespaces {
+            view.put_namespace(&ns.value.name, ns.value.active, ns.revision);
+        }
         let (registrations, reg_rev) = repo.list_registrations().await?;
-        for reg in &registrations {
-            self.index.put_registration(&reg.value);
+        for reg in registrations {
+            view.put_registration(reg.value, reg.revision);
         }
         let (subscriptions, sub_rev) = repo.list_subscriptions().await?;
-        for sub in &subscriptions {
-            self.index.put_subscription(&sub.value);
+        let subscription_count = subscriptions.len();
+        for sub in subscriptions {
+            view.put_subscription(sub.value, sub.revision);
+        }
+        let (attempts, attempt_rev) =
+            repo.store().list_all(&attempts_prefix).await.map_err(kayra_catalog::repo::Error::from)?;
+        for kv in &attempts {
+            let parsed = serde_json::from_slice::<Attempt>(&kv.value);
+            if let (Some((ns, api)), Ok(attempt)) = (attempt_parts(&attempts_prefix, &kv.key), parsed) {
+                view.put_given_up(ns, api, attempt);
+            }
         }
         tracing::info!(
             namespaces = namespaces.len(),
-            registrations = registrations.len(),
-            subscriptions = subscriptions.len(),
+            subscriptions = subscription_count,
             "listed; reconciling existing records"
         );
-        for ns in namespaces.into_iter().filter(|ns| !ns.value.active) {
-            self.dispatch_namespace(ns.value.name).await;
+        // Deletes missed while not watching: their attempt records go.
+        for (ns, api) in view.orphaned_given_up() {
+            view.delete_given_up(&ns, &api);
+            let repo = repo.clone();
+            self.tracker.spawn(async move { ensure::forget_given_up(&repo, &ns, &api).await });
         }
-        for sub in subscriptions {
-            if !self.index.is_converged(&sub.value) {
-                self.dispatch_subscription(sub.value.namespace, sub.value.api, Trigger::Startup).await;
-            }
-        }
+        // The view is replaced whole: nothing of the previous list survives.
+        *self.view() = view;
+        self.queue_existing();
         self.ready.store(true, Ordering::SeqCst);
 
         let store = repo.store();
         let streams = vec![
             watch(store, keys::NAMESPACES, ns_rev, Kind::Namespace).await?,
-            watch(store, &keys::registrations(repo.platform(), repo.region()), reg_rev, Kind::Registration).await?,
-            watch(store, &keys::subscriptions(repo.platform(), repo.region()), sub_rev, Kind::Subscription).await?,
+            watch(store, &keys::registrations(&platform, &region), reg_rev, Kind::Registration).await?,
+            watch(store, &keys::subscriptions(&platform, &region), sub_rev, Kind::Subscription).await?,
+            watch(store, &attempts_prefix, attempt_rev, Kind::Attempt).await?,
         ];
         let mut events = futures::stream::select_all(streams);
         loop {
@@ -156,68 +233,213 @@ impl Reconciler {
                 tracing::warn!("watch stream ended; re-listing");
                 return Ok(());
             };
-            self.handle(kind, event).await;
+            self.handle(kind, event, &attempts_prefix);
         }
     }
 
-    async fn handle(&mut self, kind: Kind, event: Event) {
-        let label = match (&kind, &event) {
-            (Kind::Namespace, _) => "namespace",
-            (Kind::Registration, _) => "apiregistration",
-            (Kind::Subscription, _) => "subscription",
+    /// reconcileExisting: every inactive namespace and every subscription
+    /// with anything to do, given-up ones included (seed: "unconditionally,
+    /// on every kayra reconciler startup").
+    /// A later re-list (the watch was lost) is no restart: it queues what
+    /// has anything to do, but leaves given-up subscriptions alone.
+    fn queue_existing(&self) {
+        let startup = !self.ready.load(Ordering::SeqCst);
+        let cause = Cause::new(if startup { RunTrigger::Startup } else { RunTrigger::Initial });
+        let view = self.worker.view.read().unwrap_or_else(PoisonError::into_inner);
+        for name in view.inactive_namespaces() {
+            self.queue.add(JobKey::Namespace(name), cause, Class::Activation);
+        }
+        for (ns, api) in view.subscription_keys() {
+            if let Decision::Reconcile { activate, .. } = view.decide(&ns, &api, startup) {
+                let class = if activate { Class::Activation } else { Class::Ongoing };
+                self.queue.add(JobKey::subscription(ns, api), cause, class);
+            }
+        }
+    }
+
+    fn handle(&mut self, kind: Kind, event: Event, attempts_prefix: &str) {
+        let label = match kind {
+            Kind::Namespace => "namespace",
+            Kind::Registration => "apiregistration",
+            Kind::Subscription => "subscription",
+            Kind::Attempt => "reconcileattempt",
         };
         metrics::counter!(METRIC_WATCH_EVENTS, "resource" => label).increment(1);
         match (kind, event) {
             (Kind::Namespace, Event::Put(kv)) => match serde_json::from_slice::<Namespace>(&kv.value) {
-                Ok(ns) if !ns.active => self.dispatch_namespace(ns.name).await,
-                Ok(_) => {}
+                Ok(ns) => {
+                    self.view().put_namespace(&ns.name, ns.active, kv.mod_revision);
+                    if !ns.active {
+                        self.queue.add(JobKey::Namespace(ns.name), Cause::new(RunTrigger::Initial), Class::Activation);
+                    }
+                }
                 Err(e) => tracing::warn!(key = %kv.key, error = %e, "unreadable namespace record ignored"),
             },
+            (Kind::Namespace, Event::Delete { key, .. }) => {
+                if let Some(name) = key.strip_prefix(keys::NAMESPACES) {
+                    self.view().delete_namespace(name);
+                }
+            }
             (Kind::Registration, Event::Put(kv)) => match serde_json::from_slice::<ApiRegistration>(&kv.value) {
                 Ok(reg) => {
-                    self.index.put_registration(&reg);
+                    let (name, sync_id) = (reg.name.clone(), reg.sync_id.clone());
+                    let behind = {
+                        let mut view = self.view();
+                        view.put_registration(reg, kv.mod_revision);
+                        view.behind(&name, &sync_id)
+                    };
                     // The ongoing action: every active subscriber behind the new SyncID.
-                    for namespace in self.index.behind(&reg.name, &reg.sync_id) {
-                        self.dispatch_subscription(namespace, reg.name.clone(), Trigger::Event).await;
+                    for namespace in behind {
+                        let key = JobKey::subscription(namespace, name.clone());
+                        self.queue.add(key, Cause::new(RunTrigger::Ongoing), Class::Ongoing);
                     }
                 }
                 Err(e) => tracing::warn!(key = %kv.key, error = %e, "unreadable api registration record ignored"),
             },
             (Kind::Registration, Event::Delete { key, .. }) => {
                 if let Some(name) = self.worker.repo.registration_key_name(&key) {
-                    self.index.delete_registration(name);
+                    self.view().delete_registration(name);
                 }
             }
             (Kind::Subscription, Event::Put(kv)) => match serde_json::from_slice::<Subscription>(&kv.value) {
-                Ok(sub) => {
-                    self.index.put_subscription(&sub);
-                    if !self.index.is_converged(&sub) {
-                        self.dispatch_subscription(sub.namespace, sub.api, Trigger::Event).await;
-                    }
-                }
+                Ok(sub) => self.subscription_put(sub, kv.mod_revision),
                 Err(e) => tracing::warn!(key = %kv.key, error = %e, "unreadable subscription record ignored"),
             },
             (Kind::Subscription, Event::Delete { key, .. }) => {
                 if let Some((namespace, api)) = self.worker.repo.subscription_key_parts(&key) {
                     let (namespace, api) = (namespace.to_string(), api.to_string());
-                    self.index.delete_subscription(&namespace, &api);
-                    let worker = self.worker.clone();
-                    self.pool.submit(move |_| async move { worker.forget_attempt(&namespace, &api).await }).await;
+                    let had_record = {
+                        let mut view = self.view();
+                        view.delete_subscription(&namespace, &api);
+                        view.delete_given_up(&namespace, &api)
+                    };
+                    if had_record {
+                        let repo = self.worker.repo.clone();
+                        self.tracker.spawn(async move { ensure::forget_given_up(&repo, &namespace, &api).await });
+                    }
                 }
             }
-            (Kind::Namespace, Event::Delete { .. }) => {}
+            (Kind::Attempt, Event::Put(kv)) => {
+                if let (Some((ns, api)), Ok(attempt)) =
+                    (attempt_parts(attempts_prefix, &kv.key), serde_json::from_slice::<Attempt>(&kv.value))
+                {
+                    self.view().put_given_up(ns, api, attempt);
+                }
+            }
+            (Kind::Attempt, Event::Delete { key, .. }) => {
+                if let Some((ns, api)) = attempt_parts(attempts_prefix, &key) {
+                    self.view().delete_given_up(ns, api);
+                }
+            }
         }
     }
 
-    async fn dispatch_namespace(&self, name: String) {
-        let worker = self.worker.clone();
-        self.pool.submit(move |slot| worker.activate_namespace(name, slot)).await;
+    /// A write to a subscription: the initial action (or a force re-sync).
+    fn subscription_put(&mut self, sub: Subscription, revision: Revision) {
+        let (namespace, api) = (sub.namespace.clone(), sub.api.clone());
+        let resync = sub.active && sub.current_sync_id.is_empty();
+        let decision = {
+            let mut view = self.view();
+            view.put_subscription(sub, revision);
+            view.decide(&namespace, &api, false)
+        };
+        if let Decision::Reconcile { activate, .. } = decision {
+            let trigger = if resync { RunTrigger::Resync } else { RunTrigger::Initial };
+            let class = if activate { Class::Activation } else { Class::Ongoing };
+            self.queue.add(JobKey::subscription(namespace, api), Cause::new(trigger), class);
+        }
     }
+}
 
-    async fn dispatch_subscription(&self, namespace: String, api: String, trigger: Trigger) {
-        let worker = self.worker.clone();
-        self.pool.submit(move |slot| worker.ensure_reconciled(namespace, api, trigger, slot)).await;
+/// Takes a slot, then the next key, and runs its job in its own task: so
+/// only running jobs hold slots, however many wait.
+async fn dispatch(
+    worker: Arc<Worker>,
+    pool: Pool,
+    queue: Arc<WorkQueue>,
+    tracker: TaskTracker,
+    cancel: CancellationToken,
+) {
+    loop {
+        let slot = tokio::select! {
+            slot = pool.acquire() => slot,
+            _ = cancel.cancelled() => None,
+        };
+        let Some(slot) = slot else { break };
+        let next = tokio::select! {
+            next = queue.next() => next,
+            _ = cancel.cancelled() => None,
+        };
+        let Some((key, cause, class)) = next else { break };
+        let (worker, queue) = (worker.clone(), queue.clone());
+        tracker.spawn(async move {
+            let lock_id = slot.id();
+            let note = SyncNote::default();
+            let end = AssertUnwindSafe(worker.run(&key, cause, lock_id, &note)).catch_unwind().await;
+            drop(slot);
+            queue.done(&key);
+            match end {
+                Ok(JobEnd::Done) => {}
+                Ok(JobEnd::LockBusy) => queue.add_after(key, cause, class, worker.locks.retry_interval()),
+                Err(panic) => {
+                    let why = panic_message(panic.as_ref());
+                    let (namespace, api) = match &key {
+                        JobKey::Namespace(ns) => (ns.clone(), String::new()),
+                        JobKey::Subscription { namespace, api } => (namespace.clone(), api.clone()),
+                    };
+                    metrics::counter!(METRIC_PANICS).increment(1);
+                    tracing::error!(namespace, api, lock_id, sync_id = %note.get(), panic = %why, "reconcile job panicked; its key is queued again");
+                    queue.add_after(key, cause, class, PANIC_BACKOFF);
+                }
+            }
+        });
     }
+}
+
+fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_string())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "non-string panic".into())
+}
+
+fn rand_seed() -> u64 {
+    use std::hash::{BuildHasher, RandomState};
+    RandomState::new().hash_one(std::process::id())
+}
+
+/// Every reconciler metric, described and present from startup (counters at 0).
+fn describe_metrics() {
+    use metrics::{describe_counter, describe_gauge, describe_histogram};
+    describe_counter!(METRIC_RECONCILES, "Reconcile attempts by result (success, error, cancelled).");
+    describe_histogram!(METRIC_DURATION, metrics::Unit::Seconds, "Duration of one reconcile attempt.");
+    describe_gauge!(METRIC_IN_FLIGHT, "Reconciles running now.");
+    describe_gauge!(METRIC_SLOTS_IN_USE, "Pool slots held by running jobs.");
+    describe_histogram!(METRIC_LOCK_WAIT, metrics::Unit::Seconds, "Time to take a free job lock.");
+    describe_counter!(METRIC_WATCH_EVENTS, "Watch events seen, by resource.");
+    describe_gauge!(METRIC_QUEUE_DEPTH, "Jobs waiting in the work queue.");
+    describe_counter!(METRIC_PANICS, "Reconcile jobs that panicked (their keys are queued again).");
+    for result in ["success", "error", "cancelled"] {
+        metrics::counter!(METRIC_RECONCILES, "result" => result).increment(0);
+    }
+    for resource in ["namespace", "apiregistration", "subscription", "reconcileattempt"] {
+        metrics::counter!(METRIC_WATCH_EVENTS, "resource" => resource).increment(0);
+    }
+    metrics::counter!(METRIC_PANICS).increment(0);
+    metrics::gauge!(METRIC_IN_FLIGHT).set(0.0);
+    metrics::gauge!(METRIC_SLOTS_IN_USE).set(0.0);
+    metrics::gauge!(METRIC_QUEUE_DEPTH).set(0.0);
+}
+
+/// This deployment's given-up attempt records.
+fn attempts_prefix(platform: &str, region: &str) -> String {
+    keys::attempt(platform, region, "", "").trim_end_matches('/').to_string() + "/"
+}
+
+/// `(namespace, api)` of an attempt record's key.
+fn attempt_parts<'k>(prefix: &str, key: &'k str) -> Option<(&'k str, &'k str)> {
+    key.strip_prefix(prefix)?.split_once('/')
 }
 
 async fn watch(

@@ -155,6 +155,13 @@ pub trait JobLocker: Send + Sync + 'static {
     /// Blocks until this process holds `job`, retrying a non-blocking
     /// try-lock every `lock_retry_interval`.
     async fn lock(&self, job: &str) -> Result<JobLock>;
+    /// One non-blocking attempt: `None` when another holder has `job` (a
+    /// caller that waits retries it every [`JobLocker::retry_interval`]).
+    async fn try_lock(&self, job: &str) -> Result<Option<JobLock>>;
+    /// `lock_retry_interval`: how often a blocked caller retries.
+    fn retry_interval(&self) -> std::time::Duration {
+        std::time::Duration::from_millis(250)
+    }
     /// Releases a lock taken by [`JobLocker::lock`].
     async fn unlock(&self, lock: JobLock) -> Result<()>;
 }
@@ -167,6 +174,9 @@ pub struct JobLock {
     pub job: String,
     /// The backend's own key for the held mutex.
     pub key: String,
+    /// That key's create revision: grows each time any process takes the
+    /// job's lock (the fencing token, platform contract §7).
+    pub create_revision: Revision,
 }
 
 /// The storage handle every component uses.
