@@ -7,14 +7,17 @@
 //! - [`api`] (feature `api`, on by default): the `/apis/catalog.example.com/v1`
 //!   routes. The reconciler builds this crate without it, so it links no
 //!   HTTP server (axum) nor OpenAPI (utoipa).
-//! - [`pipeline`]: reconcile's real implementation, the HTTP step pipeline.
+//!
+//! The HTTP step pipeline lives in `kayra_pipeline`, re-exported here as
+//! [`pipeline`].
 //!
 //! The reconciler itself (`Reconciler.Run`, `ensureReconciled`) is the
 //! `kayra-reconciler` crate (`crates/reconciler`).
 
 #[cfg(feature = "api")]
 pub mod api;
-pub mod pipeline;
 pub mod repo;
+
+pub use kayra_pipeline as pipeline;
 
 pub use kayra_config::{ASYNC_STEP_ACK_TIMEOUT, DEFAULT_MAX_CONCURRENT_RECONCILES, WAIT_POLL_INTERVAL};

@@ -20,7 +20,7 @@ use serde::Deserialize;
 use thiserror::Error;
 
 pub use duration::Duration;
-pub use step::{HeaderValue, Step, WaitCondition};
+pub use step::{HeaderValue, MAX_STEP_TIMEOUT, Step, TypedHeader, WaitCondition};
 
 /// Default for `reconciler.max_concurrent_reconciles`
 /// (seed: `catalog.DefaultMaxConcurrentReconciles`).
@@ -484,6 +484,15 @@ impl Config {
         if self.reconciler.wait_poll_interval.0.is_zero() {
             return Err(invalid("reconciler.wait_poll_interval", "must be greater than zero"));
         }
+        // Both feed clock arithmetic at run time; a day is far past any use.
+        for (key, value) in [
+            ("reconciler.wait_poll_interval", self.reconciler.wait_poll_interval),
+            ("reconciler.async_ack_timeout", self.reconciler.async_ack_timeout),
+        ] {
+            if value.0 > MAX_STEP_TIMEOUT {
+                return Err(invalid(key, "must be at most 24h"));
+            }
+        }
         for (mode, steps) in &self.reconciler.mode {
             for (index, step) in steps.iter().enumerate() {
                 step.validate().map_err(|(field, message)| Error::Invalid {
@@ -647,6 +656,55 @@ reconciler:
         assert!(e.contains("region"), "{e}");
         let e = err("database:\n  request_timeout: 0s\n  local: {}\n");
         assert!(e.contains("database.request_timeout"), "{e}");
+        let e = err("reconciler:\n  wait_poll_interval: 300000000000y\n");
+        assert!(e.contains("reconciler.wait_poll_interval: must be at most 24h"), "{e}");
+        let e = err("reconciler:\n  async_ack_timeout: 25h\n");
+        assert!(e.contains("reconciler.async_ack_timeout"), "{e}");
+    }
+
+    #[test]
+    fn step_timeouts_over_a_day_are_refused() {
+        let step = |t: &str| {
+            format!("reconciler:\n  mode:\n    api:\n      - {{method: get, endpoint: x, timeout: \"{t}\"}}\n")
+        };
+        for t in ["300000000000y", "25h", "86401s"] {
+            let e = err(&step(t));
+            assert!(e.contains("reconciler.mode.api[0].timeout: must be at most 24h"), "{t}: {e}");
+        }
+        let c = Config::parse(&step("24h"), "t").unwrap();
+        c.validate().unwrap();
+    }
+
+    #[test]
+    fn header_forms_parse_and_bad_ones_are_named() {
+        let yaml = "reconciler:\n  mode:\n    api:\n      - method: get\n        endpoint: x\n        headers:\n\
+                    \x20         A: plain\n          B: {type: Bearer, value: v}\n          C: {type: Bearer, secret: s}\n\
+                    \x20         D: {secret: s}\n          E: 50\n";
+        let c = Config::parse(yaml, "t").unwrap();
+        c.validate().unwrap();
+        let headers = &c.reconciler.mode["api"][0].headers;
+        assert!(matches!(&headers["A"], HeaderValue::Plain(v) if v == "plain"));
+        assert!(
+            matches!(&headers["C"], HeaderValue::Typed(TypedHeader { kind: Some(k), value: None, secret: Some(s) }) if k == "Bearer" && s == "s")
+        );
+        assert!(matches!(&headers["D"], HeaderValue::Typed(TypedHeader { kind: None, secret: Some(_), .. })));
+        assert!(matches!(&headers["E"], HeaderValue::Plain(v) if v == "50"));
+        let header = |h: &str| {
+            format!(
+                "reconciler:\n  mode:\n    api:\n      - method: get\n        endpoint: x\n        headers: {{X: {h}}}\n"
+            )
+        };
+        for (h, want) in [
+            ("{type: Bearer, value: v, secret: s}", "reconciler.mode.api[0].headers.X: set one of value and secret"),
+            ("{type: Bearer}", "reconciler.mode.api[0].headers.X: needs value"),
+            ("{value: v}", "reconciler.mode.api[0].headers.X: needs type with value"),
+            ("{secret: \"\"}", "reconciler.mode.api[0].headers.X: secret must name"),
+        ] {
+            let e = err(&header(h));
+            assert!(e.contains(want), "{h}: {e}");
+        }
+        let e = err(&header("{secrt: s}"));
+        assert!(e.contains("secrt"), "{e}");
     }
 
     #[test]

@@ -1,13 +1,20 @@
 //! One HTTP call of a reconcile pipeline (seed, "HTTP step pipeline").
 //!
-//! Only the shape lives here; rendering and running steps belongs to the
-//! catalog's pipeline, which also parses every template at startup.
+//! Only the shape lives here; rendering and running steps belongs to
+//! `kayra-pipeline`, which also parses every template and resolves every
+//! secret name at startup.
 
 use std::collections::BTreeMap;
 
-use serde::Deserialize;
+use serde::de::{self, MapAccess, Visitor};
+use serde::{Deserialize, Deserializer};
 
 use crate::Duration;
+
+/// The longest `timeout` a step may have (platform §2). Longer is refused
+/// at startup: nothing legitimate waits for a day, and a huge value would
+/// overflow the clock arithmetic of the run that uses it.
+pub const MAX_STEP_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(24 * 3600);
 
 /// Methods a step may use (case-insensitive in the file).
 pub const METHODS: [&str; 6] = ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD"];
@@ -55,6 +62,14 @@ impl Step {
         if self.timeout.is_some_and(|t| t.0.is_zero()) {
             return Err(("timeout".into(), "must be greater than zero".into()));
         }
+        if self.timeout.is_some_and(|t| t.0 > MAX_STEP_TIMEOUT) {
+            return Err(("timeout".into(), "must be at most 24h".into()));
+        }
+        for (name, value) in &self.headers {
+            if let HeaderValue::Typed(typed) = value {
+                typed.validate().map_err(|message| (format!("headers.{name}"), message))?;
+            }
+        }
         for (name, path) in &self.outputs {
             if !path.starts_with('.') {
                 return Err((format!("outputs.{name}"), format!("dot path {path:?} must start with '.'")));
@@ -76,20 +91,81 @@ impl Step {
     }
 }
 
-/// A header value: verbatim string, or `{type, value}` → `"<type> <value>"`.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(untagged)]
+/// A header value: a verbatim string (a template), `{type, value}` →
+/// `"<type> <value>"`, `{type, secret}` → `"<type> <secret's value>"`, or
+/// `{secret}` → the secret's value (platform §2).
+#[derive(Debug, Clone)]
 pub enum HeaderValue {
     Plain(String),
     Typed(TypedHeader),
 }
 
-#[derive(Debug, Clone, Deserialize)]
+/// The map form of a header value; [`TypedHeader::validate`] checks which
+/// keys go together.
+#[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TypedHeader {
-    #[serde(rename = "type")]
-    pub kind: String,
-    pub value: String,
+    /// A template, e.g. `Bearer`; required with `value`, optional with `secret`.
+    #[serde(rename = "type", default)]
+    pub kind: Option<String>,
+    /// A template.
+    #[serde(default)]
+    pub value: Option<String>,
+    /// The name of an entry of `reconciler.secrets`.
+    #[serde(default)]
+    pub secret: Option<String>,
+}
+
+impl TypedHeader {
+    fn validate(&self) -> Result<(), String> {
+        match (&self.value, &self.secret) {
+            (Some(_), Some(_)) => Err("set one of value and secret, not both".into()),
+            (None, None) => Err("needs value (with type) or secret".into()),
+            (Some(_), None) if self.kind.is_none() => {
+                Err("needs type with value (or write the header as a string)".into())
+            }
+            (None, Some(name)) if name.is_empty() => Err("secret must name an entry of reconciler.secrets".into()),
+            _ => Ok(()),
+        }
+    }
+}
+
+// By hand rather than `#[serde(untagged)]`, so that a mistyped key inside
+// the map form is named ("unknown field `secrt`") instead of "did not match
+// any variant".
+impl<'de> Deserialize<'de> for HeaderValue {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct HeaderVisitor;
+        impl<'de> Visitor<'de> for HeaderVisitor {
+            type Value = HeaderValue;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a string, {type, value}, {type, secret} or {secret}")
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<HeaderValue, E> {
+                Ok(HeaderValue::Plain(v.to_string()))
+            }
+            fn visit_string<E: de::Error>(self, v: String) -> Result<HeaderValue, E> {
+                Ok(HeaderValue::Plain(v))
+            }
+            // A YAML scalar such as `50` or `true` is a header's text too.
+            fn visit_i64<E: de::Error>(self, v: i64) -> Result<HeaderValue, E> {
+                Ok(HeaderValue::Plain(v.to_string()))
+            }
+            fn visit_u64<E: de::Error>(self, v: u64) -> Result<HeaderValue, E> {
+                Ok(HeaderValue::Plain(v.to_string()))
+            }
+            fn visit_f64<E: de::Error>(self, v: f64) -> Result<HeaderValue, E> {
+                Ok(HeaderValue::Plain(v.to_string()))
+            }
+            fn visit_bool<E: de::Error>(self, v: bool) -> Result<HeaderValue, E> {
+                Ok(HeaderValue::Plain(v.to_string()))
+            }
+            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<HeaderValue, A::Error> {
+                TypedHeader::deserialize(de::value::MapAccessDeserializer::new(map)).map(HeaderValue::Typed)
+            }
+        }
+        d.deserialize_any(HeaderVisitor)
+    }
 }
 
 /// One `wait` condition.

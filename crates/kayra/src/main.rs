@@ -9,10 +9,13 @@
 //! - `admin`: the reconciler's `/healthz`, `/readyz`, `/metrics` listener.
 //! - `dev`: `kayra dev`, which runs `serve` and `reconciler` as children.
 //! - `signal`: SIGTERM/SIGINT as a cancellation token.
+//! - `check`, `render`: `kayra check` and `kayra render` (platform §10).
 
 mod admin;
+mod check;
 mod dev;
 mod logging;
+mod render;
 mod signal;
 
 use std::path::PathBuf;
@@ -37,6 +40,10 @@ enum Command {
     Reconciler(Common),
     /// Runs `serve` and `reconciler` on the local store, for a laptop.
     Dev(Common),
+    /// Validates the config and every step template as the reconciler's startup does.
+    Check(Common),
+    /// Prints the requests a subscription's steps would send now, without sending them.
+    Render(render::RenderArgs),
 }
 
 /// Flags every subcommand takes.
@@ -77,6 +84,8 @@ fn main() -> ExitCode {
             Command::Serve(common) => serve(common).await,
             Command::Reconciler(common) => reconciler(common).await,
             Command::Dev(common) => dev::run(common).await,
+            Command::Check(common) => check::run(common).await,
+            Command::Render(args) => render::run(args).await,
         }
     });
     match result {

@@ -39,12 +39,20 @@ impl Calls {
     }
 }
 
-/// The generic API and GitLab; each poll answers "running" once first.
+/// The example's secrets, handed to the reconciler in its environment.
+const GITLAB_TOKEN: &str = "glpat-from-the-environment";
+const SYNC_API_TOKEN: &str = "sync-api-from-the-environment";
+
+/// The generic API and GitLab; each poll answers "running" once first;
+/// a trigger without the right token is refused.
 fn backend(calls: Arc<Calls>) -> Router {
     Router::new()
         .route(
             "/api/v1/namespaces/{ns}/sync",
-            post(|State(c): State<Arc<Calls>>, Path(ns): Path<String>, Json(body): Json<Value>| async move {
+            post(|State(c): State<Arc<Calls>>, Path(ns): Path<String>, headers: HeaderMap, Json(body): Json<Value>| async move {
+                if headers.get("authorization").and_then(|v| v.to_str().ok()) != Some(&format!("Bearer {SYNC_API_TOKEN}")) {
+                    return StatusCode::UNAUTHORIZED;
+                }
                 c.hit(format!("POST /api/v1/namespaces/{ns}/sync"));
                 c.bodies.lock().unwrap().push(body);
                 StatusCode::ACCEPTED
@@ -60,7 +68,7 @@ fn backend(calls: Arc<Calls>) -> Router {
         .route(
             "/api/v4/projects/1234/pipeline",
             post(|State(c): State<Arc<Calls>>, headers: HeaderMap, Json(body): Json<Value>| async move {
-                if headers.get("private-token").is_none() {
+                if headers.get("private-token").and_then(|v| v.to_str().ok()) != Some(GITLAB_TOKEN) {
                     return (StatusCode::UNAUTHORIZED, Json(json!({})));
                 }
                 c.hit("POST /api/v4/projects/1234/pipeline".into());
@@ -123,6 +131,8 @@ async fn example_config_reconciles_both_modes_end_to_end() {
 
     let mut child = Command::new(env!("CARGO_BIN_EXE_kayra"))
         .arg("reconciler")
+        .env("GITLAB_TOKEN", GITLAB_TOKEN)
+        .env("SYNC_API_TOKEN", SYNC_API_TOKEN)
         .current_dir(dir.path())
         .stdin(Stdio::null())
         .stdout(Stdio::null())

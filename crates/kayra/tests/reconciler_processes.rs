@@ -282,7 +282,7 @@ fn unknown_config_key_stops_serve_naming_the_key() {
 }
 
 /// Modules whose every line is on the reconcile path.
-const RECONCILE_PATH: [&str; 2] = ["kayra_reconciler::ensure", "kayra_catalog::pipeline"];
+const RECONCILE_PATH: [&str; 2] = ["kayra_reconciler::ensure", "kayra_pipeline"];
 
 /// Platform contract §8: any reconciler line with both `namespace` and
 /// `api`, or with `step`, also has `lock_id` and `sync_id` (and so does any

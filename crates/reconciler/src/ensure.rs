@@ -18,11 +18,11 @@ use std::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use kayra_catalog::pipeline::{PipelineError, Pipelines, SubscriptionContext};
 use kayra_catalog::repo::tenancy::Recorded;
 use kayra_catalog::repo::{Repository, Versioned};
 use kayra_config::ReconcilerConfig;
 use kayra_core::{ApiRegistration, Subscription};
+use kayra_pipeline::{PipelineError, Pipelines, RunControl, SubscriptionContext};
 
 use crate::decide::{self, Attempt, Decision, Observed, Outcome, Then, Write};
 use crate::locks::{Acquired, JobLocks};
@@ -144,7 +144,20 @@ impl Worker {
             Acquired::Held(guard) => guard,
             Acquired::Busy => return JobEnd::LockBusy,
         };
-        if let Err(e) = self.ensure_locked(key, namespace, api, cause, lock_id, note).await {
+        let fencing_token = match guard.fencing_token() {
+            Some(token) => token,
+            // The local store has no distributed lock: the store revision
+            // when the lock was taken grows just the same (§7).
+            None => match self.repo.store().revision().await {
+                Ok(revision) => revision,
+                Err(e) => {
+                    tracing::warn!(namespace, api, lock_id, sync_id = "", error = %e, "reconcile aborted: store error");
+                    return JobEnd::LockBusy;
+                }
+            },
+        };
+        let run = RunIds { lock_id, fencing_token };
+        if let Err(e) = self.ensure_locked(key, namespace, api, cause, run, note).await {
             tracing::warn!(namespace, api, lock_id, sync_id = %note.get(), error = %e, "reconcile aborted: store error");
         }
         guard.release().await;
@@ -157,9 +170,10 @@ impl Worker {
         namespace: &str,
         api: &str,
         cause: Cause,
-        lock_id: usize,
+        run: RunIds,
         note: &SyncNote,
     ) -> kayra_catalog::repo::Result<()> {
+        let lock_id = run.lock_id;
         let mut failures = 0;
         loop {
             if self.cancel.is_cancelled() {
@@ -185,7 +199,7 @@ impl Worker {
             // One span per attempt, instrumenting (never entered across an
             // await), so every line inside carries all four fields.
             let span = tracing::info_span!("reconcile", namespace, api, lock_id, sync_id = %sync_id);
-            match self.attempt(sub, reg, failures, lock_id).instrument(span).await? {
+            match self.attempt(sub, reg, failures, run).instrument(span).await? {
                 Step::Done => return Ok(()),
                 Step::Again { failures: f } => failures = f,
             }
@@ -198,12 +212,12 @@ impl Worker {
         sub: &Versioned<Subscription>,
         reg: &Versioned<ApiRegistration>,
         failures: u32,
-        lock_id: usize,
+        run: RunIds,
     ) -> kayra_catalog::repo::Result<Step> {
         let sync_id = &reg.value.sync_id;
         let started = Instant::now();
         metrics::gauge!(super::METRIC_IN_FLIGHT).increment(1.0);
-        let result = self.reconcile(&reg.value, &sub.value, lock_id).await;
+        let result = self.reconcile(&reg.value, &sub.value, run).await;
         metrics::gauge!(super::METRIC_IN_FLIGHT).decrement(1.0);
         metrics::histogram!(super::METRIC_DURATION).record(started.elapsed().as_secs_f64());
         let outcome = match &result {
@@ -277,7 +291,7 @@ impl Worker {
     }
 
     /// reconcile(reg): run the mode's pipeline, or the placeholder.
-    async fn reconcile(&self, reg: &ApiRegistration, sub: &Subscription, lock_id: usize) -> Result<(), ReconcileError> {
+    async fn reconcile(&self, reg: &ApiRegistration, sub: &Subscription, run: RunIds) -> Result<(), ReconcileError> {
         let Some(mode) = self.config.resolve_mode(&reg.mode) else {
             return Err(ReconcileError::NoMode(reg.name.clone()));
         };
@@ -294,9 +308,12 @@ impl Worker {
             region: self.repo.region().to_string(),
             current_sync_id: sub.current_sync_id.clone(),
             expected_sync_id: reg.sync_id.clone(),
-            lock_id,
+            lock_id: run.lock_id,
+            run_id: String::new(),
+            fencing_token: run.fencing_token,
         };
-        pipeline.run(&self.client, &ctx, &self.pipelines.settings(), &self.cancel).await?;
+        let control = RunControl::new(self.cancel.clone());
+        pipeline.run(&self.client, &ctx, &self.pipelines.settings(), &control).await.result?;
         Ok(())
     }
 
@@ -335,6 +352,14 @@ pub async fn forget_given_up(repo: &Repository, namespace: &str, api: &str) {
 
 fn attempt_key(repo: &Repository, namespace: &str, api: &str) -> String {
     kayra_catalog::repo::keys::attempt(repo.platform(), repo.region(), namespace, api)
+}
+
+/// What identifies one run to the backend and in logs.
+#[derive(Debug, Clone, Copy)]
+struct RunIds {
+    lock_id: usize,
+    /// `.Run.FencingToken`: grows each time any process takes the job's lock.
+    fencing_token: kayra_store::Revision,
 }
 
 /// What [`Worker::attempt`] leaves to do.

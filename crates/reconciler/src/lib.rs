@@ -43,10 +43,10 @@ use std::sync::{Arc, PoisonError};
 use std::time::Duration;
 
 use futures::{FutureExt, StreamExt};
-use kayra_catalog::pipeline::{Pipelines, ValidationError};
 use kayra_catalog::repo::{Repository, keys};
 use kayra_config::ReconcilerConfig;
 use kayra_core::{ApiRegistration, Namespace, RunTrigger, Subscription};
+use kayra_pipeline::{Pipelines, ValidationError};
 use kayra_store::{Event, Revision};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -103,7 +103,7 @@ impl Reconciler {
             repo,
             config,
             pipelines,
-            client: kayra_catalog::pipeline::http_client(),
+            client: kayra_pipeline::http_client(),
             locks,
             cancel,
             view: Arc::default(),

@@ -2,7 +2,7 @@
 
 use std::time::{Duration, Instant};
 
-use kayra_catalog::pipeline::PipelineError;
+use kayra_pipeline::PipelineError;
 use serde_json::json;
 
 use crate::support::*;

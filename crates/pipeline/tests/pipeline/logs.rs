@@ -4,7 +4,7 @@ use std::collections::HashMap;
 use std::io::Write;
 use std::sync::{Arc, Mutex, PoisonError};
 
-use kayra_catalog::pipeline::PipelineError;
+use kayra_pipeline::PipelineError;
 use serde_json::{Value, json};
 
 use crate::support::*;
@@ -18,7 +18,7 @@ use crate::support::*;
 /// binary hitting the same call sites. So one global subscriber is installed
 /// for the whole binary and writes to whichever buffer the current thread
 /// registered; `#[tokio::test]` runs every task of a test on its thread.
-struct LogCapture(Arc<Mutex<Vec<u8>>>);
+pub struct LogCapture(Arc<Mutex<Vec<u8>>>);
 
 thread_local! {
     static CAPTURE: std::cell::RefCell<Option<Arc<Mutex<Vec<u8>>>>> = const { std::cell::RefCell::new(None) };
@@ -42,7 +42,7 @@ impl Write for ThreadWriter {
 }
 
 impl LogCapture {
-    fn start() -> Self {
+    pub fn start() -> Self {
         static INSTALL: std::sync::Once = std::sync::Once::new();
         INSTALL.call_once(|| {
             let subscriber = tracing_subscriber::fmt()
@@ -58,7 +58,7 @@ impl LogCapture {
         Self(sink)
     }
 
-    fn text(&self) -> String {
+    pub fn text(&self) -> String {
         String::from_utf8_lossy(&self.0.lock().unwrap_or_else(PoisonError::into_inner)).into_owned()
     }
 }

@@ -14,6 +14,12 @@
 mod config;
 #[path = "pipeline/logs.rs"]
 mod logs;
+#[path = "pipeline/records.rs"]
+mod records;
+#[path = "pipeline/render.rs"]
+mod render;
+#[path = "pipeline/secrets.rs"]
+mod secrets;
 #[path = "pipeline/support.rs"]
 mod support;
 #[path = "pipeline/wait.rs"]
@@ -22,7 +28,7 @@ mod wait;
 use std::time::{Duration, Instant};
 
 use axum::http::Method;
-use kayra_catalog::pipeline::PipelineError;
+use kayra_pipeline::PipelineError;
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
@@ -222,7 +228,7 @@ async fn non_2xx_aborts_the_rest() {
 #[tokio::test]
 async fn redirects_are_not_followed() {
     let server = TestServer::start(|r, _| match r.path.as_str() {
-        "/moved" => Reply { status: 302, body: String::new(), delay: Duration::ZERO },
+        "/moved" => Reply { status: 302, ..Reply::default() },
         _ => ok(json!({})),
     })
     .await;

@@ -3,8 +3,9 @@
 //!
 //! Messages name the step (its 0-based index in `reconciler.mode.<mode>`,
 //! the same index the config key and the step's log line use) and what
-//! failed, never a header value or a request body: both may hold tokens.
-//! The rendered endpoint may appear; by convention it carries no secret.
+//! failed, never a header value, a request body, a rendered endpoint or a
+//! secret's value: any of them may hold a token. Transport errors are kept
+//! without their URL for the same reason.
 
 use std::time::Duration;
 
@@ -58,13 +59,22 @@ pub enum PipelineError {
     /// of its `successes`; `last` describes what the final answer showed.
     #[error("step {step}: wait unresolved within {} after {attempts} attempts (last: {last})", humantime::format_duration(*timeout))]
     WaitTimeout { step: usize, timeout: Duration, attempts: u32, last: String },
+    /// A secret the pipeline uses could not be read for this run; no step
+    /// was called. The message names the secret and its source, never a value.
+    #[error("secret {name:?}: {message}")]
+    Secret { name: String, message: String },
     /// Shutdown began between two steps; the remaining ones were not run.
     #[error("pipeline cancelled by shutdown between steps")]
     Cancelled,
+    /// The subscription's expected SyncID moved past the one this run works
+    /// toward; it stopped at a step boundary or between two `wait` polls.
+    #[error("pipeline superseded by a newer SyncID")]
+    Superseded,
 }
 
 impl PipelineError {
-    /// The 0-based index of the failed step; `None` for [`Self::Cancelled`].
+    /// The 0-based index of the failed step; `None` for [`Self::Cancelled`],
+    /// [`Self::Secret`] and a [`Self::Superseded`] between steps.
     pub fn step(&self) -> Option<usize> {
         match self {
             Self::Render { step, .. }
@@ -76,7 +86,7 @@ impl PipelineError {
             | Self::TaskFailed { step }
             | Self::WaitFailed { step, .. }
             | Self::WaitTimeout { step, .. } => Some(*step),
-            Self::Cancelled => None,
+            Self::Secret { .. } | Self::Cancelled | Self::Superseded => None,
         }
     }
 }

@@ -12,12 +12,17 @@
 
 use std::error::Error as StdError;
 use std::sync::OnceLock;
+use std::time::{Duration, SystemTime};
 
-use reqwest::header::HeaderMap;
+use reqwest::header::{HeaderMap, RETRY_AFTER};
 use reqwest::{Method, StatusCode, Url};
 
 /// The largest response body a step reads.
 pub(crate) const MAX_RESPONSE_BODY: usize = 4 * 1024 * 1024;
+
+/// The longest `Retry-After` honoured: a backend asking for more is asked
+/// again after this, so one bad answer cannot stop a mode for days.
+pub const MAX_RETRY_AFTER: Duration = Duration::from_secs(3600);
 
 /// The client every reconcile shares, so connections to a backend are reused
 /// across steps and subscriptions.
@@ -59,18 +64,31 @@ pub(crate) struct Answer {
     /// The body parsed as JSON; `None` when it is empty, not JSON, or over
     /// [`MAX_RESPONSE_BODY`].
     pub(crate) json: Option<serde_json::Value>,
+    /// A 429's `Retry-After`, as a delay from now.
+    pub(crate) retry_after: Option<Duration>,
 }
 
 impl Prepared {
     /// Sends the request once and reads its answer. No timeout here: the
-    /// caller bounds the whole attempt, body included.
+    /// caller bounds the whole attempt, body included. An error carries no
+    /// URL: the rendered endpoint may hold user info or a secret, and the
+    /// step's own log line shows the endpoint as it may be shown.
     pub(crate) async fn send(&self, client: &reqwest::Client) -> Result<Answer, reqwest::Error> {
+        self.send_once(client).await.map_err(reqwest::Error::without_url)
+    }
+
+    async fn send_once(&self, client: &reqwest::Client) -> Result<Answer, reqwest::Error> {
         let mut request = client.request(self.method.clone(), self.url.clone()).headers(self.headers.clone());
         if let Some(body) = &self.body {
             request = request.body(body.clone());
         }
         let mut response = request.send().await?;
         let status = response.status();
+        let retry_after = if status == StatusCode::TOO_MANY_REQUESTS {
+            parse_retry_after(response.headers(), SystemTime::now())
+        } else {
+            None
+        };
         let mut body = Vec::new();
         let mut too_large = false;
         while let Some(chunk) = response.chunk().await? {
@@ -81,21 +99,31 @@ impl Prepared {
             body.extend_from_slice(&chunk);
         }
         let json = if too_large { None } else { serde_json::from_slice(&body).ok() };
-        Ok(Answer { status, json })
+        Ok(Answer { status, json, retry_after })
     }
 }
 
-/// The endpoint as logged: the rendered URL without a userinfo password.
-///
-/// Endpoints must not carry secrets (tokens belong in headers, which are
-/// never logged); this only limits the damage when one does anyway.
-pub(crate) fn redact(url: &Url) -> String {
-    if url.password().is_none() {
+/// `Retry-After` as delay-seconds or an HTTP date (RFC 9110 §10.2.3),
+/// capped at [`MAX_RETRY_AFTER`]; a date in the past is no delay.
+pub(crate) fn parse_retry_after(headers: &HeaderMap, now: SystemTime) -> Option<Duration> {
+    let value = headers.get(RETRY_AFTER)?.to_str().ok()?.trim();
+    let delay = match value.parse::<u64>() {
+        Ok(seconds) => Duration::from_secs(seconds),
+        Err(_) => httpdate::parse_http_date(value).ok()?.duration_since(now).unwrap_or(Duration::ZERO),
+    };
+    Some(delay.min(MAX_RETRY_AFTER))
+}
+
+/// The endpoint as shown in logs, run records and errors: the rendered URL
+/// without user info (platform §8: no URL user info is ever shown).
+pub(crate) fn shown_url(url: &Url) -> String {
+    if url.username().is_empty() && url.password().is_none() {
         return url.to_string();
     }
     let mut shown = url.clone();
-    // Fails only for URLs that cannot have a password, which this one has.
-    let _ = shown.set_password(Some("redacted"));
+    // Both fail only for URLs that cannot have user info, which this one has.
+    let _ = shown.set_username("");
+    let _ = shown.set_password(None);
     shown.to_string()
 }
 
@@ -120,12 +148,29 @@ mod tests {
     use super::*;
 
     #[test]
-    fn passwords_in_endpoints_are_redacted() {
-        let url = Url::parse("https://user:hunter2@h.example/p?q=1").unwrap();
-        let shown = redact(&url);
-        assert!(!shown.contains("hunter2"), "{shown}");
-        assert!(shown.contains("user:redacted@h.example/p?q=1"), "{shown}");
-        assert_eq!(redact(&Url::parse("http://h/x").unwrap()), "http://h/x");
+    fn user_info_is_never_shown() {
+        let shown = |u: &str| shown_url(&Url::parse(u).unwrap());
+        assert_eq!(shown("https://user:hunter2@h.example/p?q=1"), "https://h.example/p?q=1");
+        assert_eq!(shown("https://tokenonly@h.example/p"), "https://h.example/p");
+        assert_eq!(shown("http://h/x"), "http://h/x");
+    }
+
+    #[test]
+    fn retry_after_reads_seconds_and_dates() {
+        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
+        let parse = |v: &str| {
+            let mut headers = HeaderMap::new();
+            headers.insert(RETRY_AFTER, v.parse().unwrap());
+            parse_retry_after(&headers, now)
+        };
+        assert_eq!(parse("3"), Some(Duration::from_secs(3)));
+        assert_eq!(parse(" 120 "), Some(Duration::from_secs(120)));
+        assert_eq!(parse(&httpdate::fmt_http_date(now + Duration::from_secs(30))), Some(Duration::from_secs(30)));
+        assert_eq!(parse(&httpdate::fmt_http_date(now - Duration::from_secs(30))), Some(Duration::ZERO));
+        assert_eq!(parse("99999999999"), Some(MAX_RETRY_AFTER));
+        assert_eq!(parse("soon"), None);
+        assert_eq!(parse("-1"), None);
+        assert_eq!(parse_retry_after(&HeaderMap::new(), now), None);
     }
 
     #[test]

@@ -7,10 +7,11 @@ use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::{HeaderMap, Method, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
-use kayra_catalog::pipeline::{
-    PipelineError, PipelineSettings, Pipelines, SubscriptionContext, ValidationError, http_client,
-};
 use kayra_config::Config;
+use kayra_pipeline::{
+    PipelineError, PipelineReport, PipelineSettings, Pipelines, RunControl, SubscriptionContext, ValidationError,
+    http_client,
+};
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
@@ -37,26 +38,28 @@ impl Recorded {
 }
 
 /// What the server answers.
+#[derive(Default)]
 pub struct Reply {
     pub status: u16,
     pub body: String,
     pub delay: Duration,
+    pub headers: Vec<(&'static str, String)>,
 }
 
 pub fn ok(body: Value) -> Reply {
-    Reply { status: 200, body: body.to_string(), delay: Duration::ZERO }
+    Reply { status: 200, body: body.to_string(), delay: Duration::ZERO, headers: Vec::new() }
 }
 
 pub fn status(code: u16) -> Reply {
-    Reply { status: code, body: json!({"message": "nope"}).to_string(), delay: Duration::ZERO }
+    Reply { status: code, body: json!({"message": "nope"}).to_string(), delay: Duration::ZERO, headers: Vec::new() }
 }
 
 pub fn text(body: &str) -> Reply {
-    Reply { status: 200, body: body.to_string(), delay: Duration::ZERO }
+    Reply { status: 200, body: body.to_string(), delay: Duration::ZERO, headers: Vec::new() }
 }
 
 pub fn hang() -> Reply {
-    Reply { status: 200, body: json!({"late": true}).to_string(), delay: Duration::from_secs(30) }
+    Reply { status: 200, body: json!({"late": true}).to_string(), delay: Duration::from_secs(30), headers: Vec::new() }
 }
 
 /// `(request, how many earlier requests had this path) -> reply`.
@@ -112,7 +115,11 @@ pub async fn handle(
         tokio::time::sleep(reply.delay).await;
     }
     let code = StatusCode::from_u16(reply.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-    (code, reply.body).into_response()
+    let mut response = (code, reply.body).into_response();
+    for (name, value) in reply.headers {
+        response.headers_mut().insert(name, value.parse().expect("header value"));
+    }
+    response
 }
 
 /// A port nothing listens on.
@@ -138,6 +145,8 @@ pub fn ctx() -> SubscriptionContext {
         current_sync_id: "2026-01-01T00Z".into(),
         expected_sync_id: "2026-02-01T00Z".into(),
         lock_id: 7,
+        run_id: "0193a6c1-run".into(),
+        fencing_token: 41,
     }
 }
 
@@ -148,10 +157,20 @@ pub fn compile(steps_yaml: &str, base: &str) -> Pipelines {
 }
 
 pub fn try_compile(steps_yaml: &str, base: &str) -> Result<Pipelines, ValidationError> {
+    try_compile_with(steps_yaml, base, "")
+}
+
+/// [`try_compile`] with more `reconciler` keys (YAML, indented two spaces:
+/// `"  secrets:\n    s: {env: X}\n"`).
+pub fn try_compile_with(steps_yaml: &str, base: &str, reconciler_yaml: &str) -> Result<Pipelines, ValidationError> {
     let indented: String = steps_yaml.lines().map(|l| format!("      {l}\n")).collect();
-    let yaml = format!("reconciler:\n  mode:\n    m:\n{}", indented.replace("BASE", base));
+    let yaml = format!("reconciler:\n{reconciler_yaml}  mode:\n    m:\n{}", indented.replace("BASE", base));
     let config = Config::parse(&yaml, "test.yaml").unwrap_or_else(|e| panic!("parse: {e}\n{yaml}"));
     Pipelines::compile(&config.reconciler)
+}
+
+pub fn compile_with(steps_yaml: &str, base: &str, reconciler_yaml: &str) -> Pipelines {
+    try_compile_with(steps_yaml, base, reconciler_yaml).unwrap_or_else(|e| panic!("compile: {e}"))
 }
 
 pub async fn run(pipelines: &Pipelines) -> Result<(), PipelineError> {
@@ -159,6 +178,14 @@ pub async fn run(pipelines: &Pipelines) -> Result<(), PipelineError> {
 }
 
 pub async fn run_with(pipelines: &Pipelines, cancel: &CancellationToken) -> Result<(), PipelineError> {
+    report_with(pipelines, &RunControl::new(cancel.clone())).await.result
+}
+
+pub async fn report(pipelines: &Pipelines) -> PipelineReport {
+    report_with(pipelines, &RunControl::default()).await
+}
+
+pub async fn report_with(pipelines: &Pipelines, control: &RunControl) -> PipelineReport {
     let pipeline = pipelines.get("m").expect("mode m");
-    pipeline.run(&http_client(), &ctx(), &SETTINGS, cancel).await
+    pipeline.run(&http_client(), &ctx(), &SETTINGS, control).await
 }

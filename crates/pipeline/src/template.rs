@@ -14,20 +14,35 @@
 //!
 //! [`Data`] is a step's `data` with every string, at any depth, compiled to a
 //! [`Text`]; object keys, numbers, booleans and nulls are kept as they are.
+//!
+//! # `secret`
+//!
+//! `{{ secret "NAME" }}` is the one function added to Go's builtins. Its
+//! argument must be a quoted name, so every template's secret names are
+//! known at compile time (and unknown ones refused at startup). gotmpl's
+//! functions see only their arguments, not the data, so the values read
+//! for the current run reach the function through a thread-local that
+//! [`Text::render`] sets around the (synchronous) execution and clears after.
 
-use std::collections::BTreeMap;
+use std::cell::RefCell;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
+use std::sync::Arc;
 
 use gotmpl::Template;
-use gotmpl::parse::{Expr, ListNode, Node, Parser, PipeNode};
+use gotmpl::parse::{CommandNode, Expr, ListNode, Node, Parser, PipeNode};
 
 use super::SubscriptionContext;
+use super::secrets::SecretValues;
 
 /// Go's builtin functions, which are all `gotmpl` knows too.
 const BUILTIN_FUNCTIONS: [&str; 19] = [
     "and", "call", "eq", "ge", "gt", "html", "index", "js", "le", "len", "lt", "ne", "not", "or", "print", "printf",
     "println", "slice", "urlquery",
 ];
+
+/// kayra's own template function (see the module docs).
+const SECRET_FUNCTION: &str = "secret";
 
 /// A template that failed to parse or to render. `field` is the step-relative
 /// key (`endpoint`, `headers.Authorization.value`, `data.variables[0].value`).
@@ -37,12 +52,53 @@ pub(crate) struct TemplateError {
     pub(crate) message: String,
 }
 
-/// The data every template is executed against: `.Subscription` and
-/// `.Previous.Outputs`. Built once per step.
-pub(crate) struct Scope(gotmpl::Value);
+/// Which of the previous step's outputs a template can read.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) enum OutputUse {
+    #[default]
+    None,
+    /// Only these, each through `.Previous.Outputs.<name>`.
+    Names(BTreeSet<String>),
+    /// Any of them: `.Previous.Outputs` as a whole, `.`, or a variable.
+    All,
+}
+
+impl OutputUse {
+    pub(crate) fn merge(&mut self, other: &OutputUse) {
+        *self = match (std::mem::take(self), other) {
+            (OutputUse::All, _) | (_, OutputUse::All) => OutputUse::All,
+            (OutputUse::None, other) => other.clone(),
+            (mine, OutputUse::None) => mine,
+            (OutputUse::Names(mut mine), OutputUse::Names(theirs)) => {
+                mine.extend(theirs.iter().cloned());
+                OutputUse::Names(mine)
+            }
+        };
+    }
+
+    pub(crate) fn includes(&self, name: &str) -> bool {
+        match self {
+            OutputUse::None => false,
+            OutputUse::Names(names) => names.contains(name),
+            OutputUse::All => true,
+        }
+    }
+}
+
+/// The data every template is executed against: `.Subscription`, `.Run`
+/// and `.Previous.Outputs`, plus the run's secret values for `secret`.
+/// Built once per step.
+pub(crate) struct Scope {
+    root: gotmpl::Value,
+    secrets: Arc<SecretValues>,
+}
 
 impl Scope {
-    pub(crate) fn new(subscription: &SubscriptionContext, previous_outputs: &BTreeMap<String, String>) -> Self {
+    pub(crate) fn new(
+        subscription: &SubscriptionContext,
+        previous_outputs: &BTreeMap<String, String>,
+        secrets: Arc<SecretValues>,
+    ) -> Self {
         let string = |s: &str| gotmpl::Value::from(s);
         // `lock_id` is deliberately absent: it is a logging concern, not
         // something a backend call should depend on.
@@ -55,17 +111,57 @@ impl Scope {
             ("CurrentSyncID", string(&subscription.current_sync_id)),
             ("ExpectedSyncID", string(&subscription.expected_sync_id)),
         ];
-        let subscription: BTreeMap<String, gotmpl::Value> =
-            fields.into_iter().map(|(k, v)| (k.to_string(), v)).collect();
+        let map = |fields: Vec<(&str, gotmpl::Value)>| -> gotmpl::Value {
+            gotmpl::Value::from(fields.into_iter().map(|(k, v)| (k.to_string(), v)).collect::<BTreeMap<_, _>>())
+        };
+        let run = map(vec![
+            ("ID", string(&subscription.run_id)),
+            ("FencingToken", gotmpl::Value::Int(subscription.fencing_token)),
+        ]);
         let outputs: BTreeMap<String, gotmpl::Value> =
             previous_outputs.iter().map(|(k, v)| (k.clone(), string(v))).collect();
-        let previous = BTreeMap::from([("Outputs".to_string(), gotmpl::Value::from(outputs))]);
-        let root = BTreeMap::from([
-            ("Subscription".to_string(), gotmpl::Value::from(subscription)),
-            ("Previous".to_string(), gotmpl::Value::from(previous)),
-        ]);
-        Self(gotmpl::Value::from(root))
+        let previous = map(vec![("Outputs", gotmpl::Value::from(outputs))]);
+        let root = map(vec![("Subscription", map(fields.to_vec())), ("Run", run), ("Previous", previous)]);
+        Self { root, secrets }
     }
+}
+
+thread_local! {
+    /// The secret values of the template executing on this thread.
+    static CURRENT_SECRETS: RefCell<Option<Arc<SecretValues>>> = const { RefCell::new(None) };
+}
+
+/// Clears [`CURRENT_SECRETS`] on drop, so a panicking template leaves no
+/// values behind on the thread.
+struct SecretsInstalled;
+
+impl SecretsInstalled {
+    fn install(secrets: &Arc<SecretValues>) -> Self {
+        CURRENT_SECRETS.with(|c| *c.borrow_mut() = Some(secrets.clone()));
+        Self
+    }
+}
+
+impl Drop for SecretsInstalled {
+    fn drop(&mut self) {
+        CURRENT_SECRETS.with(|c| *c.borrow_mut() = None);
+    }
+}
+
+/// `{{ secret "NAME" }}`. Names were checked at compile time and every
+/// value the pipeline uses was read before its first step, so a miss here
+/// is a bug; it fails the render without saying more than the name.
+fn secret_function(args: &[gotmpl::Value]) -> gotmpl::Result<gotmpl::Value> {
+    let [gotmpl::Value::String(name)] = args else {
+        return Err(gotmpl::TemplateError::Exec("secret takes one quoted name".into()));
+    };
+    CURRENT_SECRETS.with(|c| {
+        c.borrow()
+            .as_ref()
+            .and_then(|values| values.get(name))
+            .map(gotmpl::Value::from)
+            .ok_or_else(|| gotmpl::TemplateError::Exec(format!("secret {name:?} was not read for this run")))
+    })
 }
 
 /// One templated string.
@@ -76,6 +172,9 @@ pub(crate) struct Text {
     /// which is where tokens live.
     sensitive: bool,
     kind: TextKind,
+    /// The names passed to `secret`, in order of appearance.
+    secrets: Vec<String>,
+    outputs: OutputUse,
 }
 
 enum TextKind {
@@ -89,23 +188,46 @@ impl Text {
     pub(crate) fn parse(field: impl Into<String>, source: &str, sensitive: bool) -> Result<Self, TemplateError> {
         let field = field.into();
         if !source.contains("{{") {
-            return Ok(Self { field, sensitive, kind: TextKind::Literal(source.to_string()) });
+            return Ok(Self {
+                field,
+                sensitive,
+                kind: TextKind::Literal(source.to_string()),
+                secrets: Vec::new(),
+                outputs: OutputUse::None,
+            });
         }
         let error = |message: String| TemplateError { field: field.clone(), message };
         // Unnamed, so errors read `template: 1:7: unclosed action`; the
         // caller prefixes the full config key.
-        let template = Template::new("").parse(source).map_err(|e| error(e.to_string()))?;
+        let template =
+            Template::new("").func(SECRET_FUNCTION, secret_function).parse(source).map_err(|e| error(e.to_string()))?;
         let (tree, defines) =
             Parser::new(source, "{{", "}}").and_then(Parser::parse).map_err(|e| error(e.to_string()))?;
-        let mut undefined = Vec::new();
-        undefined_functions(&tree, &mut undefined);
+        let mut walk = Walk::default();
+        walk.list(&tree);
         for define in &defines {
-            undefined_functions(&define.body, &mut undefined);
+            walk.list(&define.body);
         }
-        if let Some(name) = undefined.first() {
+        if let Some(name) = walk.undefined.first() {
             return Err(error(format!("template: function {name:?} not defined")));
         }
-        Ok(Self { field, sensitive, kind: TextKind::Template(Box::new(template)) })
+        if walk.bad_secret_call {
+            return Err(error(r#"template: secret takes one quoted name: {{ secret "NAME" }}"#.into()));
+        }
+        Ok(Self {
+            field,
+            sensitive,
+            kind: TextKind::Template(Box::new(template)),
+            secrets: walk.secrets,
+            outputs: walk.outputs,
+        })
+    }
+
+    /// A text that is a secret's value and nothing else (a header's
+    /// `secret:` form): the same thing as `{{ secret "NAME" }}`.
+    pub(crate) fn secret(field: impl Into<String>, name: &str) -> Self {
+        let source = format!("{{{{ secret {} }}}}", serde_json::Value::from(name));
+        Self::parse(field, &source, true).expect("a quoted name is a valid secret call")
     }
 
     /// The string itself when it contains no action.
@@ -116,17 +238,34 @@ impl Text {
         }
     }
 
+    pub(crate) fn field(&self) -> &str {
+        &self.field
+    }
+
+    /// The secret names this text reads.
+    pub(crate) fn secrets(&self) -> &[String] {
+        &self.secrets
+    }
+
+    /// Which previous outputs this text reads.
+    pub(crate) fn outputs(&self) -> &OutputUse {
+        &self.outputs
+    }
+
     pub(crate) fn render(&self, scope: &Scope) -> Result<String, TemplateError> {
         match &self.kind {
             TextKind::Literal(s) => Ok(s.clone()),
-            TextKind::Template(t) => t.execute_to_string(&scope.0).map_err(|e| TemplateError {
-                field: self.field.clone(),
-                message: if self.sensitive {
-                    "template execution failed (detail withheld: the field may hold a secret)".to_string()
-                } else {
-                    e.to_string()
-                },
-            }),
+            TextKind::Template(t) => {
+                let _installed = SecretsInstalled::install(&scope.secrets);
+                t.execute_to_string(&scope.root).map_err(|e| TemplateError {
+                    field: self.field.clone(),
+                    message: if self.sensitive || !self.secrets.is_empty() {
+                        "template execution failed (detail withheld: the field may hold a secret)".to_string()
+                    } else {
+                        e.to_string()
+                    },
+                })
+            }
         }
     }
 }
@@ -186,6 +325,16 @@ impl Data {
         }
     }
 
+    /// Every template in it, depth first.
+    pub(crate) fn texts(&self) -> Vec<&Text> {
+        match self {
+            Self::Literal(_) => Vec::new(),
+            Self::Text(t) => vec![t],
+            Self::Array(items) => items.iter().flat_map(Self::texts).collect(),
+            Self::Object(fields) => fields.iter().flat_map(|(_, v)| v.texts()).collect(),
+        }
+    }
+
     pub(crate) fn render(&self, scope: &Scope) -> Result<serde_json::Value, TemplateError> {
         Ok(match self {
             Self::Literal(v) => v.clone(),
@@ -200,44 +349,80 @@ impl Data {
     }
 }
 
-/// Collects every function a template calls that is not a builtin.
-fn undefined_functions(list: &ListNode, out: &mut Vec<String>) {
-    for node in &list.nodes {
-        match node {
-            Node::List(inner) => undefined_functions(inner, out),
-            Node::Action(action) => pipe_functions(&action.pipe, out),
-            Node::If(branch) | Node::Range(branch) | Node::With(branch) => {
-                pipe_functions(&branch.pipe, out);
-                undefined_functions(&branch.body, out);
-                if let Some(else_body) = &branch.else_body {
-                    undefined_functions(else_body, out);
+/// One pass over a parsed template: functions that are not defined,
+/// `secret` calls, and reads of `.Previous.Outputs`.
+#[derive(Default)]
+struct Walk {
+    undefined: Vec<String>,
+    secrets: Vec<String>,
+    bad_secret_call: bool,
+    outputs: OutputUse,
+}
+
+impl Walk {
+    fn list(&mut self, list: &ListNode) {
+        for node in &list.nodes {
+            match node {
+                Node::List(inner) => self.list(inner),
+                Node::Action(action) => self.pipe(&action.pipe),
+                Node::If(branch) | Node::Range(branch) | Node::With(branch) => {
+                    self.pipe(&branch.pipe);
+                    self.list(&branch.body);
+                    if let Some(else_body) = &branch.else_body {
+                        self.list(else_body);
+                    }
                 }
-            }
-            Node::Template(call) => {
-                if let Some(pipe) = &call.pipe {
-                    pipe_functions(pipe, out);
+                Node::Template(call) => {
+                    if let Some(pipe) = &call.pipe {
+                        self.pipe(pipe);
+                    }
                 }
+                Node::Define(define) => self.list(&define.body),
+                _ => {}
             }
-            Node::Define(define) => undefined_functions(&define.body, out),
+        }
+    }
+
+    fn pipe(&mut self, pipe: &PipeNode) {
+        for (position, command) in pipe.commands.iter().enumerate() {
+            self.secret_call(command, position == 0);
+            for arg in &command.args {
+                self.expr(arg);
+            }
+        }
+    }
+
+    /// `secret "NAME"` as a whole command, not fed by a pipe.
+    fn secret_call(&mut self, command: &CommandNode, first_in_pipe: bool) {
+        let calls_secret = |e: &Expr| matches!(e, Expr::Identifier(_, name) if name == SECRET_FUNCTION);
+        match command.args.as_slice() {
+            [head, Expr::String(_, name)] if calls_secret(head) && first_in_pipe => self.secrets.push(name.to_string()),
+            [head, ..] if calls_secret(head) => self.bad_secret_call = true,
             _ => {}
         }
-    }
-}
-
-fn pipe_functions(pipe: &PipeNode, out: &mut Vec<String>) {
-    for command in &pipe.commands {
-        for arg in &command.args {
-            expr_functions(arg, out);
+        if command.args.iter().skip(1).any(calls_secret) {
+            self.bad_secret_call = true;
         }
     }
-}
 
-fn expr_functions(expr: &Expr, out: &mut Vec<String>) {
-    match expr {
-        Expr::Identifier(_, name) if !BUILTIN_FUNCTIONS.contains(&name.as_str()) => out.push(name.to_string()),
-        Expr::Pipe(_, pipe) => pipe_functions(pipe, out),
-        Expr::Chain(_, inner, _) => expr_functions(inner, out),
-        _ => {}
+    fn expr(&mut self, expr: &Expr) {
+        match expr {
+            Expr::Identifier(_, name) if name != SECRET_FUNCTION && !BUILTIN_FUNCTIONS.contains(&name.as_str()) => {
+                self.undefined.push(name.to_string())
+            }
+            Expr::Pipe(_, pipe) => self.pipe(pipe),
+            Expr::Chain(_, inner, _) => self.expr(inner),
+            Expr::Field(_, chain) => match chain.as_slice() {
+                [previous, outputs, name, ..] if previous == "Previous" && outputs == "Outputs" => {
+                    self.outputs.merge(&OutputUse::Names(BTreeSet::from([name.to_string()])))
+                }
+                [previous, ..] if previous == "Previous" => self.outputs = OutputUse::All,
+                _ => {}
+            },
+            // `.` or a variable may hold anything, `.Previous` included.
+            Expr::Dot(_) | Expr::Variable(..) => self.outputs = OutputUse::All,
+            _ => {}
+        }
     }
 }
 
@@ -257,12 +442,14 @@ mod tests {
             current_sync_id: "s1".into(),
             expected_sync_id: "s2".into(),
             lock_id: 3,
+            run_id: "run-1".into(),
+            fencing_token: 17,
         }
     }
 
     fn render(source: &str, outputs: &[(&str, &str)]) -> Result<String, TemplateError> {
         let outputs = outputs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
-        Text::parse("endpoint", source, false)?.render(&Scope::new(&subscription(), &outputs))
+        Text::parse("endpoint", source, false)?.render(&Scope::new(&subscription(), &outputs, Default::default()))
     }
 
     #[test]
@@ -314,7 +501,7 @@ mod tests {
 
     #[test]
     fn sensitive_render_errors_withhold_detail() {
-        let scope = Scope::new(&subscription(), &BTreeMap::new());
+        let scope = Scope::new(&subscription(), &BTreeMap::new(), Default::default());
         let tpl = r#"{{ range "tok-secret" }}{{ end }}"#;
         let err = Text::parse("headers.X", tpl, true).unwrap().render(&scope).unwrap_err();
         assert!(!err.message.contains("tok-secret") && err.message.contains("withheld"), "{}", err.message);
@@ -336,7 +523,7 @@ mod tests {
         });
         let compiled = Data::compile("data", &data).unwrap();
         let outputs = BTreeMap::from([("X".to_string(), "x!".to_string())]);
-        let rendered = compiled.render(&Scope::new(&subscription(), &outputs)).unwrap();
+        let rendered = compiled.render(&Scope::new(&subscription(), &outputs, Default::default())).unwrap();
         assert_eq!(
             rendered,
             json!({

@@ -1,12 +1,9 @@
 //! Startup validation, and `examples/kayra.yaml` driving real runs.
 
-use std::time::Duration;
-
 use axum::http::Method;
-use kayra_catalog::pipeline::{PipelineError, PipelineSettings, Pipelines, http_client};
 use kayra_config::Config;
+use kayra_pipeline::{PipelineError, PipelineSettings, Pipelines, RunControl, http_client};
 use serde_json::json;
-use tokio_util::sync::CancellationToken;
 
 use crate::support::*;
 
@@ -82,12 +79,21 @@ fn example_yaml() -> String {
     let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples/kayra.yaml");
     std::fs::read_to_string(path).expect("read examples/kayra.yaml")
 }
+const SYNC_API_TOKEN: &str = "yyyyyyyyyyyyyyyy";
 
-/// The example, with its backends moved to `base` and fast timings.
-fn example_pipelines(base: &str) -> Pipelines {
-    let yaml = example_yaml()
+/// The example, with its backends moved to `base`, fast timings, and its
+/// secrets read from files in `dir` (tests cannot set environment variables).
+fn example_pipelines(base: &str, dir: &std::path::Path) -> Pipelines {
+    let mut yaml = example_yaml()
         .replace("https://gitlab.example.com", base)
         .replace("https://{{ .Subscription.ShortName }}.local.services", base);
+    for (var, token) in [("GITLAB_TOKEN", GITLAB_TOKEN), ("SYNC_API_TOKEN", SYNC_API_TOKEN)] {
+        let path = dir.join(var);
+        std::fs::write(&path, format!("{token}\n")).unwrap();
+        let source = format!("{{env: {var}}}");
+        assert!(yaml.contains(&source), "the example reads {var}");
+        yaml = yaml.replace(&source, &format!("{{file: {}}}", path.display()));
+    }
     let mut config = Config::parse(&yaml, "examples/kayra.yaml").expect("example parses");
     config.validate().expect("example validates");
     config.reconciler.async_ack_timeout = kayra_config::Duration(SETTINGS.async_ack_timeout);
@@ -119,7 +125,7 @@ async fn example_gitlab_trigger_then_poll() {
             ("POST", "/api/v4/projects/1234/pipeline") => Reply {
                 status: 201,
                 body: json!({"id": 4711, "status": "created", "ref": "dev"}).to_string(),
-                delay: Duration::ZERO,
+                ..Reply::default()
             },
             ("GET", "/api/v4/projects/1234/pipelines/4711") => {
                 let state = ["pending", "running", "running"].get(n).copied().unwrap_or("success");
@@ -129,10 +135,11 @@ async fn example_gitlab_trigger_then_poll() {
         }
     })
     .await;
-    let pipelines = example_pipelines(&server.base);
+    let dir = tempfile::tempdir().unwrap();
+    let pipelines = example_pipelines(&server.base, dir.path());
     let pipeline = pipelines.get("trigger").expect("trigger mode");
     assert_eq!(pipeline.len(), 2);
-    pipeline.run(&http_client(), &ctx(), &pipelines.settings(), &CancellationToken::new()).await.expect("run");
+    pipeline.run(&http_client(), &ctx(), &pipelines.settings(), &RunControl::default()).await.result.expect("run");
 
     let requests = server.requests();
     let trigger = &requests[0];
@@ -152,9 +159,10 @@ async fn example_gitlab_failed_pipeline_fails_the_run() {
         _ => ok(json!({"id": 5, "status": "failed"})),
     })
     .await;
-    let pipelines = example_pipelines(&server.base);
+    let dir = tempfile::tempdir().unwrap();
+    let pipelines = example_pipelines(&server.base, dir.path());
     let pipeline = pipelines.get("trigger").expect("trigger mode");
-    let err = pipeline.run(&http_client(), &ctx(), &pipelines.settings(), &CancellationToken::new()).await;
+    let err = pipeline.run(&http_client(), &ctx(), &pipelines.settings(), &RunControl::default()).await.result;
     assert!(matches!(err, Err(PipelineError::WaitFailed { step: 1, .. })), "{err:?}");
 }
 
@@ -168,12 +176,13 @@ async fn example_api_mode_triggers_and_polls() {
         _ => status(404),
     })
     .await;
-    let pipelines = example_pipelines(&server.base);
+    let dir = tempfile::tempdir().unwrap();
+    let pipelines = example_pipelines(&server.base, dir.path());
     let pipeline = pipelines.get("api").expect("api mode");
-    pipeline.run(&http_client(), &ctx(), &pipelines.settings(), &CancellationToken::new()).await.expect("run");
+    pipeline.run(&http_client(), &ctx(), &pipelines.settings(), &RunControl::default()).await.result.expect("run");
     let requests = server.requests();
     let trigger = requests.iter().find(|r| r.method == Method::POST).expect("trigger sent");
     assert_eq!(trigger.json(), json!({"sync_id": "2026-02-01T00Z"}));
-    assert_eq!(trigger.header("authorization"), Some("Bearer yyyyyyyyyyyyyyyy"));
+    assert_eq!(trigger.header("authorization"), Some(format!("Bearer {SYNC_API_TOKEN}").as_str()));
     assert_eq!(server.calls("/api/v1/namespaces/core/sync/2026-02-01T00Z"), 3);
 }
