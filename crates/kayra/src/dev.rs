@@ -82,13 +82,22 @@ pub async fn run(common: Common) -> anyhow::Result<()> {
     }
 }
 
-/// Reads the admin token, generating it (0600) on first run.
+/// Reads the admin token, generating it (0600) on first run only: a file
+/// that exists but cannot be read (or is empty) is an error, never a
+/// reason to mint a new token silently (platform §5.4: minting one would
+/// revoke the token the operator has).
 fn admin_token(path: &Path) -> anyhow::Result<String> {
-    if let Ok(token) = std::fs::read_to_string(path) {
-        let token = token.trim().to_string();
-        if !token.is_empty() {
-            return Ok(token);
-        }
+    let refuse = |why: String| {
+        anyhow::anyhow!(
+            "{} {why}; fix it, or delete it to have a new bootstrap token minted (the previous one is then revoked)",
+            path.display()
+        )
+    };
+    match std::fs::read_to_string(path) {
+        Ok(token) if !token.trim().is_empty() => return Ok(token.trim().to_string()),
+        Ok(_) => return Err(refuse("is empty".into())),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(refuse(format!("cannot be read: {e}"))),
     }
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir).with_context(|| format!("create {}", dir.display()))?;
@@ -99,12 +108,43 @@ fn admin_token(path: &Path) -> anyhow::Result<String> {
     use std::io::Write;
     let mut file = std::fs::OpenOptions::new()
         .write(true)
-        .create(true)
-        .truncate(true)
+        .create_new(true)
         .mode(0o600)
         .open(path)
         .with_context(|| format!("write {}", path.display()))?;
     file.write_all(token.as_bytes())?;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
     Ok(token)
+}
+
+#[cfg(test)]
+mod admin_token_tests {
+    use super::admin_token;
+
+    #[test]
+    fn minted_once_then_read_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(".kayra/admin-token");
+        let token = admin_token(&path).unwrap();
+        assert_eq!(token.len(), 64);
+        assert_eq!(admin_token(&path).unwrap(), token);
+    }
+
+    #[test]
+    fn an_unreadable_or_empty_file_is_refused_not_replaced() {
+        let dir = tempfile::tempdir().unwrap();
+        let unreadable = dir.path().join("binary");
+        std::fs::write(&unreadable, [0xff, 0xfe, 0x00]).unwrap();
+        let err = admin_token(&unreadable).unwrap_err().to_string();
+        assert!(err.contains("cannot be read") && err.contains("delete it"), "{err}");
+        assert_eq!(std::fs::read(&unreadable).unwrap(), [0xff, 0xfe, 0x00], "left as it was");
+
+        let a_dir = dir.path().join("dir");
+        std::fs::create_dir(&a_dir).unwrap();
+        assert!(admin_token(&a_dir).unwrap_err().to_string().contains("cannot be read"));
+
+        let empty = dir.path().join("empty");
+        std::fs::write(&empty, "  \n").unwrap();
+        assert!(admin_token(&empty).unwrap_err().to_string().contains("is empty"));
+    }
 }

@@ -7,6 +7,7 @@
 mod common;
 
 mod api {
+    mod atomicity;
     mod auth;
     mod concurrency;
     mod deployments;
@@ -15,5 +16,6 @@ mod api {
     mod operations;
     mod rbac;
     mod registrations;
+    mod store_outage;
     mod subscriptions;
 }

@@ -44,13 +44,13 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use etcd_client::{
-    Certificate, Client, Compare, CompareOp, ConnectOptions, GetOptions, Identity, ResponseHeader, TlsOptions, Txn,
-    TxnOp, TxnOpResponse, TxnResponse,
+    Certificate, Client, Compare, CompareOp, ConnectOptions, DeleteOptions, GetOptions, Identity, ResponseHeader,
+    TlsOptions, Txn, TxnOp, TxnOpResponse, TxnResponse,
 };
 use kayra_config::EtcdConfig;
 use tokio_util::sync::CancellationToken;
 
-use crate::{Backend, Error, JobLocker, KeyValue, ListPage, Result, Revision, WatchStream};
+use crate::{Backend, ChangeStream, Error, JobLocker, KeyValue, ListPage, Result, Revision, WatchStream};
 
 /// The environment variable holding the password of `database.etcd.username`.
 pub const PASSWORD_ENV: &str = "KAYRA_ETCD_PASSWORD";
@@ -180,6 +180,45 @@ impl Keyspace {
 
     async fn txn(&self, txn: Txn) -> Result<TxnResponse> {
         self.client.kv_client().txn(txn).await.map_err(unavailable)
+    }
+
+    /// The etcd compares of one [`crate::Compare`].
+    fn compare(&self, compare: &crate::Compare) -> Vec<Compare> {
+        use crate::Compare as C;
+        match compare {
+            C::Absent(key) => vec![Compare::create_revision(self.full(key), CompareOp::Equal, 0)],
+            C::Exists(key) => vec![Compare::create_revision(self.full(key), CompareOp::Greater, 0)],
+            // etcd reports a missing key's mod_revision as 0: require existence too.
+            C::ModRevision(key, revision) => vec![
+                Compare::create_revision(self.full(key), CompareOp::Greater, 0),
+                Compare::mod_revision(self.full(key), CompareOp::Equal, *revision),
+            ],
+            // A range compare holds when it holds for every key in the range,
+            // and an empty range compares as one absent key (create_revision 0):
+            // `create_revision < 1` holds exactly when no key is in the range.
+            C::PrefixEmpty(prefix) => {
+                let (start, end) = self.range(prefix);
+                vec![Compare::create_revision(start, CompareOp::Less, 1).with_range(end)]
+            }
+            C::PrefixUnchangedSince(prefix, revision) => {
+                let (start, end) = self.range(prefix);
+                vec![Compare::mod_revision(start, CompareOp::Less, revision.saturating_add(1)).with_range(end)]
+            }
+        }
+    }
+
+    /// The etcd operation of one [`crate::Op`].
+    fn op(&self, op: &crate::Op) -> TxnOp {
+        use crate::Op as O;
+        match op {
+            O::Put { key, value } => TxnOp::put(self.full(key), value.clone(), None),
+            O::Delete { key } => TxnOp::delete(self.full(key), None),
+            O::DeletePrefix { prefix } => {
+                let (start, end) = self.range(prefix);
+                TxnOp::delete(start, Some(DeleteOptions::new().with_range(end)))
+            }
+            O::Get { key } => TxnOp::get(self.full(key), None),
+        }
     }
 
     /// Every key in `[start, end)` at one revision, read page by page.
@@ -319,6 +358,31 @@ impl Backend for EtcdStore {
         let resp =
             self.keys.client.kv_client().get(self.keys.root.clone(), Some(options)).await.map_err(unavailable)?;
         revision_of(resp.header())
+    }
+
+    async fn txn(&self, txn: crate::Txn) -> Result<crate::TxnResponse> {
+        let compares: Vec<Compare> = txn.compares.iter().flat_map(|c| self.keys.compare(c)).collect();
+        let success: Vec<TxnOp> = txn.success.iter().map(|op| self.keys.op(op)).collect();
+        let failure: Vec<TxnOp> = txn.failure.iter().map(|op| self.keys.op(op)).collect();
+        let resp = self.keys.txn(Txn::new().when(compares).and_then(success).or_else(failure)).await?;
+        let gets = resp
+            .op_responses()
+            .into_iter()
+            .filter_map(|op| match op {
+                TxnOpResponse::Get(get) => Some(get.kvs().first().and_then(|kv| self.keys.record(kv))),
+                _ => None,
+            })
+            .collect();
+        Ok(crate::TxnResponse { succeeded: resp.succeeded(), revision: revision_of(resp.header())?, gets })
+    }
+
+    async fn snapshot(&self, prefix: &str) -> Result<(Vec<KeyValue>, Revision)> {
+        let (start, end) = self.keys.range(prefix);
+        self.keys.snapshot(&start, &end).await
+    }
+
+    async fn changes(&self, prefix: &str, from: Revision) -> Result<ChangeStream> {
+        watcher::changes(self.keys.clone(), prefix, from, self.shutdown.child_token()).await
     }
 
     fn job_locker(&self) -> Option<Arc<dyn JobLocker>> {

@@ -20,10 +20,12 @@ pub mod etcd;
 pub mod local;
 pub mod testsuite;
 pub mod txn;
+mod watcher;
 
 pub use txn::{Compare, Op, Txn, TxnResponse};
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use async_trait::async_trait;
 use futures::stream::BoxStream;
@@ -127,6 +129,21 @@ pub enum WatcherEvent {
     Progress { revision: Revision },
 }
 
+/// One item of a backend's raw change feed (see [`Backend::changes`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Change {
+    /// A put or delete, in revision order.
+    Event(Event),
+    /// Every change under the prefix up to this revision has been delivered.
+    Progress(Revision),
+}
+
+/// A backend's raw change feed. It yields `Err(Compacted)` when the history
+/// from its position is gone and `Err(Unavailable)` (or ends) when the
+/// connection is lost; either way it is finished after that.
+/// [`Store::watcher`] turns it into a stream that never ends.
+pub type ChangeStream = BoxStream<'static, Result<Change>>;
+
 /// What a backend implements. Private in spirit: use [`Store`].
 #[async_trait]
 pub trait Backend: Send + Sync + 'static {
@@ -143,6 +160,13 @@ pub trait Backend: Send + Sync + 'static {
     async fn watch(&self, prefix: &str, from: Revision) -> Result<WatchStream>;
     /// The store's current revision; doubles as a reachability check.
     async fn revision(&self) -> Result<Revision>;
+    /// Runs `txn` atomically: compares, then one branch's operations.
+    async fn txn(&self, txn: Txn) -> Result<TxnResponse>;
+    /// Every key under `prefix` at one revision, read page by page.
+    async fn snapshot(&self, prefix: &str) -> Result<(Vec<KeyValue>, Revision)>;
+    /// The raw change feed under `prefix` from `from` (inclusive), with
+    /// progress at least every [`PROGRESS_INTERVAL`] while healthy.
+    async fn changes(&self, prefix: &str, from: Revision) -> Result<ChangeStream>;
     /// Cross-process job locks, where the backend has them.
     fn job_locker(&self) -> Option<Arc<dyn JobLocker>> {
         None
@@ -179,9 +203,18 @@ pub struct JobLock {
     pub create_revision: Revision,
 }
 
-/// The storage handle every component uses.
+/// How often a healthy watcher reports [`WatcherEvent::Progress`] at the
+/// latest (etcd progress requests; the local store reports every poll).
+pub const PROGRESS_INTERVAL: Duration = Duration::from_millis(400);
+
+/// The storage handle every component uses. Every call is bounded by its
+/// request timeout (`database.request_timeout`): past it the call fails
+/// with [`Error::Unavailable`], whatever the backend is doing.
 #[derive(Clone)]
-pub struct Store(Arc<dyn Backend>);
+pub struct Store {
+    backend: Arc<dyn Backend>,
+    request_timeout: Duration,
+}
 
 impl std::fmt::Debug for Store {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -190,24 +223,55 @@ impl std::fmt::Debug for Store {
 }
 
 impl Store {
+    /// A handle with the default request timeout
+    /// ([`kayra_config::DEFAULT_REQUEST_TIMEOUT`]).
     pub fn new(backend: impl Backend) -> Self {
-        Self(Arc::new(backend))
+        Self { backend: Arc::new(backend), request_timeout: kayra_config::DEFAULT_REQUEST_TIMEOUT }
     }
 
-    /// Opens the backend `config` selects.
+    /// The same store with every call bounded by `timeout`.
+    pub fn with_request_timeout(mut self, timeout: Duration) -> Self {
+        self.request_timeout = timeout;
+        self
+    }
+
+    /// The deadline every call of this handle carries.
+    pub fn request_timeout(&self) -> Duration {
+        self.request_timeout
+    }
+
+    /// Opens the backend `config` selects, bounded by `database.request_timeout`.
     pub async fn open(config: &kayra_config::DatabaseConfig) -> Result<Self> {
-        match (&config.local, &config.etcd) {
-            (Some(local), None) => Ok(Self::new(local::LocalStore::open(&local.path, local.poll_interval.0)?)),
-            (None, Some(etcd)) => Ok(Self::new(etcd::EtcdStore::connect(etcd).await?)),
-            _ => Err(Error::Unavailable("exactly one of database.local / database.etcd must be set".into())),
+        let timeout = config.request_timeout.0;
+        let store = match (&config.local, &config.etcd) {
+            (Some(local), None) => {
+                Self::new(local::LocalStore::open(&local.path, local.poll_interval.0)?.with_write_timeout(timeout))
+            }
+            (None, Some(etcd)) => {
+                // Connecting is lazy; the first call is what can hang.
+                Self::new(etcd::EtcdStore::connect(etcd).await?)
+            }
+            _ => return Err(Error::Unavailable("exactly one of database.local / database.etcd must be set".into())),
+        };
+        Ok(store.with_request_timeout(timeout))
+    }
+
+    /// Runs `call` within the request timeout.
+    async fn bounded<T>(&self, what: &str, call: impl std::future::Future<Output = Result<T>>) -> Result<T> {
+        match tokio::time::timeout(self.request_timeout, call).await {
+            Ok(result) => result,
+            Err(_) => Err(Error::Unavailable(format!(
+                "{what} did not answer within the request timeout of {:?}",
+                self.request_timeout
+            ))),
         }
     }
 
     pub async fn get(&self, key: &str) -> Result<(Option<KeyValue>, Revision)> {
-        self.0.get(key).await
+        self.bounded("get", self.backend.get(key)).await
     }
     pub async fn list(&self, prefix: &str, start_after: Option<&str>, limit: usize) -> Result<ListPage> {
-        self.0.list(prefix, start_after, limit).await
+        self.bounded("list", self.backend.list(prefix, start_after, limit)).await
     }
     /// Every key under `prefix`, read page by page. Returns the revision of the first page.
     pub async fn list_all(&self, prefix: &str) -> Result<(Vec<KeyValue>, Revision)> {
@@ -215,7 +279,7 @@ impl Store {
         let mut after: Option<String> = None;
         let mut first_revision = None;
         loop {
-            let page = self.0.list(prefix, after.as_deref(), 1000).await?;
+            let page = self.list(prefix, after.as_deref(), 1000).await?;
             first_revision.get_or_insert(page.revision);
             after = page.items.last().map(|kv| kv.key.clone());
             out.extend(page.items);
@@ -225,21 +289,31 @@ impl Store {
         }
     }
     pub async fn create(&self, key: &str, value: Vec<u8>) -> Result<Revision> {
-        self.0.create(key, value).await
+        self.bounded("create", self.backend.create(key, value)).await
     }
     pub async fn update(&self, key: &str, value: Vec<u8>, expected: Revision) -> Result<Revision> {
-        self.0.update(key, value, expected).await
+        self.bounded("update", self.backend.update(key, value, expected)).await
     }
     pub async fn delete(&self, key: &str, expected: Option<Revision>) -> Result<Revision> {
-        self.0.delete(key, expected).await
+        self.bounded("delete", self.backend.delete(key, expected)).await
+    }
+    /// Runs `txn` atomically in one round trip (one etcd Txn; one SQLite
+    /// transaction locally).
+    pub async fn txn(&self, txn: Txn) -> Result<TxnResponse> {
+        self.bounded("txn", self.backend.txn(txn)).await
     }
     pub async fn watch(&self, prefix: &str, from: Revision) -> Result<WatchStream> {
-        self.0.watch(prefix, from).await
+        self.bounded("watch", self.backend.watch(prefix, from)).await
+    }
+    /// A never-ending list → watch → re-list stream of `prefix` (see
+    /// [`WatcherEvent`]). It ends only when every handle on the store is gone.
+    pub fn watcher(&self, prefix: &str) -> BoxStream<'static, WatcherEvent> {
+        watcher::watcher(Arc::downgrade(&self.backend), prefix.to_string(), self.request_timeout)
     }
     pub async fn revision(&self) -> Result<Revision> {
-        self.0.revision().await
+        self.bounded("revision", self.backend.revision()).await
     }
     pub fn job_locker(&self) -> Option<Arc<dyn JobLocker>> {
-        self.0.job_locker()
+        self.backend.job_locker()
     }
 }

@@ -13,6 +13,23 @@
 //! - `meta(revision, compacted)`: the store revision, and the newest trimmed
 //!   revision (a watch starting at or below it must re-list).
 //!
+//! Every write — single-key or [`Txn`] — runs in one `BEGIN IMMEDIATE`
+//! transaction, and each put or delete in it takes the next revision (the
+//! change log has one row per revision, so a transaction of three writes
+//! moves the revision by three; its readers see all three or none).
+//!
+//! Reads never wait behind a pending write (platform §3): writes go through
+//! one writer connection, reads through a small pool of reader connections.
+//! In WAL mode a reader needs no lock a writer holds, so a write waiting on
+//! another process's lock (`busy_timeout`) delays only other writes.
+//!
+//! The file at `path` must stay the one opened: an operator deleting or
+//! replacing it would silently turn every later commit into a write to an
+//! unlinked inode, lost at the next restart. Each write checks the path's
+//! device and inode before and after it commits, and [`Backend::revision`]
+//! (readiness) checks them too: once they differ, the store refuses writes
+//! and readiness with `Unavailable` until restarted.
+//!
 //! Every write runs in a `BEGIN IMMEDIATE` transaction: read-then-write
 //! transactions started DEFERRED across two processes fail with
 //! `SQLITE_BUSY` far more often than `busy_timeout` can cure, and even
@@ -23,13 +40,18 @@
 //! Keys are stored as BLOBs so that prefix ranges compare byte-wise.
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use futures::stream;
 use rusqlite::{Connection, ErrorCode, OptionalExtension, TransactionBehavior, params};
 
-use crate::{Backend, Error, Event, KeyValue, ListPage, Result, Revision, WatchStream};
+use crate::{
+    Backend, Change, ChangeStream, Compare, Error, Event, KeyValue, ListPage, Op, Result, Revision, Txn, TxnResponse,
+    WatchStream,
+};
 
 /// How many change-log entries are kept for watchers.
 pub const DEFAULT_RETAIN: i64 = 10_000;
@@ -37,17 +59,29 @@ pub const DEFAULT_RETAIN: i64 = 10_000;
 /// Attempts of one write before giving up with `Unavailable`.
 const WRITE_ATTEMPTS: u32 = 100;
 
-/// The SQLite backend. Cheap to clone via `Store`; one connection per
-/// process, serialised by a mutex (SQLite serialises writers anyway).
+/// Reader connections kept open for reuse.
+const READERS_KEPT: usize = 8;
+
+/// The SQLite backend. Cheap to clone via `Store`.
 pub struct LocalStore {
     inner: Arc<Inner>,
 }
 
 struct Inner {
     path: PathBuf,
-    conn: Mutex<Connection>,
+    /// The one writer connection of this process (SQLite serialises writers anyway).
+    writer: Mutex<Connection>,
+    /// Idle reader connections; a read takes one or opens a new one.
+    readers: Mutex<Vec<Connection>>,
+    /// `(device, inode)` of the file opened.
+    identity: (u64, u64),
+    /// Set once the file at `path` is no longer the one opened.
+    lost: AtomicBool,
     poll_interval: Duration,
     retain: i64,
+    /// How long a write may wait for the file's write lock, queueing
+    /// behind this process's other writes included (the request timeout).
+    write_timeout: Duration,
 }
 
 impl LocalStore {
@@ -79,85 +113,240 @@ impl LocalStore {
             })
         })
         .map_err(unavailable)?;
+        let identity = file_identity(path)
+            .ok_or_else(|| Error::Unavailable(format!("{} vanished while opening it", path.display())))?;
         Ok(Self {
             inner: Arc::new(Inner {
                 path: path.to_path_buf(),
-                conn: Mutex::new(conn),
+                writer: Mutex::new(conn),
+                readers: Mutex::new(Vec::new()),
+                identity,
+                lost: AtomicBool::new(false),
                 poll_interval,
                 retain: retain.max(1),
+                write_timeout: kayra_config::DEFAULT_REQUEST_TIMEOUT,
             }),
         })
     }
 
-    async fn blocking<T: Send + 'static>(
+    /// Bounds every write's wait for the write lock by `timeout` (the
+    /// store's request timeout): a write that could not start by then fails
+    /// with `Unavailable` and never commits later behind the caller's back.
+    pub fn with_write_timeout(mut self, timeout: Duration) -> Self {
+        if let Some(inner) = Arc::get_mut(&mut self.inner) {
+            inner.write_timeout = timeout;
+        }
+        self
+    }
+
+    /// Runs `f` on a reader connection, off the async threads.
+    async fn read<T: Send + 'static>(
         &self,
         f: impl FnOnce(&mut Connection) -> Result<T> + Send + 'static,
     ) -> Result<T> {
         let inner = self.inner.clone();
         tokio::task::spawn_blocking(move || {
-            let mut conn = inner.conn.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-            f(&mut conn)
+            let idle = inner.readers.lock().unwrap_or_else(|p| p.into_inner()).pop();
+            let mut conn = match idle {
+                Some(conn) => conn,
+                None => connect(&inner.path)?,
+            };
+            let result = f(&mut conn);
+            let mut readers = inner.readers.lock().unwrap_or_else(|p| p.into_inner());
+            if readers.len() < READERS_KEPT {
+                readers.push(conn);
+            }
+            result
         })
         .await
         .map_err(|e| Error::Unavailable(format!("store task failed: {e}")))?
     }
 
-    /// Runs one write transaction with application-level retry on BUSY.
-    /// `f` returns `Ok(Err(e))` for a logical failure (conflict, not found),
-    /// which rolls back without retrying.
-    async fn write(
-        &self,
-        f: impl Fn(&rusqlite::Transaction<'_>, Revision) -> rusqlite::Result<Result<WriteOp>> + Send + 'static,
-    ) -> Result<Revision> {
-        let retain = self.inner.retain;
-        self.blocking(move |conn| {
-            retry_busy(|| {
-                let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-                let current: Revision = tx.query_row("SELECT revision FROM meta WHERE id = 1", [], |r| r.get(0))?;
-                let next = current + 1;
-                let op = match f(&tx, next)? {
-                    Ok(op) => op,
-                    Err(e) => return Ok(Err(e)),
-                };
-                match &op {
-                    WriteOp::Put { key, value, create_rev } => {
-                        tx.execute(
-                            "INSERT INTO kv (key, value, create_rev, mod_rev) VALUES (?1, ?2, ?3, ?4)
-                             ON CONFLICT(key) DO UPDATE SET value = excluded.value, mod_rev = excluded.mod_rev",
-                            params![key.as_bytes(), value, create_rev, next],
-                        )?;
-                        tx.execute(
-                            "INSERT INTO changes (rev, key, value, create_rev) VALUES (?1, ?2, ?3, ?4)",
-                            params![next, key.as_bytes(), value, create_rev],
-                        )?;
-                    }
-                    WriteOp::Delete { key, create_rev } => {
-                        tx.execute("DELETE FROM kv WHERE key = ?1", params![key.as_bytes()])?;
-                        tx.execute(
-                            "INSERT INTO changes (rev, key, value, create_rev) VALUES (?1, ?2, NULL, ?3)",
-                            params![next, key.as_bytes(), create_rev],
-                        )?;
-                    }
-                }
-                let trim_to = next - retain;
-                if trim_to > 0 {
-                    tx.execute("DELETE FROM changes WHERE rev <= ?1", params![trim_to])?;
-                    tx.execute("UPDATE meta SET compacted = MAX(compacted, ?1) WHERE id = 1", params![trim_to])?;
-                }
-                tx.execute("UPDATE meta SET revision = ?1 WHERE id = 1", params![next])?;
-                tx.commit()?;
-                Ok(Ok(next))
-            })
-            .map_err(unavailable)?
+    /// Runs `txn` in one write transaction, with application-level retry on
+    /// BUSY, all within the write timeout.
+    async fn write(&self, txn: Txn) -> Result<TxnResponse> {
+        let inner = self.inner.clone();
+        let started = std::time::Instant::now();
+        tokio::task::spawn_blocking(move || {
+            let conn = inner.writer.lock().unwrap_or_else(|p| p.into_inner());
+            inner.check_file()?;
+            let resp = inner.write_within(conn, started, &txn)?;
+            // A commit into a file no longer at `path` is lost at the next
+            // start: it must not be acknowledged.
+            inner.check_file()?;
+            Ok(resp)
         })
         .await
+        .map_err(|e| Error::Unavailable(format!("store task failed: {e}")))?
     }
 }
 
-/// What a write transaction decided to do.
-enum WriteOp {
-    Put { key: String, value: Vec<u8>, create_rev: Revision },
-    Delete { key: String, create_rev: Revision },
+impl Inner {
+    /// One write transaction, retried on BUSY while time remains. Each
+    /// attempt waits for the lock at most the time left, so no attempt
+    /// starts — or commits — after the deadline.
+    fn write_within(
+        &self,
+        mut conn: std::sync::MutexGuard<'_, Connection>,
+        started: std::time::Instant,
+        txn: &Txn,
+    ) -> Result<TxnResponse> {
+        // Stop a little before the caller's deadline (the same duration,
+        // started a moment earlier) so that no attempt outlives it.
+        let budget = self.write_timeout.saturating_sub((self.write_timeout / 10).min(Duration::from_millis(100)));
+        let mut attempt = 0u32;
+        loop {
+            let Some(left) = budget.checked_sub(started.elapsed()).filter(|d| !d.is_zero()) else {
+                return Err(Error::Unavailable(format!(
+                    "the store file's write lock was not free within {:?}",
+                    self.write_timeout
+                )));
+            };
+            conn.busy_timeout(left.min(Duration::from_secs(5))).map_err(unavailable)?;
+            let result = (|| {
+                let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+                let resp = apply(&tx, txn, self.retain)?;
+                tx.commit()?;
+                Ok(resp)
+            })();
+            match result {
+                Err(e) if is_busy(&e) && attempt < WRITE_ATTEMPTS => {
+                    attempt += 1;
+                    std::thread::sleep(Duration::from_millis(u64::from(attempt.min(20)) * 2));
+                }
+                other => return other.map_err(unavailable),
+            }
+        }
+    }
+
+    /// `Unavailable` once the file at `path` is not the one opened (sticky).
+    fn check_file(&self) -> Result<()> {
+        if !self.lost.load(Ordering::Relaxed) && file_identity(&self.path) == Some(self.identity) {
+            return Ok(());
+        }
+        if !self.lost.swap(true, Ordering::Relaxed) {
+            tracing::error!(path = %self.path.display(),
+                "the local store file was deleted or replaced under the running process; refusing writes until restarted");
+        }
+        Err(Error::Unavailable(format!(
+            "the store file {} was deleted or replaced; restart to reopen it",
+            self.path.display()
+        )))
+    }
+}
+
+#[cfg(unix)]
+fn file_identity(path: &Path) -> Option<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(path).ok().map(|m| (m.dev(), m.ino()))
+}
+
+#[cfg(not(unix))]
+fn file_identity(path: &Path) -> Option<(u64, u64)> {
+    std::fs::metadata(path).ok().map(|_| (0, 0))
+}
+
+/// Evaluates `txn`'s compares and applies the chosen branch inside `tx`:
+/// every put and delete takes the next revision and is written to the
+/// change log, which is trimmed to `retain` entries.
+fn apply(tx: &rusqlite::Transaction<'_>, txn: &Txn, retain: i64) -> rusqlite::Result<TxnResponse> {
+    let (start, _) = read_revision(tx)?;
+    let mut succeeded = true;
+    for compare in &txn.compares {
+        let holds = match compare {
+            Compare::Absent(key) => revisions_of(tx, key)?.is_none(),
+            Compare::Exists(key) => revisions_of(tx, key)?.is_some(),
+            Compare::ModRevision(key, expected) => revisions_of(tx, key)?.is_some_and(|(_, m)| m == *expected),
+            Compare::PrefixEmpty(prefix) => {
+                let (lo, hi) = bounds(prefix);
+                tx.query_row("SELECT 1 FROM kv WHERE key >= ?1 AND key < ?2 LIMIT 1", params![lo, hi], |_| Ok(()))
+                    .optional()?
+                    .is_none()
+            }
+            Compare::PrefixUnchangedSince(prefix, revision) => {
+                let (lo, hi) = bounds(prefix);
+                tx.query_row(
+                    "SELECT 1 FROM kv WHERE key >= ?1 AND key < ?2 AND mod_rev > ?3 LIMIT 1",
+                    params![lo, hi, revision],
+                    |_| Ok(()),
+                )
+                .optional()?
+                .is_none()
+            }
+        };
+        if !holds {
+            succeeded = false;
+            break;
+        }
+    }
+    let ops = if succeeded { &txn.success } else { &txn.failure };
+    let mut revision = start;
+    let mut gets = Vec::new();
+    for op in ops {
+        match op {
+            Op::Put { key, value } => {
+                revision += 1;
+                let create_rev = revisions_of(tx, key)?.map_or(revision, |(c, _)| c);
+                tx.execute(
+                    "INSERT INTO kv (key, value, create_rev, mod_rev) VALUES (?1, ?2, ?3, ?4)
+                     ON CONFLICT(key) DO UPDATE SET value = excluded.value, mod_rev = excluded.mod_rev",
+                    params![key.as_bytes(), value, create_rev, revision],
+                )?;
+                tx.execute(
+                    "INSERT INTO changes (rev, key, value, create_rev) VALUES (?1, ?2, ?3, ?4)",
+                    params![revision, key.as_bytes(), value, create_rev],
+                )?;
+            }
+            Op::Delete { key } => {
+                if let Some((create_rev, _)) = revisions_of(tx, key)? {
+                    revision += 1;
+                    delete_one(tx, key.as_bytes(), create_rev, revision)?;
+                }
+            }
+            Op::DeletePrefix { prefix } => {
+                let (lo, hi) = bounds(prefix);
+                let doomed = {
+                    let mut stmt =
+                        tx.prepare_cached("SELECT key, create_rev FROM kv WHERE key >= ?1 AND key < ?2 ORDER BY key")?;
+                    stmt.query_map(params![lo, hi], |r| Ok((r.get::<_, Vec<u8>>(0)?, r.get::<_, Revision>(1)?)))?
+                        .collect::<rusqlite::Result<Vec<_>>>()?
+                };
+                for (key, create_rev) in doomed {
+                    revision += 1;
+                    delete_one(tx, &key, create_rev, revision)?;
+                }
+            }
+            Op::Get { key } => gets.push(get_in(tx, key)?),
+        }
+    }
+    if revision > start {
+        let trim_to = revision - retain;
+        if trim_to > 0 {
+            tx.execute("DELETE FROM changes WHERE rev <= ?1", params![trim_to])?;
+            tx.execute("UPDATE meta SET compacted = MAX(compacted, ?1) WHERE id = 1", params![trim_to])?;
+        }
+        tx.execute("UPDATE meta SET revision = ?1 WHERE id = 1", params![revision])?;
+    }
+    Ok(TxnResponse { succeeded, revision, gets })
+}
+
+fn delete_one(
+    tx: &rusqlite::Transaction<'_>,
+    key: &[u8],
+    create_rev: Revision,
+    revision: Revision,
+) -> rusqlite::Result<()> {
+    tx.execute("DELETE FROM kv WHERE key = ?1", params![key])?;
+    tx.execute(
+        "INSERT INTO changes (rev, key, value, create_rev) VALUES (?1, ?2, NULL, ?3)",
+        params![revision, key, create_rev],
+    )?;
+    Ok(())
+}
+
+fn get_in(conn: &Connection, key: &str) -> rusqlite::Result<Option<KeyValue>> {
+    conn.query_row("SELECT key, value, create_rev, mod_rev FROM kv WHERE key = ?1", params![key.as_bytes()], read_kv)
+        .optional()
 }
 
 fn connect(path: &Path) -> Result<Connection> {
@@ -194,8 +383,8 @@ fn retry_busy<T>(mut f: impl FnMut() -> rusqlite::Result<T>) -> rusqlite::Result
 }
 
 /// `(create_rev, mod_rev)` of `key`, when present.
-fn revisions_of(tx: &rusqlite::Transaction<'_>, key: &str) -> rusqlite::Result<Option<(Revision, Revision)>> {
-    tx.query_row("SELECT create_rev, mod_rev FROM kv WHERE key = ?1", params![key.as_bytes()], |r| {
+fn revisions_of(conn: &Connection, key: &str) -> rusqlite::Result<Option<(Revision, Revision)>> {
+    conn.query_row("SELECT create_rev, mod_rev FROM kv WHERE key = ?1", params![key.as_bytes()], |r| {
         Ok((r.get(0)?, r.get(1)?))
     })
     .optional()
@@ -235,105 +424,156 @@ fn read_revision(conn: &Connection) -> rusqlite::Result<(Revision, Revision)> {
     conn.query_row("SELECT revision, compacted FROM meta WHERE id = 1", [], |r| Ok((r.get(0)?, r.get(1)?)))
 }
 
-fn list_in(conn: &mut Connection, prefix: &str, start_after: Option<&str>, limit: usize) -> rusqlite::Result<ListPage> {
-    let tx = conn.transaction()?; // one snapshot for the page and its revision
-    let (revision, _) = read_revision(&tx)?;
+/// One page of keys under `prefix` after `start_after`, inside an open read transaction.
+fn page_in(
+    conn: &Connection,
+    prefix: &str,
+    start_after: Option<&[u8]>,
+    limit: usize,
+) -> rusqlite::Result<(Vec<KeyValue>, bool)> {
     let (lo, hi) = bounds(prefix);
-    let after = start_after.map(|s| s.as_bytes().to_vec());
-    let fetch = if limit == 0 { -1 } else { limit as i64 + 1 };
+    // `limit + 1` tells whether more remain; a huge limit (u64::MAX from an
+    // API caller) must clamp, never wrap to a negative or zero LIMIT.
+    let fetch = if limit == 0 { -1 } else { i64::try_from(limit).unwrap_or(i64::MAX).saturating_add(1) };
     let mut items = {
-        let mut stmt = tx.prepare_cached(
+        let mut stmt = conn.prepare_cached(
             "SELECT key, value, create_rev, mod_rev FROM kv
              WHERE key >= ?1 AND key < ?2 AND (?3 IS NULL OR key > ?3)
              ORDER BY key LIMIT ?4",
         )?;
-        stmt.query_map(params![lo, hi, after, fetch], read_kv)?.collect::<rusqlite::Result<Vec<_>>>()?
+        stmt.query_map(params![lo, hi, start_after, fetch], read_kv)?.collect::<rusqlite::Result<Vec<_>>>()?
     };
-    tx.finish()?;
     let more = limit != 0 && items.len() > limit;
-    items.truncate(if limit == 0 { items.len() } else { limit });
+    if more {
+        items.truncate(limit);
+    }
+    Ok((items, more))
+}
+
+fn list_in(conn: &mut Connection, prefix: &str, start_after: Option<&str>, limit: usize) -> rusqlite::Result<ListPage> {
+    let tx = conn.transaction()?; // one snapshot for the page and its revision
+    let (revision, _) = read_revision(&tx)?;
+    let (items, more) = page_in(&tx, prefix, start_after.map(str::as_bytes), limit)?;
+    tx.finish()?;
     Ok(ListPage { items, more, revision })
+}
+
+/// Every key under `prefix`, page by page inside one read transaction (one snapshot).
+fn snapshot_in(conn: &mut Connection, prefix: &str) -> rusqlite::Result<(Vec<KeyValue>, Revision)> {
+    const PAGE: usize = 1000;
+    let tx = conn.transaction()?;
+    let (revision, _) = read_revision(&tx)?;
+    let mut items: Vec<KeyValue> = Vec::new();
+    loop {
+        let after = items.last().map(|kv| kv.key.as_bytes().to_vec());
+        let (page, more) = page_in(&tx, prefix, after.as_deref(), PAGE)?;
+        items.extend(page);
+        if !more {
+            break;
+        }
+    }
+    tx.finish()?;
+    Ok((items, revision))
+}
+
+/// Why a failed single-key write failed, from its `else` branch's read.
+fn failed_write(key: &str, resp: &TxnResponse) -> Error {
+    match resp.gets.first() {
+        Some(Some(_)) => Error::Conflict(key.to_string()),
+        _ => Error::NotFound(key.to_string()),
+    }
 }
 
 #[async_trait]
 impl Backend for LocalStore {
     async fn get(&self, key: &str) -> Result<(Option<KeyValue>, Revision)> {
         let key = key.to_string();
-        self.blocking(move |conn| {
-            let tx = conn.transaction().map_err(unavailable)?;
-            let (revision, _) = read_revision(&tx).map_err(unavailable)?;
-            let kv = tx
-                .query_row(
-                    "SELECT key, value, create_rev, mod_rev FROM kv WHERE key = ?1",
-                    params![key.as_bytes()],
-                    read_kv,
-                )
-                .optional()
-                .map_err(unavailable)?;
-            tx.finish().map_err(unavailable)?;
-            Ok((kv, revision))
+        self.read(move |conn| {
+            retry_busy(|| {
+                let tx = conn.transaction()?;
+                let (revision, _) = read_revision(&tx)?;
+                let kv = get_in(&tx, &key)?;
+                tx.finish()?;
+                Ok((kv, revision))
+            })
+            .map_err(unavailable)
         })
         .await
     }
 
     async fn list(&self, prefix: &str, start_after: Option<&str>, limit: usize) -> Result<ListPage> {
         let (prefix, after) = (prefix.to_string(), start_after.map(str::to_string));
-        self.blocking(move |conn| retry_busy(|| list_in(conn, &prefix, after.as_deref(), limit)).map_err(unavailable))
-            .await
+        self.read(move |conn| retry_busy(|| list_in(conn, &prefix, after.as_deref(), limit)).map_err(unavailable)).await
     }
 
     async fn create(&self, key: &str, value: Vec<u8>) -> Result<Revision> {
-        let key = key.to_string();
-        self.write(move |tx, next| {
-            let exists: Option<i64> = tx
-                .query_row("SELECT mod_rev FROM kv WHERE key = ?1", params![key.as_bytes()], |r| r.get(0))
-                .optional()?;
-            Ok(match exists {
-                Some(_) => Err(Error::Conflict(key.clone())),
-                None => Ok(WriteOp::Put { key: key.clone(), value: value.clone(), create_rev: next }),
-            })
-        })
-        .await
+        let txn = Txn::new().when(Compare::Absent(key.to_string())).then(Op::Put { key: key.to_string(), value });
+        let resp = self.write(txn).await?;
+        if !resp.succeeded {
+            return Err(Error::Conflict(key.to_string()));
+        }
+        Ok(resp.revision)
     }
 
     async fn update(&self, key: &str, value: Vec<u8>, expected: Revision) -> Result<Revision> {
-        let key = key.to_string();
-        self.write(move |tx, _| {
-            let found = revisions_of(tx, &key)?;
-            Ok(match found {
-                None => Err(Error::NotFound(key.clone())),
-                Some((_, m)) if m != expected => Err(Error::Conflict(key.clone())),
-                Some((c, _)) => Ok(WriteOp::Put { key: key.clone(), value: value.clone(), create_rev: c }),
-            })
-        })
-        .await
+        let txn = Txn::new()
+            .when(Compare::ModRevision(key.to_string(), expected))
+            .then(Op::Put { key: key.to_string(), value })
+            .otherwise(Op::Get { key: key.to_string() });
+        let resp = self.write(txn).await?;
+        if !resp.succeeded {
+            return Err(failed_write(key, &resp));
+        }
+        Ok(resp.revision)
     }
 
     async fn delete(&self, key: &str, expected: Option<Revision>) -> Result<Revision> {
-        let key = key.to_string();
-        self.write(move |tx, _| {
-            let found = revisions_of(tx, &key)?;
-            Ok(match found {
-                None => Err(Error::NotFound(key.clone())),
-                Some((_, m)) if expected.is_some_and(|e| e != m) => Err(Error::Conflict(key.clone())),
-                Some((c, _)) => Ok(WriteOp::Delete { key: key.clone(), create_rev: c }),
-            })
-        })
-        .await
+        let compare = match expected {
+            Some(expected) => Compare::ModRevision(key.to_string(), expected),
+            None => Compare::Exists(key.to_string()),
+        };
+        let txn = Txn::new()
+            .when(compare)
+            .then(Op::Delete { key: key.to_string() })
+            .otherwise(Op::Get { key: key.to_string() });
+        let resp = self.write(txn).await?;
+        if !resp.succeeded {
+            return Err(failed_write(key, &resp));
+        }
+        Ok(resp.revision)
     }
 
     async fn watch(&self, prefix: &str, from: Revision) -> Result<WatchStream> {
         // A dedicated connection, so polling never waits behind this
-        // process's own writers on the shared one.
+        // process's own writers.
         let conn = connect(&self.inner.path)?;
         let (tx, rx) = tokio::sync::mpsc::channel::<Event>(256);
         let poller = Poller { conn: Arc::new(Mutex::new(conn)), prefix: prefix.to_string(), next: from.max(1) };
         tokio::spawn(poller.run(tx, self.inner.poll_interval));
-        Ok(Box::pin(futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|e| (e, rx)) })))
+        Ok(Box::pin(stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|e| (e, rx)) })))
     }
 
     async fn revision(&self) -> Result<Revision> {
-        self.blocking(|conn| Ok(read_revision(conn).map_err(unavailable)?.0)).await
+        // Readiness: a store whose file is gone is not ready.
+        self.inner.check_file()?;
+        self.read(|conn| Ok(retry_busy(|| read_revision(conn)).map_err(unavailable)?.0)).await
+    }
+
+    async fn txn(&self, txn: Txn) -> Result<TxnResponse> {
+        self.write(txn).await
+    }
+
+    async fn snapshot(&self, prefix: &str) -> Result<(Vec<KeyValue>, Revision)> {
+        let prefix = prefix.to_string();
+        self.read(move |conn| retry_busy(|| snapshot_in(conn, &prefix)).map_err(unavailable)).await
+    }
+
+    async fn changes(&self, prefix: &str, from: Revision) -> Result<ChangeStream> {
+        let conn = connect(&self.inner.path)?;
+        let (tx, rx) = tokio::sync::mpsc::channel::<Result<Change>>(256);
+        let feed = Feed { conn: Arc::new(Mutex::new(conn)), prefix: prefix.to_string(), next: from.max(1) };
+        tokio::spawn(feed.run(tx, self.inner.poll_interval));
+        Ok(Box::pin(stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|e| (e, rx)) })))
     }
 }
 
@@ -347,7 +587,9 @@ struct Poller {
 
 /// What one poll found.
 enum Batch {
-    Events(Vec<Event>, Revision),
+    /// Events, the next revision to read, and — unless the batch was full —
+    /// the revision every change up to which has now been seen.
+    Events(Vec<Event>, Revision, Option<Revision>),
     /// The position was trimmed away: everything present, and the revision it was read at.
     Relisted(Vec<KeyValue>, Revision),
 }
@@ -364,7 +606,7 @@ impl Poller {
             .await;
             let mut delivered_full_batch = false;
             match polled {
-                Ok(Ok(Batch::Events(events, next))) => {
+                Ok(Ok(Batch::Events(events, next, _))) => {
                     delivered_full_batch = events.len() >= POLL_BATCH;
                     for event in events {
                         if tx.send(event).await.is_err() {
@@ -417,7 +659,7 @@ fn poll_once(conn: &mut Connection, prefix: &str, next: Revision) -> rusqlite::R
     }
     if next > revision {
         tx.finish()?;
-        return Ok(Batch::Events(Vec::new(), next));
+        return Ok(Batch::Events(Vec::new(), next, Some(revision)));
     }
     let (lo, hi) = bounds(prefix);
     let rows = {
@@ -437,7 +679,8 @@ fn poll_once(conn: &mut Connection, prefix: &str, next: Revision) -> rusqlite::R
     tx.finish()?;
     // With a full batch, resume right after its last event; otherwise every
     // change up to `revision` has been seen.
-    let resume = if rows.len() >= POLL_BATCH { rows.last().map_or(next, |r| r.0 + 1) } else { revision + 1 };
+    let full = rows.len() >= POLL_BATCH;
+    let resume = if full { rows.last().map_or(next, |r| r.0 + 1) } else { revision + 1 };
     let events = rows
         .into_iter()
         .map(|(rev, key, value, create_rev)| match value {
@@ -445,7 +688,77 @@ fn poll_once(conn: &mut Connection, prefix: &str, next: Revision) -> rusqlite::R
             None => Event::Delete { key, revision: rev },
         })
         .collect();
-    Ok(Batch::Events(events, resume))
+    Ok(Batch::Events(events, resume, (!full).then_some(revision)))
+}
+
+/// The raw change feed of [`Backend::changes`]: polls the change log, sends
+/// `Progress` after every complete poll, and ends with `Compacted` when its
+/// position has been trimmed away.
+struct Feed {
+    conn: Arc<Mutex<Connection>>,
+    prefix: String,
+    next: Revision,
+}
+
+impl Feed {
+    async fn run(mut self, tx: tokio::sync::mpsc::Sender<Result<Change>>, interval: Duration) {
+        loop {
+            let conn = self.conn.clone();
+            let (prefix, next) = (self.prefix.clone(), self.next);
+            let polled = tokio::task::spawn_blocking(move || {
+                let mut conn = conn.lock().unwrap_or_else(|p| p.into_inner());
+                retry_busy(|| {
+                    let tx = conn.transaction()?;
+                    let (_, compacted) = read_revision(&tx)?;
+                    tx.finish()?;
+                    if next <= compacted {
+                        return Ok(Err(compacted));
+                    }
+                    poll_once(&mut conn, &prefix, next).map(Ok)
+                })
+            })
+            .await;
+            let mut complete = false;
+            match polled {
+                Ok(Ok(Ok(Batch::Events(events, next, covered)))) => {
+                    for event in events {
+                        if tx.send(Ok(Change::Event(event))).await.is_err() {
+                            return;
+                        }
+                    }
+                    self.next = next;
+                    if let Some(revision) = covered {
+                        complete = true;
+                        if tx.send(Ok(Change::Progress(revision))).await.is_err() {
+                            return;
+                        }
+                    }
+                }
+                Ok(Ok(Ok(Batch::Relisted(..)))) | Ok(Ok(Err(_))) => {
+                    let compacted = match polled {
+                        Ok(Ok(Err(compacted))) => compacted,
+                        _ => self.next,
+                    };
+                    let _ = tx.send(Err(Error::Compacted(compacted))).await;
+                    return;
+                }
+                Ok(Err(e)) => {
+                    let _ = tx.send(Err(unavailable(e))).await;
+                    return;
+                }
+                Err(e) => {
+                    let _ = tx.send(Err(Error::Unavailable(format!("store task failed: {e}")))).await;
+                    return;
+                }
+            }
+            if complete {
+                tokio::select! {
+                    _ = tokio::time::sleep(interval) => {}
+                    _ = tx.closed() => return,
+                }
+            }
+        }
+    }
 }
 
 #[cfg(test)]

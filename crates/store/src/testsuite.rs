@@ -17,7 +17,15 @@ use std::time::Duration;
 
 use futures::StreamExt;
 
-use crate::{Error, Event, Revision, Store, WatchStream};
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use futures::stream::BoxStream;
+
+use crate::{
+    Backend, ChangeStream, Compare, Error, Event, JobLocker, KeyValue, ListPage, Op, Result, Revision, Store, Txn,
+    TxnResponse, WatchStream, WatcherEvent,
+};
 
 /// The longest any single wait in the suite may take.
 pub const WAIT: Duration = Duration::from_secs(20);
@@ -33,6 +41,11 @@ pub async fn run_all(store: &Store) {
     watch_replays_history_from_a_past_revision(store).await;
     list_then_watch_loses_nothing(store).await;
     revision_moves_only_on_writes(store).await;
+    txn_compares_choose_the_branch(store).await;
+    txn_ops_apply_in_order_atomically(store).await;
+    txn_prefix_empty_guards(store).await;
+    watcher_lists_then_watches_in_order(store).await;
+    watcher_reports_progress(store).await;
 }
 
 /// A missing key reads as `None`, at the store's current revision.
@@ -327,4 +340,406 @@ fn summary(events: &[Event]) -> Vec<Summary> {
             Event::Delete { key, revision } => ("delete", key.clone(), *revision, None),
         })
         .collect()
+}
+
+fn put(key: &str, value: &str) -> Op {
+    Op::Put { key: key.into(), value: value.as_bytes().to_vec() }
+}
+fn get(key: &str) -> Op {
+    Op::Get { key: key.into() }
+}
+fn value_of(kv: &Option<KeyValue>) -> Option<&[u8]> {
+    kv.as_ref().map(|kv| kv.value.as_slice())
+}
+
+/// Each compare holds or fails exactly as documented; a failed compare
+/// runs the `failure` branch (whose `Get`s answer in the same round trip)
+/// and writes nothing of `success`.
+pub async fn txn_compares_choose_the_branch(store: &Store) {
+    let (present, missing) = ("/conformance/txn/cmp/present", "/conformance/txn/cmp/missing");
+    let rev = store.create(present, b"p".to_vec()).await.expect("create");
+    let cases = [
+        (Compare::Absent(missing.into()), true),
+        (Compare::Absent(present.into()), false),
+        (Compare::Exists(present.into()), true),
+        (Compare::Exists(missing.into()), false),
+        (Compare::ModRevision(present.into(), rev), true),
+        (Compare::ModRevision(present.into(), rev + 1000), false),
+        (Compare::ModRevision(missing.into(), 0), false),
+    ];
+    for (i, (compare, holds)) in cases.into_iter().enumerate() {
+        let marker = format!("/conformance/txn/cmp/ran-{i}");
+        let before = store.revision().await.expect("revision");
+        let txn = Txn::new().when(compare.clone()).then(put(&marker, "yes")).otherwise(get(present));
+        let resp = store.txn(txn).await.expect("txn");
+        assert_eq!(resp.succeeded, holds, "{compare:?}");
+        let written = store.get(&marker).await.expect("get").0;
+        assert_eq!(written.is_some(), holds, "{compare:?}: the success branch ran iff the compare held");
+        if holds {
+            assert!(resp.revision > before, "a writing txn moves the revision");
+            assert!(resp.gets.is_empty());
+        } else {
+            assert_eq!(resp.revision, before, "a txn that wrote nothing leaves the revision");
+            assert_eq!(resp.gets.len(), 1, "one answer per Get of the failure branch");
+            assert_eq!(value_of(&resp.gets[0]), Some(&b"p"[..]));
+        }
+    }
+    // All compares must hold; one failing one is enough to fail.
+    let txn = Txn::new()
+        .when(Compare::Exists(present.into()))
+        .when(Compare::Exists(missing.into()))
+        .then(put(missing, "x"))
+        .otherwise(get(missing));
+    let resp = store.txn(txn).await.expect("txn");
+    assert!(!resp.succeeded);
+    assert_eq!(resp.gets, vec![None], "a Get of a missing key answers None");
+    assert_eq!(store.get(missing).await.expect("get").0, None);
+}
+
+/// Puts, deletes and prefix deletes apply in one revision step, readable
+/// by `Get`s of the same branch; records keep their `create_revision`.
+pub async fn txn_ops_apply_in_order_atomically(store: &Store) {
+    let base = "/conformance/txn/ops/";
+    let kept = format!("{base}kept");
+    let created = store.create(&kept, b"v1".to_vec()).await.expect("create");
+    for i in 0..3 {
+        store.create(&format!("{base}doomed/{i}"), b"d".to_vec()).await.expect("create");
+    }
+    store.create(&format!("{base}doomedx"), b"neighbour".to_vec()).await.expect("create");
+    store.create(&format!("{base}single"), b"s".to_vec()).await.expect("create");
+    let txn = Txn::new()
+        .when(Compare::ModRevision(kept.clone(), created))
+        .then(put(&kept, "v2"))
+        .then(put(&format!("{base}new"), "n"))
+        .then(Op::Delete { key: format!("{base}single") })
+        .then(Op::Delete { key: format!("{base}never-there") })
+        .then(Op::DeletePrefix { prefix: format!("{base}doomed/") })
+        .then(get(&kept))
+        .then(get(&format!("{base}single")));
+    let resp = store.txn(txn).await.expect("txn");
+    assert!(resp.succeeded);
+    assert_eq!(resp.gets.len(), 2);
+    let kv = resp.gets[0].as_ref().expect("the Get sees the branch's own put");
+    assert_eq!((kv.value.as_slice(), kv.create_revision), (&b"v2"[..], created));
+    assert!(kv.mod_revision > created && kv.mod_revision <= resp.revision);
+    assert_eq!(resp.gets[1], None, "the Get sees the branch's own delete");
+
+    let (items, at) = store.list_all(base).await.expect("list");
+    let keys: Vec<&str> = items.iter().map(|kv| kv.key.strip_prefix(base).unwrap_or(&kv.key)).collect();
+    assert_eq!(keys, ["doomedx", "kept", "new"], "DeletePrefix removes the prefix's keys and nothing beside");
+    assert!(at >= resp.revision);
+    assert_eq!(store.get(&kept).await.expect("get").0.expect("kept").mod_revision, kv.mod_revision);
+}
+
+/// `PrefixEmpty` holds exactly when no key starts with the prefix — not
+/// fooled by the prefix key itself being absent or by look-alike neighbours.
+pub async fn txn_prefix_empty_guards(store: &Store) {
+    let guard = "/conformance/txn/guard/users/alice/";
+    let check = |prefix: &str| {
+        let txn = Txn::new().when(Compare::PrefixEmpty(prefix.into()));
+        async move { store.txn(txn).await.expect("txn").succeeded }
+    };
+    assert!(check(guard).await, "an unused prefix is empty");
+    store.create("/conformance/txn/guard/users/alice", b"parent".to_vec()).await.expect("create");
+    store.create("/conformance/txn/guard/users/alicex/t", b"neighbour".to_vec()).await.expect("create");
+    assert!(check(guard).await, "neither the parent key nor a neighbour is under the prefix");
+    let rev = store.create(&format!("{guard}t1"), b"t".to_vec()).await.expect("create");
+    assert!(!check(guard).await, "one key under the prefix");
+    // The guard makes "create the user's token unless the user is gone" and
+    // "delete the user unless tokens remain" exclusive.
+    let txn = Txn::new()
+        .when(Compare::PrefixEmpty(guard.into()))
+        .then(Op::Delete { key: "/conformance/txn/guard/users/alice".into() });
+    assert!(!store.txn(txn).await.expect("txn").succeeded);
+    store.delete(&format!("{guard}t1"), Some(rev)).await.expect("delete");
+    assert!(check(guard).await, "empty again after the last key went");
+
+    // PrefixUnchangedSince: no key under the prefix written after `at`.
+    let unchanged = |prefix: &str, at: Revision| {
+        let txn = Txn::new().when(Compare::PrefixUnchangedSince(prefix.into(), at));
+        async move { store.txn(txn).await.expect("txn").succeeded }
+    };
+    let index = "/conformance/txn/guard/index/";
+    assert!(unchanged(index, 0).await, "an empty prefix is unchanged since any revision");
+    let first = store.create(&format!("{index}a"), b"a".to_vec()).await.expect("create");
+    assert!(unchanged(index, first).await);
+    assert!(!unchanged(index, first - 1).await);
+    let second = store.create(&format!("{index}b"), b"b".to_vec()).await.expect("create");
+    assert!(!unchanged(index, first).await, "a key created after the revision");
+    assert!(unchanged(index, second).await);
+    store.update(&format!("{index}a"), b"a2".to_vec(), first).await.expect("update");
+    assert!(!unchanged(index, second).await, "a key modified after the revision");
+    assert!(unchanged("/conformance/txn/guard/index/a/", 0).await, "a neighbour prefix is not the key");
+}
+
+/// The first event of `watcher` within [`WAIT`], skipping `Progress`.
+pub async fn next_change(watcher: &mut BoxStream<'static, WatcherEvent>) -> WatcherEvent {
+    loop {
+        match tokio::time::timeout(WAIT, watcher.next()).await {
+            Ok(Some(WatcherEvent::Progress { .. })) => continue,
+            Ok(Some(event)) => return event,
+            Ok(None) => panic!("the watcher ended"),
+            Err(_) => panic!("no watcher event within {WAIT:?}"),
+        }
+    }
+}
+
+/// Reads a whole (re-)list: `Init`, the `InitApply`s, `InitDone`.
+/// Returns the keys listed and the list's revision.
+pub async fn next_list(watcher: &mut BoxStream<'static, WatcherEvent>) -> (BTreeMap<String, Vec<u8>>, Revision) {
+    match next_change(watcher).await {
+        WatcherEvent::Init => {}
+        other => panic!("expected Init, got {other:?}"),
+    }
+    let mut listed = BTreeMap::new();
+    loop {
+        match next_change(watcher).await {
+            WatcherEvent::InitApply(kv) => {
+                assert!(listed.keys().next_back().is_none_or(|last: &String| last < &kv.key), "listed in key order");
+                listed.insert(kv.key, kv.value);
+            }
+            WatcherEvent::InitDone { revision } => return (listed, revision),
+            other => panic!("expected InitApply or InitDone, got {other:?}"),
+        }
+    }
+}
+
+/// The watcher lists what is present (at one revision), then delivers every
+/// later change under the prefix — and nothing outside it — in order.
+pub async fn watcher_lists_then_watches_in_order(store: &Store) {
+    let prefix = "/conformance/watcher/order/";
+    for i in 0..5 {
+        store.create(&format!("{prefix}{i}"), vec![b'0' + i]).await.expect("create");
+    }
+    let (gone, _) = store.get(&format!("{prefix}4")).await.expect("get");
+    store.delete(&format!("{prefix}4"), gone.map(|kv| kv.mod_revision)).await.expect("delete");
+    let written = store.revision().await.expect("revision");
+    let mut watcher = store.watcher(prefix);
+    let (listed, at) = next_list(&mut watcher).await;
+    assert_eq!(
+        listed.keys().map(String::as_str).collect::<Vec<_>>(),
+        [
+            "/conformance/watcher/order/0",
+            "/conformance/watcher/order/1",
+            "/conformance/watcher/order/2",
+            "/conformance/watcher/order/3",
+        ]
+    );
+    assert!(at >= written, "the list is at or after the writes before it ({at} < {written})");
+
+    store.create("/conformance/watcher/orderx", b"outside".to_vec()).await.expect("create");
+    let a = store.create(&format!("{prefix}a"), b"a".to_vec()).await.expect("create");
+    let a2 = store.update(&format!("{prefix}a"), b"a2".to_vec(), a).await.expect("update");
+    let d = store.delete(&format!("{prefix}0"), None).await.expect("delete");
+    let txn = Txn::new().then(put(&format!("{prefix}b"), "b")).then(Op::DeletePrefix { prefix: format!("{prefix}1") });
+    let t = store.txn(txn).await.expect("txn").revision;
+    let mut seen = Vec::new();
+    for _ in 0..5 {
+        seen.push(next_change(&mut watcher).await);
+    }
+    let shape: Vec<(String, Revision, bool)> = seen
+        .iter()
+        .map(|e| match e {
+            WatcherEvent::Apply(kv) => (kv.key.clone(), kv.mod_revision, true),
+            WatcherEvent::Delete { key, revision } => (key.clone(), *revision, false),
+            other => panic!("expected Apply/Delete, got {other:?}"),
+        })
+        .collect();
+    let keys: Vec<(&str, bool)> = shape.iter().map(|(k, _, put)| (k.strip_prefix(prefix).unwrap_or(k), *put)).collect();
+    assert_eq!(keys, [("a", true), ("a", true), ("0", false), ("b", true), ("1", false)]);
+    assert_eq!((shape[0].1, shape[1].1, shape[2].1), (a, a2, d));
+    assert!(shape.windows(2).all(|w| w[0].1 <= w[1].1), "in revision order: {shape:?}");
+    assert!(shape[4].1 <= t);
+}
+
+/// A healthy watcher reports progress often (consumers that fail closed
+/// rely on it arriving at least every second or so), at revisions that
+/// move with the store.
+pub async fn watcher_reports_progress(store: &Store) {
+    let prefix = "/conformance/watcher/progress/";
+    let mut watcher = store.watcher(prefix);
+    let (_, listed_at) = next_list(&mut watcher).await;
+    let written = store.create("/conformance/watcher/elsewhere", b"x".to_vec()).await.expect("create");
+    let mut last = tokio::time::Instant::now();
+    let mut progress = Vec::new();
+    while progress.len() < 6 {
+        match tokio::time::timeout(WAIT, watcher.next()).await.expect("an event").expect("not ended") {
+            WatcherEvent::Progress { revision } => {
+                // Generous for a loaded machine; the target cadence is well under a second.
+                assert!(last.elapsed() < Duration::from_secs(3), "progress gap of {:?}", last.elapsed());
+                last = tokio::time::Instant::now();
+                progress.push(revision);
+            }
+            other => panic!("nothing changed under the prefix, got {other:?}"),
+        }
+    }
+    assert!(progress.windows(2).all(|w| w[0] <= w[1]), "progress never goes back: {progress:?}");
+    assert!(progress[0] >= listed_at);
+    assert!(
+        *progress.last().unwrap_or(&0) >= written,
+        "progress reaches a write outside the prefix ({progress:?} < {written})"
+    );
+}
+
+/// A real backend whose change feeds can be cut, as a lost connection
+/// would: [`FeedSwitch::cut`] ends every open feed and makes new ones fail
+/// until [`FeedSwitch::restore`]. Everything else passes straight through.
+/// For testing what consumers of [`Store::watcher`] do across outages.
+pub struct Switched<B> {
+    inner: B,
+    /// `(on, cuts so far)`: a feed ends once the count moves past its own.
+    on: tokio::sync::watch::Receiver<(bool, u64)>,
+}
+
+/// Turns the feeds of a [`Switched`] backend off and on.
+#[derive(Clone)]
+pub struct FeedSwitch(Arc<tokio::sync::watch::Sender<(bool, u64)>>);
+
+impl FeedSwitch {
+    pub fn cut(&self) {
+        self.0.send_modify(|(on, cuts)| {
+            *on = false;
+            *cuts += 1;
+        });
+    }
+    pub fn restore(&self) {
+        self.0.send_modify(|(on, _)| *on = true);
+    }
+}
+
+impl<B: Backend> Switched<B> {
+    pub fn new(inner: B) -> (Self, FeedSwitch) {
+        let (tx, rx) = tokio::sync::watch::channel((true, 0));
+        (Self { inner, on: rx }, FeedSwitch(Arc::new(tx)))
+    }
+}
+
+#[async_trait]
+impl<B: Backend> Backend for Switched<B> {
+    async fn get(&self, key: &str) -> Result<(Option<KeyValue>, Revision)> {
+        self.inner.get(key).await
+    }
+    async fn list(&self, prefix: &str, start_after: Option<&str>, limit: usize) -> Result<ListPage> {
+        self.inner.list(prefix, start_after, limit).await
+    }
+    async fn create(&self, key: &str, value: Vec<u8>) -> Result<Revision> {
+        self.inner.create(key, value).await
+    }
+    async fn update(&self, key: &str, value: Vec<u8>, expected: Revision) -> Result<Revision> {
+        self.inner.update(key, value, expected).await
+    }
+    async fn delete(&self, key: &str, expected: Option<Revision>) -> Result<Revision> {
+        self.inner.delete(key, expected).await
+    }
+    async fn watch(&self, prefix: &str, from: Revision) -> Result<WatchStream> {
+        self.inner.watch(prefix, from).await
+    }
+    async fn revision(&self) -> Result<Revision> {
+        self.inner.revision().await
+    }
+    async fn txn(&self, txn: Txn) -> Result<TxnResponse> {
+        self.inner.txn(txn).await
+    }
+    async fn snapshot(&self, prefix: &str) -> Result<(Vec<KeyValue>, Revision)> {
+        self.inner.snapshot(prefix).await
+    }
+    async fn changes(&self, prefix: &str, from: Revision) -> Result<ChangeStream> {
+        let (on, epoch) = *self.on.borrow();
+        if !on {
+            return Err(Error::Unavailable("feed cut by the test".into()));
+        }
+        let feed = self.inner.changes(prefix, from).await?;
+        let mut on = self.on.clone();
+        let cut = async move {
+            let _ = on.wait_for(|(_, cuts)| *cuts != epoch).await;
+        };
+        Ok(Box::pin(feed.take_until(cut)))
+    }
+    fn job_locker(&self) -> Option<Arc<dyn JobLocker>> {
+        self.inner.job_locker()
+    }
+}
+
+/// Applies watcher events to `view` until `done` holds; a re-list replaces
+/// the view at `InitDone`. Returns how many re-lists were seen.
+pub async fn follow_until(
+    watcher: &mut BoxStream<'static, WatcherEvent>,
+    view: &mut BTreeMap<String, Vec<u8>>,
+    done: impl Fn(&BTreeMap<String, Vec<u8>>) -> bool,
+) -> usize {
+    let mut relists = 0;
+    let mut listing: Option<BTreeMap<String, Vec<u8>>> = None;
+    while listing.is_some() || !done(view) {
+        match next_change(watcher).await {
+            WatcherEvent::Init => listing = Some(BTreeMap::new()),
+            WatcherEvent::InitApply(kv) => {
+                listing.as_mut().expect("InitApply inside a list").insert(kv.key, kv.value);
+            }
+            WatcherEvent::InitDone { .. } => {
+                *view = listing.take().expect("InitDone after Init");
+                relists += 1;
+            }
+            WatcherEvent::Apply(kv) => {
+                view.insert(kv.key, kv.value);
+            }
+            WatcherEvent::Delete { key, .. } => {
+                view.remove(&key);
+            }
+            WatcherEvent::Progress { .. } => {}
+        }
+    }
+    relists
+}
+
+/// Across a lost feed the watcher resumes where it was (no re-list, no
+/// event twice); when the history of the gap is gone as well
+/// (`lose_history`: an etcd compaction, a trimmed local log) it re-lists,
+/// and the keys deleted in the gap are absent from the new list.
+pub async fn watcher_resumes_or_relists_across_outages<F, Fut>(store: &Store, switch: &FeedSwitch, lose_history: F)
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    let prefix = "/conformance/watcher/outage/";
+    for i in 0..6 {
+        store.create(&format!("{prefix}{i}"), b"v".to_vec()).await.expect("create");
+    }
+    let mut watcher = store.watcher(prefix);
+    let mut view = BTreeMap::new();
+    let relists = follow_until(&mut watcher, &mut view, |v| v.len() == 6).await;
+    assert_eq!(relists, 1);
+
+    // An outage the history covers: resumed, changes delivered as events.
+    switch.cut();
+    store.delete(&format!("{prefix}0"), None).await.expect("delete");
+    store.create(&format!("{prefix}new"), b"n".to_vec()).await.expect("create");
+    switch.restore();
+    let relists = follow_until(&mut watcher, &mut view, |v| v.contains_key(&format!("{prefix}new"))).await;
+    assert_eq!(relists, 0, "a resumable outage must not re-list");
+    assert!(!view.contains_key(&format!("{prefix}0")));
+
+    // An outage whose history is lost: re-listed; the gap's deletes show.
+    switch.cut();
+    for i in 1..4 {
+        store.delete(&format!("{prefix}{i}"), None).await.expect("delete");
+    }
+    store.create(&format!("{prefix}late"), b"l".to_vec()).await.expect("create");
+    lose_history().await;
+    switch.restore();
+    let relists = follow_until(&mut watcher, &mut view, |v| v.contains_key(&format!("{prefix}late"))).await;
+    assert_eq!(relists, 1, "lost history means one re-list");
+    let want: Vec<String> = ["4", "5", "late", "new"].iter().map(|k| format!("{prefix}{k}")).collect();
+    assert_eq!(view.keys().cloned().collect::<Vec<_>>(), want, "keys deleted in the gap are gone from the view");
+
+    // And it carries on watching.
+    store.create(&format!("{prefix}after"), b"a".to_vec()).await.expect("create");
+    match next_change(&mut watcher).await {
+        WatcherEvent::Apply(kv) => assert_eq!(kv.key, format!("{prefix}after")),
+        other => panic!("expected the put after the re-list, got {other:?}"),
+    }
+}
+
+/// The next event of `watcher` within [`WAIT`], `Progress` included.
+pub async fn next_event_or_progress(watcher: &mut BoxStream<'static, WatcherEvent>) -> WatcherEvent {
+    tokio::time::timeout(WAIT, watcher.next()).await.expect("a watcher event in time").expect("the watcher ended")
 }

@@ -17,6 +17,14 @@ pub enum Compare {
     Exists(String),
     /// The key's mod_revision is exactly this (it exists).
     ModRevision(String, Revision),
+    /// No key starts with this prefix (a guard or index range is empty).
+    /// On etcd: `create_revision < 1` over the prefix's range, which holds
+    /// exactly when no key in the range exists.
+    PrefixEmpty(String),
+    /// No key under the prefix was created or modified after this revision
+    /// (an index read at that revision gained no entry since; deletes are
+    /// not seen). On etcd: `mod_revision < revision + 1` over the range.
+    PrefixUnchangedSince(String, Revision),
 }
 
 /// An operation of a branch, applied in order.

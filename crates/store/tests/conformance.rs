@@ -59,5 +59,10 @@ conformance!(
     watch_replays_history_from_a_past_revision,
     list_then_watch_loses_nothing,
     revision_moves_only_on_writes,
+    txn_compares_choose_the_branch,
+    txn_ops_apply_in_order_atomically,
+    txn_prefix_empty_guards,
+    watcher_lists_then_watches_in_order,
+    watcher_reports_progress,
     run_all,
 );

@@ -387,3 +387,97 @@ async fn tls_with_a_client_certificate() {
     let err = EtcdStore::connect(&half).await.expect_err("cert without key");
     assert!(err.to_string().contains("cert_file and key_file"), "{err}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watcher_resumes_or_relists_after_compaction() {
+    let etcd = Etcd::start().await;
+    let (backend, switch) =
+        kayra_store::testsuite::Switched::new(EtcdStore::connect(&etcd.config("/kayra")).await.expect("connect"));
+    let store = Store::new(backend);
+    let client = etcd.client().await;
+    kayra_store::testsuite::watcher_resumes_or_relists_across_outages(&store, &switch, || {
+        let (store, mut client) = (store.clone(), client.clone());
+        async move {
+            let at = store.revision().await.expect("revision");
+            client.compact(at, None).await.expect("compact");
+        }
+    })
+    .await;
+}
+
+/// A real outage: etcd killed and restarted under a running watcher; it
+/// resumes from its position and reports progress again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watcher_survives_an_etcd_restart() {
+    let mut etcd = Etcd::start().await;
+    let store = store(&etcd).await;
+    store.create("/w/a", b"1".to_vec()).await.expect("create");
+    let mut watcher = store.watcher("/w/");
+    let mut view = BTreeMap::new();
+    kayra_store::testsuite::follow_until(&mut watcher, &mut view, |v| v.len() == 1).await;
+    etcd.restart().await;
+    eventually("etcd answers after the restart", || {
+        let store = store.clone();
+        async move { store.create("/w/b", b"2".to_vec()).await.is_ok() }
+    })
+    .await;
+    kayra_store::testsuite::follow_until(&mut watcher, &mut view, |v| v.len() == 2).await;
+    let after = store.revision().await.expect("revision");
+    loop {
+        match kayra_store::testsuite::next_event_or_progress(&mut watcher).await {
+            kayra_store::WatcherEvent::Progress { revision } if revision >= after => break,
+            _ => {}
+        }
+    }
+}
+
+/// Sends `signal` (`-STOP`, `-CONT`) to etcd.
+fn signal(etcd: &Etcd, signal: &str) {
+    let pid = etcd.pid().expect("etcd runs").to_string();
+    let status = Command::new("kill").args([signal, &pid]).status().expect("run kill");
+    assert!(status.success(), "kill {signal} {pid}");
+}
+
+/// A frozen etcd (SIGSTOP) holds every call until the request timeout at
+/// most: then `Unavailable`, for reads, writes and transactions alike; and
+/// the watcher stops reporting progress (what a fail-closed cache needs).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frozen_etcd_answers_unavailable_within_the_request_timeout() {
+    let etcd = Etcd::start().await;
+    let timeout = Duration::from_millis(800);
+    let store = store(&etcd).await.with_request_timeout(timeout);
+    store.create("/frozen/a", b"1".to_vec()).await.expect("create");
+    let mut watcher = store.watcher("/frozen/");
+    let mut view = BTreeMap::new();
+    kayra_store::testsuite::follow_until(&mut watcher, &mut view, |v| v.len() == 1).await;
+
+    signal(&etcd, "-STOP");
+    let calls: Vec<(&str, futures::future::BoxFuture<'_, kayra_store::Result<()>>)> = vec![
+        ("get", Box::pin(async { store.get("/frozen/a").await.map(drop) })),
+        ("list", Box::pin(async { store.list("/frozen/", None, 0).await.map(drop) })),
+        ("create", Box::pin(async { store.create("/frozen/b", b"2".to_vec()).await.map(drop) })),
+        ("txn", Box::pin(async { store.txn(kayra_store::Txn::new()).await.map(drop) })),
+        ("revision", Box::pin(async { store.revision().await.map(drop) })),
+    ];
+    for (what, call) in calls {
+        let started = Instant::now();
+        let result = call.await;
+        let took = started.elapsed();
+        assert!(matches!(result, Err(Error::Unavailable(_))), "{what}: want Unavailable, got {result:?}");
+        assert!(took < timeout + Duration::from_millis(500), "{what} took {took:?}");
+    }
+    // No progress while frozen (the calls above took long enough for
+    // anything in flight to have arrived).
+    let frozen = tokio::time::timeout(Duration::from_millis(1500), futures::StreamExt::next(&mut watcher)).await;
+    assert!(frozen.is_err(), "no watcher event while etcd is frozen, got {frozen:?}");
+    signal(&etcd, "-CONT");
+
+    // Everything recovers without a new handle.
+    eventually("the store to answer again", || {
+        let store = store.clone();
+        async move { store.get("/frozen/a").await.is_ok() }
+    })
+    .await;
+    store.create("/frozen/c", b"3".to_vec()).await.expect("create after thaw");
+    kayra_store::testsuite::follow_until(&mut watcher, &mut view, |v| v.contains_key("/frozen/c")).await;
+}

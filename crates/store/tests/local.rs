@@ -166,3 +166,121 @@ async fn a_watcher_behind_the_trimmed_log_relists_then_resumes() {
     let next = tokio::time::timeout(Duration::from_secs(30), events.next()).await.unwrap().unwrap();
     assert_eq!(next.key(), "/k/new");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watcher_resumes_or_relists_after_the_log_is_trimmed() {
+    let dir = tempfile::tempdir().unwrap();
+    let local = LocalStore::open_with_retention(&dir.path().join("kayra.db"), Duration::from_millis(20), 10).unwrap();
+    let (backend, switch) = kayra_store::testsuite::Switched::new(local);
+    let store = Store::new(backend);
+    kayra_store::testsuite::watcher_resumes_or_relists_across_outages(&store, &switch, || {
+        let store = store.clone();
+        async move {
+            // More writes elsewhere than the log keeps.
+            for i in 0..20 {
+                store.create(&format!("/filler/{i}"), b"f".to_vec()).await.unwrap();
+            }
+        }
+    })
+    .await;
+}
+
+fn open_config(path: &Path, request_timeout: Duration) -> kayra_config::DatabaseConfig {
+    let mut config = kayra_config::DatabaseConfig::local(kayra_config::LocalConfig {
+        path: path.to_path_buf(),
+        poll_interval: kayra_config::Duration::from_millis(20),
+    });
+    config.request_timeout = kayra_config::Duration(request_timeout);
+    config
+}
+
+/// Another connection (as another process would) holds the file's write
+/// lock: a write waits at most the request timeout and then fails without
+/// ever committing later; reads meanwhile answer at once (platform §3).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reads_never_wait_behind_a_write_waiting_for_the_lock() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("kayra.db");
+    let timeout = Duration::from_millis(1500);
+    let store = Store::open(&open_config(&path, timeout)).await.unwrap();
+    store.create("/present", b"x".to_vec()).await.unwrap();
+
+    let holder = rusqlite::Connection::open(&path).unwrap();
+    holder.execute_batch("BEGIN IMMEDIATE").unwrap();
+    let started = std::time::Instant::now();
+    let write = tokio::spawn({
+        let store = store.clone();
+        async move { store.create("/blocked", b"y".to_vec()).await }
+    });
+    // While the write waits, every read answers quickly.
+    while started.elapsed() < Duration::from_millis(1000) {
+        let begun = std::time::Instant::now();
+        assert!(store.get("/present").await.unwrap().0.is_some());
+        assert_eq!(store.list("/", None, 0).await.unwrap().items.len(), 1);
+        store.revision().await.expect("readiness does not wait for the write lock");
+        assert!(begun.elapsed() < Duration::from_millis(500), "a read took {:?}", begun.elapsed());
+        assert!(!write.is_finished(), "the write waits for the lock");
+    }
+    let result = write.await.unwrap();
+    let took = started.elapsed();
+    assert!(matches!(result, Err(Error::Unavailable(_))), "want Unavailable, got {result:?}");
+    assert!(took < timeout + Duration::from_millis(700), "the write answered after {took:?}");
+
+    // Released: the timed-out write never lands later, new writes work.
+    holder.execute_batch("ROLLBACK").unwrap();
+    store.create("/after", b"z".to_vec()).await.unwrap();
+    tokio::time::sleep(timeout).await; // longer than any attempt could still run
+    assert_eq!(store.get("/blocked").await.unwrap().0, None, "a write answered Unavailable must not commit later");
+}
+
+/// The store file deleted (with its `-wal` and `-shm`) or replaced under a
+/// running store: writes are refused and readiness fails, so no write is
+/// acknowledged into a file that is gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deleted_or_replaced_file_refuses_writes_and_readiness() {
+    for replace in [false, true] {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("kayra.db");
+        let store = open(&path);
+        store.create("/before", b"x".to_vec()).await.unwrap();
+        store.revision().await.expect("ready");
+        for suffix in ["", "-wal", "-shm"] {
+            let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
+        }
+        if replace {
+            // Someone else's fresh store at the same path.
+            let other = open(&path);
+            other.create("/other", b"o".to_vec()).await.unwrap();
+        }
+        for i in 0..3 {
+            let result = store.create(&format!("/after/{i}"), b"y".to_vec()).await;
+            assert!(
+                matches!(result, Err(Error::Unavailable(_))),
+                "replace={replace}: want Unavailable, got {result:?}"
+            );
+        }
+        let txn = kayra_store::Txn::new().then(kayra_store::Op::Put { key: "/t".into(), value: vec![] });
+        assert!(matches!(store.txn(txn).await, Err(Error::Unavailable(_))));
+        assert!(matches!(store.revision().await, Err(Error::Unavailable(_))), "readiness fails");
+        // A restart opens whatever is at the path now; nothing was acknowledged after the loss.
+        let reopened = open(&path);
+        assert!(reopened.list_all("/after/").await.unwrap().0.is_empty());
+    }
+}
+
+/// A huge `limit` (an API caller's u64::MAX) clamps instead of wrapping
+/// into an empty page.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_huge_limit_lists_everything() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(&dir.path().join("kayra.db"));
+    for i in 0..3 {
+        store.create(&format!("/n/{i}"), b"x".to_vec()).await.unwrap();
+    }
+    for limit in [usize::MAX, usize::MAX - 1, i64::MAX as usize, 3] {
+        let page = store.list("/n/", None, limit).await.unwrap();
+        assert_eq!((page.items.len(), page.more), (3, false), "limit {limit}");
+    }
+    let page = store.list("/n/", None, 2).await.unwrap();
+    assert_eq!((page.items.len(), page.more), (2, true));
+}

@@ -100,6 +100,11 @@ impl Etcd {
         )
     }
 
+    /// The server's process id while it runs (to freeze it with SIGSTOP).
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
     /// Kills the server (SIGKILL), keeping its data and ports for [`Etcd::restart`].
     pub fn stop(&mut self) {
         if let Some(mut child) = self.child.take() {

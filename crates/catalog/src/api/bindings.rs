@@ -197,8 +197,7 @@ pub(crate) async fn create(
     validate(&body, Some(&namespace))?;
     namespace_exists(&state, &namespace).await?;
     let binding = RoleBinding { name, namespace, role: body.role, user: body.user };
-    let key = keys::role_binding(&binding.namespace, &binding.name);
-    state.repo.create(&key, &binding, &what(&binding.namespace, &binding.name)).await?;
+    state.repo.create_role_binding(&binding).await?;
     Ok((StatusCode::CREATED, Json(binding)))
 }
 

@@ -17,7 +17,7 @@ use utoipa::ToSchema;
 use super::error::{ApiError, ErrorBody};
 use super::extract::{JsonBody, JsonObject, Path, Query, RequestBody, merged, reject_computed};
 use super::list::{List, ListQuery, page};
-use super::{ApiState, Empty, check_body_name, label, long_name, registration_not_found, shown, update_with};
+use super::{ApiState, Empty, check_body_name, label, long_name, registration_not_found, shown};
 use crate::repo::keys;
 use crate::repo::tenancy::new_sync_id;
 
@@ -97,10 +97,6 @@ pub struct Subscriber {
     pub synced: bool,
 }
 
-fn what(name: &str) -> String {
-    format!("api registration {name:?}")
-}
-
 /// Checks the writable fields of a registration named `name`.
 async fn validate(state: &ApiState, name: &str, short_name: &str, endpoint: &str) -> Result<(), ApiError> {
     if !endpoint.is_empty() {
@@ -158,8 +154,7 @@ pub(crate) async fn create(
         platform: state.repo.platform().to_string(),
         region: state.repo.region().to_string(),
     };
-    let key = keys::registration(state.repo.platform(), state.repo.region(), &registration.name);
-    state.repo.create(&key, &registration, &what(&registration.name)).await?;
+    state.repo.create_registration(&registration).await?;
     Ok((StatusCode::CREATED, Json(registration)))
 }
 
@@ -184,16 +179,10 @@ pub(crate) async fn update(
     JsonBody(body): JsonBody<RegistrationUpdate>,
 ) -> Result<Json<ApiRegistration>, ApiError> {
     long_name(&state, &name).await?;
-    let key = keys::registration(state.repo.platform(), state.repo.region(), &name);
-    let updated = update_with(
-        &state,
-        &key,
-        || registration_not_found(&state, &name),
-        |current| {
-            let (state, name, body) = (&state, &name, &body);
-            async move { apply(state, name, current, body).await }
-        },
-    )
+    let updated = update_registration_with(&state, &name, |current| {
+        let (state, name, body) = (&state, &name, &body);
+        async move { apply(state, name, current, body).await }
+    })
     .await?;
     Ok(Json(updated))
 }
@@ -210,29 +199,46 @@ pub(crate) async fn patch(
     long_name(&state, &name).await?;
     reject_computed(&patch, COMPUTED)?;
     let patch = serde_json::Value::Object(patch);
-    let key = keys::registration(state.repo.platform(), state.repo.region(), &name);
-    let updated = update_with(
-        &state,
-        &key,
-        || registration_not_found(&state, &name),
-        |current: ApiRegistration| {
-            let (state, name, patch) = (&state, &name, &patch);
-            async move {
-                let writable = json!({
-                    "name": current.name,
-                    "short_name": current.short_name,
-                    "mode": current.mode,
-                    "sync_id": current.sync_id,
-                    "endpoint": current.endpoint,
-                    "description": current.description,
-                });
-                let body = merged(writable, patch)?;
-                apply(state, name, current, &body).await
-            }
-        },
-    )
+    let updated = update_registration_with(&state, &name, |current: ApiRegistration| {
+        let (state, name, patch) = (&state, &name, &patch);
+        async move {
+            let writable = json!({
+                "name": current.name,
+                "short_name": current.short_name,
+                "mode": current.mode,
+                "sync_id": current.sync_id,
+                "endpoint": current.endpoint,
+                "description": current.description,
+            });
+            let body = merged(writable, patch)?;
+            apply(state, name, current, &body).await
+        }
+    })
     .await?;
     Ok(Json(updated))
+}
+
+/// `update_with` for registrations: the write moves the short-name claim
+/// in the same transaction (`Repository::update_registration`).
+async fn update_registration_with<F, Fut>(
+    state: &ApiState,
+    name: &str,
+    mut change: F,
+) -> Result<ApiRegistration, ApiError>
+where
+    F: FnMut(ApiRegistration) -> Fut,
+    Fut: Future<Output = Result<ApiRegistration, ApiError>>,
+{
+    loop {
+        let current = state.repo.get_registration(name).await?.ok_or_else(|| registration_not_found(state, name))?;
+        let next = change(current.value.clone()).await?;
+        if next == current.value {
+            return Ok(next);
+        }
+        if state.repo.update_registration(&current, &next).await?.is_some() {
+            return Ok(next);
+        }
+    }
 }
 
 /// The next value of a registration under a PUT body, validated.

@@ -219,7 +219,6 @@ pub(crate) async fn delete(
     Path((namespace, api)): Path<(String, String)>,
 ) -> Result<StatusCode, ApiError> {
     existing(&state, &namespace, &api).await?;
-    let key = keys::subscription(state.repo.platform(), state.repo.region(), &namespace, &api);
-    state.repo.delete(&key, None, &what(&namespace, &api)).await?;
+    state.repo.delete_subscription(&namespace, &api).await?;
     Ok(StatusCode::NO_CONTENT)
 }

@@ -10,8 +10,17 @@
 //!
 //! Revocation is immediate because nothing is cached: every request reads
 //! its token, its user and its bindings from the store. Authentication
-//! also requires the token's user to exist, so deleting a user shuts out
-//! its tokens even before they are swept.
+//! also requires the token's user to exist.
+//!
+//! Each token also has an index key under its user
+//! (`/usertokens/<user>/<hash>`), written in the token's own transaction,
+//! which compares that the user exists; a user's delete removes the user,
+//! the index and every indexed token in one transaction that holds only if
+//! no index entry appeared since it was read. So a token issued while its
+//! user is deleted cannot survive to authenticate a user re-created under
+//! that name. The bootstrap token's hash is kept at `/bootstraptoken`, so a
+//! start with a different bootstrap token revokes exactly the previous one
+//! (platform §5.4).
 
 use std::collections::BTreeSet;
 use std::time::SystemTime;
@@ -21,7 +30,12 @@ use kayra_core::{ClusterRoleBinding, Role, RoleBinding, Rule, TokenRecord, User}
 use rand::RngCore;
 use sha2::{Digest, Sha256};
 
-use super::{Change, Error, Repository, Result, keys};
+use kayra_store::{Compare, Op, Txn};
+
+use super::{Change, Error, Repository, Result, encode, keys};
+
+/// Attempts of a guarded write whose guards moved underneath it.
+const GUARDED_ATTEMPTS: usize = 20;
 
 /// Bytes of randomness in a generated token (the contract asks for ≥ 32).
 pub const TOKEN_BYTES: usize = 32;
@@ -86,53 +100,84 @@ impl Repository {
         self.get(&keys::user(name)).await
     }
 
-    /// Deletes a user and sweeps its tokens. Bindings naming the user are
-    /// left alone (as Kubernetes does): they grant nothing without a token.
+    /// Deletes a user and its tokens in one transaction (see the module
+    /// docs). Bindings naming the user are left alone (as Kubernetes does):
+    /// they grant nothing without a token.
     pub async fn delete_user(&self, name: &str) -> Result<()> {
-        self.delete(&keys::user(name), None, &format!("user {name:?}")).await?;
-        for token in self.list_user_tokens(name).await? {
-            match self.delete(&keys::token(&token.hash), None, "token").await {
-                Ok(_) | Err(Error::NotFound(_)) => {}
-                Err(e) => return Err(e),
+        let what = format!("user {name:?}");
+        let index = keys::user_tokens(name);
+        for _ in 0..GUARDED_ATTEMPTS {
+            let (indexed, at) = self.store.list_all(&index).await?;
+            let user = self.get_user(name).await?.ok_or_else(|| Error::NotFound(what.clone()))?;
+            let mut txn = Txn::new()
+                .when(Compare::ModRevision(keys::user(name), user.revision))
+                .when(Compare::PrefixUnchangedSince(index.clone(), at))
+                .then(Op::Delete { key: keys::user(name) })
+                .then(Op::DeletePrefix { prefix: index.clone() });
+            for kv in &indexed {
+                if let Some(hash) = kv.key.strip_prefix(&index) {
+                    txn = txn.then(Op::Delete { key: keys::token(hash) });
+                }
             }
+            if !self.store.txn(txn).await?.succeeded {
+                continue;
+            }
+            // Tokens stored before the index existed: swept after the fact.
+            for token in self.list_user_tokens(name).await? {
+                match self.delete(&keys::token(&token.hash), None, "token").await {
+                    Ok(_) | Err(Error::NotFound(_)) => {}
+                    Err(e) => return Err(e),
+                }
+            }
+            return Ok(());
         }
-        Ok(())
+        Err(Error::Conflict(format!("{what} keeps changing; try again")))
     }
 
     /// Issues a new random token for `user`, which must exist.
     pub async fn issue_token(&self, user: &str) -> Result<IssuedToken> {
-        if self.get_user(user).await?.is_none() {
-            return Err(Error::NotFound(format!("user {user:?}")));
-        }
         let token = generate_token();
         let record = self.store_token(user, &token).await?;
         Ok(IssuedToken { id: record.id, token, created_at: record.created_at })
     }
 
-    /// Stores `token` (hashed) for `user`; a token already stored keeps its
-    /// record but is re-pointed at `user`. Idempotent, for bootstrap.
+    /// Stores `token` (hashed) for `user`, which must exist (`NotFound`),
+    /// with its index key, in one transaction; a token already stored keeps
+    /// its record but is re-pointed at `user`. Idempotent, for bootstrap.
     pub async fn store_token(&self, user: &str, token: &str) -> Result<TokenRecord> {
         let hash = hash_token(token);
         let key = keys::token(&hash);
         let record =
             TokenRecord { id: token_id(&hash).to_string(), user: user.to_string(), hash, created_at: now_rfc3339() };
-        match self.create(&key, &record, "token").await {
-            Ok(_) => Ok(record),
-            Err(Error::Conflict(_)) => {
-                let stored = self
-                    .modify::<TokenRecord, _>(&key, "token", |t| {
-                        if t.user == user {
-                            Change::Keep
-                        } else {
-                            t.user = user.to_string();
-                            Change::Write
-                        }
-                    })
-                    .await?;
-                Ok(stored.value)
+        for _ in 0..GUARDED_ATTEMPTS {
+            let stored = self.get::<TokenRecord>(&key).await?;
+            let mut txn = Txn::new()
+                .when(Compare::Exists(keys::user(user)))
+                .then(Op::Put { key: keys::user_token(user, &record.hash), value: encode(&key) })
+                .otherwise(Op::Get { key: keys::user(user) });
+            let value = match &stored {
+                None => {
+                    txn = txn.when(Compare::Absent(key.clone()));
+                    record.clone()
+                }
+                Some(stored) => {
+                    txn = txn.when(Compare::ModRevision(key.clone(), stored.revision));
+                    if stored.value.user != user {
+                        txn = txn.then(Op::Delete { key: keys::user_token(&stored.value.user, &record.hash) });
+                    }
+                    TokenRecord { user: user.to_string(), ..stored.value.clone() }
+                }
+            };
+            txn = txn.then(Op::Put { key: key.clone(), value: encode(&value) });
+            let resp = self.store.txn(txn).await?;
+            if resp.succeeded {
+                return Ok(value);
             }
-            Err(e) => Err(e),
+            if resp.gets.first().is_some_and(Option::is_none) {
+                return Err(Error::NotFound(format!("user {user:?}")));
+            }
         }
+        Err(Error::Conflict("token keeps changing; try again".into()))
     }
 
     /// A user's tokens, sorted by id. Tokens are keyed by hash, so this scans
@@ -157,7 +202,13 @@ impl Repository {
     pub async fn revoke_token(&self, user: &str, id: &str) -> Result<()> {
         let what = format!("token {id:?} of user {user:?}");
         let token = self.get_user_token(user, id).await?.ok_or_else(|| Error::NotFound(what.clone()))?;
-        self.delete(&keys::token(&token.hash), None, &what).await?;
+        let txn = Txn::new()
+            .when(Compare::Exists(keys::token(&token.hash)))
+            .then(Op::Delete { key: keys::token(&token.hash) })
+            .then(Op::Delete { key: keys::user_token(user, &token.hash) });
+        if !self.store.txn(txn).await?.succeeded {
+            return Err(Error::NotFound(what));
+        }
         Ok(())
     }
 
@@ -248,7 +299,38 @@ impl Repository {
         })
         .await?;
         self.store_token(BOOTSTRAP_USER, token).await?;
-        Ok(())
+        self.replace_bootstrap_token(&hash_token(token)).await
+    }
+
+    /// Records `hash` as the bootstrap token and revokes the previous
+    /// bootstrap token of `admin` (only that one) when it differs (§5.4).
+    async fn replace_bootstrap_token(&self, hash: &str) -> Result<()> {
+        for _ in 0..GUARDED_ATTEMPTS {
+            let previous = self.get::<String>(keys::BOOTSTRAP_TOKEN).await?;
+            let mut txn = Txn::new().then(Op::Put { key: keys::BOOTSTRAP_TOKEN.into(), value: encode(&hash) });
+            match &previous {
+                Some(p) if p.value == hash => return Ok(()),
+                Some(p) => {
+                    txn = txn.when(Compare::ModRevision(keys::BOOTSTRAP_TOKEN.into(), p.revision));
+                    let old = keys::token(&p.value);
+                    // Revoked only while it still belongs to admin.
+                    if let Some(stored) = self.get::<TokenRecord>(&old).await?
+                        && stored.value.user == BOOTSTRAP_USER
+                    {
+                        txn = txn
+                            .when(Compare::ModRevision(old.clone(), stored.revision))
+                            .then(Op::Delete { key: old })
+                            .then(Op::Delete { key: keys::user_token(BOOTSTRAP_USER, &p.value) });
+                        tracing::info!(id = token_id(&p.value), "revoking the previous bootstrap token");
+                    }
+                }
+                None => txn = txn.when(Compare::Absent(keys::BOOTSTRAP_TOKEN.into())),
+            }
+            if self.store.txn(txn).await?.succeeded {
+                return Ok(());
+            }
+        }
+        Err(Error::Conflict("the bootstrap token keeps changing; try again".into()))
     }
 
     /// Creates `value` at `key`, or when it exists lets `repair` fix it up.

@@ -66,3 +66,39 @@ pub fn subscription_parts(key: &str) -> Option<[&str; 4]> {
 pub fn attempt(platform: &str, region: &str, namespace: &str, api: &str) -> String {
     format!("/reconcileattempts/{platform}/{region}/{namespace}/{api}")
 }
+
+// Guard and index keys: written in the same transaction as the records
+// they stand for, so uniqueness and "delete only when unreferenced" are
+// single compares (see `docs/architecture.md`, key layout).
+
+/// Claims a short name in one deployment; the value is the long name.
+pub fn short_name(platform: &str, region: &str, short: &str) -> String {
+    format!("/shortnames/{platform}/{region}/{short}")
+}
+/// The subscriptions of one deployment to registration `api`, by namespace.
+pub fn subscribers(platform: &str, region: &str, api: &str) -> String {
+    format!("/subscribers/{platform}/{region}/{api}/")
+}
+pub fn subscriber(platform: &str, region: &str, api: &str, namespace: &str) -> String {
+    format!("/subscribers/{platform}/{region}/{api}/{namespace}")
+}
+/// The subscriptions in namespace `namespace`, of every deployment.
+pub fn namespace_subscribers(namespace: &str) -> String {
+    format!("/namespacesubscribers/{namespace}/")
+}
+pub fn namespace_subscriber(namespace: &str, platform: &str, region: &str, api: &str) -> String {
+    format!("/namespacesubscribers/{namespace}/{platform}/{region}/{api}")
+}
+/// A user's tokens, by hash.
+pub fn user_tokens(user: &str) -> String {
+    format!("/usertokens/{user}/")
+}
+pub fn user_token(user: &str, hash: &str) -> String {
+    format!("/usertokens/{user}/{hash}")
+}
+/// The hash of the token the last bootstrap installed (platform §5.4: one bootstrap token).
+pub const BOOTSTRAP_TOKEN: &str = "/bootstraptoken";
+/// The run records of one subscription (written by the reconciler; readers sort by the record's `id`).
+pub fn runs(platform: &str, region: &str, namespace: &str, api: &str) -> String {
+    format!("/runs/{platform}/{region}/{namespace}/{api}/")
+}

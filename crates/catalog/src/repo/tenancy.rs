@@ -9,16 +9,25 @@
 //! The catalog API's writes that need more than one record live here as
 //! well: referential integrity (a namespace or registration with
 //! subscriptions cannot be deleted), the subscription `/sync` reset and the
-//! registration `/sync` bump. The store has no multi-key transactions, so
-//! each check-then-write is followed by a re-check that undoes the write a
-//! concurrent delete raced past (see `create_subscription`, `delete_namespace`).
+//! registration `/sync` bump. Each of them is one store transaction
+//! (`kayra_store::Txn`: one etcd Txn, one SQLite transaction) whose
+//! compares carry the checks, over guard and index keys written with the
+//! records (`keys::short_name`, `keys::subscriber`,
+//! `keys::namespace_subscriber`): a short name is claimed atomically, a
+//! subscription cannot be created against a namespace or registration
+//! being deleted, a delete cannot miss a subscription created meanwhile.
+//! Records written before the index keys existed are still found by the
+//! (non-atomic) listings that name them in the 409.
 
 use std::time::{Duration, SystemTime};
 
 use kayra_core::{ApiRegistration, Namespace, RoleBinding, Subscription, SubscriptionState};
-use kayra_store::Revision;
+use kayra_store::{Compare, Op, Revision, Txn};
 
-use super::{Change, Error, Repository, Result, Versioned, keys};
+use super::{Change, Error, Repository, Result, Versioned, decode, encode, keys};
+
+/// Attempts of a guarded write whose guards moved underneath it.
+const GUARDED_ATTEMPTS: usize = 20;
 
 /// The outcome of a conditional reconciler write.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -195,66 +204,244 @@ impl Repository {
     }
 
     /// Deletes a namespace that has no subscriptions in any deployment
-    /// (`Conflict` naming them otherwise), then sweeps its role bindings and
-    /// any subscription that was created while the delete was under way.
+    /// (`Conflict` naming them otherwise), with its role bindings, in one
+    /// transaction that holds only while no subscription index entry exists
+    /// under the namespace: a subscription or role binding created
+    /// concurrently either makes the delete fail or fails itself.
     pub async fn delete_namespace(&self, name: &str) -> Result<()> {
         let what = format!("namespace {name:?}");
-        let current = self.get_namespace(name).await?.ok_or_else(|| Error::NotFound(what.clone()))?;
-        let subscriptions = self.subscriptions_in_namespace_everywhere(name).await?;
-        if !subscriptions.is_empty() {
-            let names: Vec<String> = subscriptions.iter().map(|s| self.describe(s)).collect();
-            return Err(Error::Conflict(format!(
-                "namespace {name:?} still has subscriptions: {}; delete them first",
-                names.join(", ")
-            )));
+        for _ in 0..GUARDED_ATTEMPTS {
+            let current = self.get_namespace(name).await?.ok_or_else(|| Error::NotFound(what.clone()))?;
+            let subscriptions = self.subscriptions_in_namespace_everywhere(name).await?;
+            if !subscriptions.is_empty() {
+                let names: Vec<String> = subscriptions.iter().map(|s| self.describe(s)).collect();
+                return Err(Error::Conflict(format!(
+                    "namespace {name:?} still has subscriptions: {}; delete them first",
+                    names.join(", ")
+                )));
+            }
+            let txn = Txn::new()
+                .when(Compare::ModRevision(keys::namespace(name), current.revision))
+                .when(Compare::PrefixEmpty(keys::namespace_subscribers(name)))
+                .then(Op::Delete { key: keys::namespace(name) })
+                .then(Op::DeletePrefix { prefix: keys::role_bindings(name) });
+            if self.store.txn(txn).await?.succeeded {
+                return Ok(());
+            }
         }
-        self.delete(&keys::namespace(name), Some(current.revision), &what).await?;
-        for s in self.subscriptions_in_namespace_everywhere(name).await? {
-            let key = keys::subscription(&s.platform, &s.region, &s.namespace, &s.api);
-            self.delete_if_present(&key).await?;
-        }
-        let (bindings, _) = self.list_all::<RoleBinding>(&keys::role_bindings(name)).await?;
-        for binding in bindings {
-            self.delete_if_present(&keys::role_binding(name, &binding.value.name)).await?;
-        }
-        Ok(())
+        Err(Error::Conflict(format!("{what} keeps changing; try again")))
     }
 
     /// Deletes one of this deployment's registrations, refused (`Conflict`
-    /// naming the namespaces) while any subscription references it.
+    /// naming the namespaces) while any subscription references it; its
+    /// short-name claim goes with it, in the same transaction.
     pub async fn delete_registration(&self, name: &str) -> Result<()> {
         let what = format!("api registration {name:?}");
-        let current = self.get_registration(name).await?.ok_or_else(|| Error::NotFound(what.clone()))?;
-        let subscribers = self.registration_subscribers(name).await?;
-        if !subscribers.is_empty() {
-            let namespaces: Vec<&str> = subscribers.iter().map(|s| s.value.namespace.as_str()).collect();
-            return Err(Error::Conflict(format!(
-                "api registration {name:?} still has subscriptions in namespaces {}; delete them first",
-                namespaces.join(", ")
-            )));
+        let key = keys::registration(&self.platform, &self.region, name);
+        for _ in 0..GUARDED_ATTEMPTS {
+            let current = self.get_registration(name).await?.ok_or_else(|| Error::NotFound(what.clone()))?;
+            let subscribers = self.registration_subscribers(name).await?;
+            if !subscribers.is_empty() {
+                let namespaces: Vec<&str> = subscribers.iter().map(|s| s.value.namespace.as_str()).collect();
+                return Err(Error::Conflict(format!(
+                    "api registration {name:?} still has subscriptions in namespaces {}; delete them first",
+                    namespaces.join(", ")
+                )));
+            }
+            let mut txn = Txn::new()
+                .when(Compare::ModRevision(key.clone(), current.revision))
+                .when(Compare::PrefixEmpty(keys::subscribers(&self.platform, &self.region, name)))
+                .then(Op::Delete { key: key.clone() });
+            if let Some((guard, revision)) = self.short_name_claim(&current.value.short_name, name).await? {
+                txn = txn.when(Compare::ModRevision(guard.clone(), revision)).then(Op::Delete { key: guard });
+            }
+            if self.store.txn(txn).await?.succeeded {
+                return Ok(());
+            }
         }
-        self.delete(&keys::registration(&self.platform, &self.region, name), Some(current.revision), &what).await?;
-        Ok(())
+        Err(Error::Conflict(format!("{what} keeps changing; try again")))
     }
 
-    /// Creates a brand-new subscription (inactive, `init`, never synced).
-    /// The caller has checked that the namespace and the registration
-    /// exist; if either was deleted while this ran, the subscription is
-    /// removed again and the result is `NotFound`, so a racing delete never
-    /// leaves a dangling subscription behind.
-    pub async fn create_subscription(&self, namespace: &str, api: &str) -> Result<Versioned<Subscription>> {
-        let subscription = Subscription::new(namespace, api);
-        let key = keys::subscription(&self.platform, &self.region, namespace, api);
-        let what = format!("subscription of namespace {namespace:?} to {api:?}");
-        let revision = self.create(&key, &subscription, &what).await?;
-        let namespace_gone = self.get_namespace(namespace).await?.is_none();
-        if namespace_gone || self.get_registration(api).await?.is_none() {
-            self.delete_if_present(&key).await?;
-            let missing =
-                if namespace_gone { format!("namespace {namespace:?}") } else { format!("api registration {api:?}") };
-            return Err(Error::NotFound(missing));
+    /// The guard key of `short` and its revision, when `name` holds the claim.
+    async fn short_name_claim(&self, short: &str, name: &str) -> Result<Option<(String, Revision)>> {
+        if short.is_empty() {
+            return Ok(None);
         }
-        Ok(Versioned { value: subscription, revision })
+        let guard = keys::short_name(&self.platform, &self.region, short);
+        let claim = self.get::<String>(&guard).await?;
+        Ok(claim.filter(|c| c.value == name).map(|c| (guard, c.revision)))
+    }
+
+    /// Creates a registration, claiming its short name in the same
+    /// transaction: two concurrent creates with one new short name cannot
+    /// both succeed, and a short name never equals another registration's
+    /// long name (nor a long name another's short name).
+    pub async fn create_registration(&self, registration: &ApiRegistration) -> Result<Revision> {
+        let (name, short) = (registration.name.as_str(), registration.short_name.as_str());
+        let key = keys::registration(&self.platform, &self.region, name);
+        let name_as_short = keys::short_name(&self.platform, &self.region, name);
+        let mut txn = Txn::new()
+            .when(Compare::Absent(key.clone()))
+            .when(Compare::Absent(name_as_short.clone()))
+            .then(Op::Put { key: key.clone(), value: encode(registration) })
+            .otherwise(Op::Get { key })
+            .otherwise(Op::Get { key: name_as_short });
+        if !short.is_empty() {
+            let guard = keys::short_name(&self.platform, &self.region, short);
+            let short_as_name = keys::registration(&self.platform, &self.region, short);
+            txn = txn
+                .when(Compare::Absent(guard.clone()))
+                .when(Compare::Absent(short_as_name.clone()))
+                .then(Op::Put { key: guard.clone(), value: encode(&name) })
+                .otherwise(Op::Get { key: guard })
+                .otherwise(Op::Get { key: short_as_name });
+        }
+        let resp = self.store.txn(txn).await?;
+        if resp.succeeded {
+            return Ok(resp.revision);
+        }
+        let owner = |i: usize| -> Option<String> {
+            let kv = resp.gets.get(i)?.as_ref()?;
+            decode::<String>(kv).map(|v| v.value).ok().or_else(|| Some(kv.key.rsplit('/').next()?.to_string()))
+        };
+        Err(Error::Conflict(if resp.gets.first().is_some_and(Option::is_some) {
+            format!("api registration {name:?} already exists")
+        } else if let Some(other) = owner(1) {
+            format!("name {name:?} is already the short name of api registration {other:?}")
+        } else if let Some(other) = owner(2).or_else(|| owner(3)) {
+            format!("short name {short:?} is already used by api registration {other:?}")
+        } else {
+            format!("api registration {name:?} was changed concurrently")
+        }))
+    }
+
+    /// Replaces a registration read at `current.revision` with `next`,
+    /// moving its short-name claim in the same transaction. `Ok(None)` when
+    /// the registration or a claim changed meanwhile: re-read and retry.
+    /// `Conflict` when the new short name is taken.
+    pub async fn update_registration(
+        &self,
+        current: &Versioned<ApiRegistration>,
+        next: &ApiRegistration,
+    ) -> Result<Option<Revision>> {
+        let name = current.value.name.as_str();
+        let key = keys::registration(&self.platform, &self.region, name);
+        let mut txn = Txn::new()
+            .when(Compare::ModRevision(key.clone(), current.revision))
+            .then(Op::Put { key, value: encode(next) });
+        let (old, new) = (current.value.short_name.as_str(), next.short_name.as_str());
+        let held = self.short_name_claim(old, name).await?;
+        if old != new
+            && let Some((guard, revision)) = &held
+        {
+            txn = txn.when(Compare::ModRevision(guard.clone(), *revision)).then(Op::Delete { key: guard.clone() });
+        }
+        let mut taken_checks = None;
+        if !new.is_empty() {
+            let guard = keys::short_name(&self.platform, &self.region, new);
+            match (&held, old == new) {
+                // Already ours: keep it ours.
+                (Some((_, revision)), true) => txn = txn.when(Compare::ModRevision(guard, *revision)),
+                // New to us (or a record from before claims existed): claim it.
+                _ => {
+                    let short_as_name = keys::registration(&self.platform, &self.region, new);
+                    txn = txn
+                        .when(Compare::Absent(guard.clone()))
+                        .when(Compare::Absent(short_as_name.clone()))
+                        .then(Op::Put { key: guard.clone(), value: encode(&name) });
+                    taken_checks = Some((guard, short_as_name));
+                }
+            }
+        }
+        if let Some((guard, short_as_name)) = &taken_checks {
+            txn = txn.otherwise(Op::Get { key: guard.clone() }).otherwise(Op::Get { key: short_as_name.clone() });
+        }
+        let resp = self.store.txn(txn).await?;
+        if resp.succeeded {
+            return Ok(Some(resp.revision));
+        }
+        let taken_by = resp.gets.iter().flatten().find_map(|kv| {
+            decode::<String>(kv).map(|v| v.value).ok().or_else(|| kv.key.rsplit('/').next().map(str::to_string))
+        });
+        match taken_by {
+            Some(other) if other != name => {
+                Err(Error::Conflict(format!("short name {new:?} is already used by api registration {other:?}")))
+            }
+            _ => Ok(None),
+        }
+    }
+
+    /// Creates a brand-new subscription (inactive, `init`, never synced) in
+    /// one transaction: the namespace and the registration exist and the
+    /// subscription does not (`NotFound` naming what is missing, `Conflict`
+    /// when it exists — answered from the same round trip). Its index keys
+    /// are written with it, so the namespace's and the registration's
+    /// deletes see it atomically.
+    pub async fn create_subscription(&self, namespace: &str, api: &str) -> Result<Versioned<Subscription>> {
+        let (p, r) = (self.platform.as_str(), self.region.as_str());
+        let subscription = Subscription::new(namespace, api);
+        let key = keys::subscription(p, r, namespace, api);
+        let txn = Txn::new()
+            .when(Compare::Exists(keys::namespace(namespace)))
+            .when(Compare::Exists(keys::registration(p, r, api)))
+            .when(Compare::Absent(key.clone()))
+            .then(Op::Put { key: key.clone(), value: encode(&subscription) })
+            .then(Op::Put { key: keys::subscriber(p, r, api, namespace), value: encode(&key) })
+            .then(Op::Put { key: keys::namespace_subscriber(namespace, p, r, api), value: encode(&key) })
+            .otherwise(Op::Get { key: keys::namespace(namespace) })
+            .otherwise(Op::Get { key: keys::registration(p, r, api) });
+        let resp = self.store.txn(txn).await?;
+        if resp.succeeded {
+            return Ok(Versioned { value: subscription, revision: resp.revision });
+        }
+        match (resp.gets.first(), resp.gets.get(1)) {
+            (Some(None), _) => Err(Error::NotFound(format!("namespace {namespace:?}"))),
+            (_, Some(None)) => Err(Error::NotFound(format!("api registration {api:?}"))),
+            _ => Err(Error::Conflict(format!("subscription of namespace {namespace:?} to {api:?} already exists"))),
+        }
+    }
+
+    /// Deletes a subscription with its index keys, its run records
+    /// (`/runs/<platform>/<region>/<namespace>/<api>/`) and its attempt
+    /// record, in one transaction.
+    pub async fn delete_subscription(&self, namespace: &str, api: &str) -> Result<Revision> {
+        let (p, r) = (self.platform.as_str(), self.region.as_str());
+        let key = keys::subscription(p, r, namespace, api);
+        let txn = Txn::new()
+            .when(Compare::Exists(key.clone()))
+            .then(Op::Delete { key })
+            .then(Op::Delete { key: keys::subscriber(p, r, api, namespace) })
+            .then(Op::Delete { key: keys::namespace_subscriber(namespace, p, r, api) })
+            .then(Op::DeletePrefix { prefix: keys::runs(p, r, namespace, api) })
+            .then(Op::Delete { key: keys::attempt(p, r, namespace, api) });
+        let resp = self.store.txn(txn).await?;
+        if !resp.succeeded {
+            return Err(Error::NotFound(format!("subscription of namespace {namespace:?} to {api:?}")));
+        }
+        Ok(resp.revision)
+    }
+
+    /// Creates a role binding in a namespace that exists, in one
+    /// transaction; the namespace's delete removes its bindings in its own,
+    /// so a binding created during the delete cannot survive it.
+    pub async fn create_role_binding(&self, binding: &RoleBinding) -> Result<Revision> {
+        let key = keys::role_binding(&binding.namespace, &binding.name);
+        let txn = Txn::new()
+            .when(Compare::Exists(keys::namespace(&binding.namespace)))
+            .when(Compare::Absent(key.clone()))
+            .then(Op::Put { key, value: encode(binding) })
+            .otherwise(Op::Get { key: keys::namespace(&binding.namespace) });
+        let resp = self.store.txn(txn).await?;
+        if resp.succeeded {
+            return Ok(resp.revision);
+        }
+        if resp.gets.first().is_some_and(Option::is_none) {
+            return Err(Error::NotFound(format!("namespace {:?}", binding.namespace)));
+        }
+        Err(Error::Conflict(format!(
+            "role binding {:?} in namespace {:?} already exists",
+            binding.name, binding.namespace
+        )))
     }
 
     /// The subscription `/sync` shorthand: `current_sync_id` becomes empty
@@ -280,13 +467,6 @@ impl Repository {
             Change::Write
         })
         .await
-    }
-
-    async fn delete_if_present(&self, key: &str) -> Result<()> {
-        match self.delete(key, None, key).await {
-            Ok(_) | Err(Error::NotFound(_)) => Ok(()),
-            Err(e) => Err(e),
-        }
     }
 
     fn describe(&self, s: &SubscriptionRef) -> String {
