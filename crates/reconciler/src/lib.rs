@@ -37,6 +37,7 @@ pub mod pool;
 pub mod queue;
 pub mod view;
 
+use std::collections::{HashMap, HashSet};
 use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, PoisonError};
@@ -47,7 +48,7 @@ use kayra_catalog::repo::{Repository, keys};
 use kayra_config::ReconcilerConfig;
 use kayra_core::{ApiRegistration, Namespace, RunTrigger, Subscription};
 use kayra_pipeline::{Pipelines, ValidationError};
-use kayra_store::{Event, Revision};
+use kayra_store::{Event, Revision, WatcherEvent};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -80,8 +81,15 @@ pub struct Reconciler {
     ready: Arc<AtomicBool>,
 }
 
+/// Where one resource's list → watch → re-list machine is.
+enum Phase {
+    /// Between `Init` and `InitDone`: the list so far.
+    Listing(Vec<kayra_store::KeyValue>),
+    Watching,
+}
+
 /// Which resource a watch event is about.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 enum Kind {
     Namespace,
     Registration,
@@ -143,97 +151,130 @@ impl Reconciler {
             self.tracker.clone(),
             cancel.clone(),
         ));
-        let result = loop {
-            if cancel.is_cancelled() {
-                break Ok(());
-            }
-            match self.list_and_watch(&cancel).await {
-                Ok(()) => {}
-                Err(e) if cancel.is_cancelled() => break Err(e),
-                Err(e) => {
-                    tracing::warn!(error = %e, "reconciler list/watch failed; re-listing");
-                    tokio::select! {
-                        _ = tokio::time::sleep(Duration::from_secs(1)) => {}
-                        _ = cancel.cancelled() => {}
-                    }
-                }
-            }
-        };
+        self.watch(&cancel).await;
         self.queue.close();
         let _ = dispatcher.await;
         self.pool.close();
         self.tracker.close();
         self.tracker.wait().await;
         tracing::info!("reconciler stopped; every in-flight operation finished");
-        result
+        Ok(())
+    }
+
+    /// The list → watch → re-list state machine, one per watched prefix
+    /// over `store.Store.Watch` ([`kayra_store::Store::watcher`]): while
+    /// **listing** (`Init`…`InitApply`…) records are buffered; at
+    /// `InitDone` that resource's part of the view is replaced whole, so
+    /// every delete missed in a gap is learnt, and the machine is
+    /// **watching** (`Apply`/`Delete`) until the store re-lists again. Once
+    /// all four resources have listed, reconcileExisting runs.
+    async fn watch(&mut self, cancel: &CancellationToken) {
+        let repo = self.worker.repo.clone();
+        let (platform, region) = (repo.platform().to_string(), repo.region().to_string());
+        let attempts_prefix = attempts_prefix(&platform, &region);
+        let store = repo.store();
+        let prefixes = [
+            (Kind::Namespace, keys::NAMESPACES.to_string()),
+            (Kind::Registration, keys::registrations(&platform, &region)),
+            (Kind::Subscription, keys::subscriptions(&platform, &region)),
+            (Kind::Attempt, attempts_prefix.clone()),
+        ];
+        let streams = prefixes.iter().map(|(kind, prefix)| {
+            let kind = *kind;
+            store.watcher(prefix).map(move |e| (kind, e)).boxed()
+        });
+        let mut events = futures::stream::select_all(streams);
+        let mut phases: HashMap<Kind, Phase> = prefixes.iter().map(|(k, _)| (*k, Phase::Listing(Vec::new()))).collect();
+        let mut listed: HashSet<Kind> = HashSet::new();
+        loop {
+            let next = tokio::select! {
+                next = events.next() => next,
+                _ = cancel.cancelled() => return,
+            };
+            let Some((kind, event)) = next else {
+                tracing::warn!("store gone; reconciler stops watching");
+                return;
+            };
+            let phase = phases.entry(kind).or_insert(Phase::Watching);
+            match event {
+                WatcherEvent::Init => *phase = Phase::Listing(Vec::new()),
+                WatcherEvent::InitApply(kv) => match phase {
+                    Phase::Listing(buffer) => buffer.push(kv),
+                    Phase::Watching => self.handle(kind, Event::Put(kv), &attempts_prefix),
+                },
+                WatcherEvent::InitDone { .. } => {
+                    let buffer = match std::mem::replace(phase, Phase::Watching) {
+                        Phase::Listing(buffer) => buffer,
+                        Phase::Watching => Vec::new(),
+                    };
+                    let first = listed.insert(kind);
+                    self.replace(kind, buffer, &attempts_prefix);
+                    if listed.len() == prefixes.len() {
+                        if first {
+                            tracing::info!(kind = ?kind, "listed; reconciling existing records");
+                        } else {
+                            tracing::info!(kind = ?kind, "re-listed; the view is replaced");
+                        }
+                        self.queue_existing();
+                        self.ready.store(true, Ordering::SeqCst);
+                    }
+                }
+                WatcherEvent::Apply(kv) => self.handle(kind, Event::Put(kv), &attempts_prefix),
+                WatcherEvent::Delete { key, revision } => {
+                    self.handle(kind, Event::Delete { key, revision }, &attempts_prefix)
+                }
+                WatcherEvent::Progress { .. } => {}
+            }
+        }
     }
 
     fn view(&self) -> std::sync::RwLockWriteGuard<'_, View> {
         self.worker.view.write().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// One listing → watching cycle. Returns when a stream ends or on cancel.
-    async fn list_and_watch(&mut self, cancel: &CancellationToken) -> Result<(), kayra_catalog::repo::Error> {
-        let repo = self.worker.repo.clone();
-        let (platform, region) = (repo.platform().to_string(), repo.region().to_string());
-        let attempts_prefix = attempts_prefix(&platform, &region);
-
-        let mut view = View::default();
-        let (namespaces, ns_rev) = repo.list_namespaces().await?;
-        for ns in &namespaces {
-            view.put_namespace(&ns.value.name, ns.value.active, ns.revision);
-        }
-        let (registrations, reg_rev) = repo.list_registrations().await?;
-        for reg in registrations {
-            view.put_registration(reg.value, reg.revision);
-        }
-        let (subscriptions, sub_rev) = repo.list_subscriptions().await?;
-        let subscription_count = subscriptions.len();
-        for sub in subscriptions {
-            view.put_subscription(sub.value, sub.revision);
-        }
-        let (attempts, attempt_rev) =
-            repo.store().list_all(&attempts_prefix).await.map_err(kayra_catalog::repo::Error::from)?;
-        for kv in &attempts {
-            let parsed = serde_json::from_slice::<Attempt>(&kv.value);
-            if let (Some((ns, api)), Ok(attempt)) = (attempt_parts(&attempts_prefix, &kv.key), parsed) {
-                view.put_given_up(ns, api, attempt);
+    /// Replaces `kind`'s records in the view with a complete list.
+    /// Subscriptions gone from it were deleted in a gap: their given-up
+    /// records go too.
+    fn replace(&mut self, kind: Kind, records: Vec<kayra_store::KeyValue>, attempts_prefix: &str) {
+        let mut view = self.view();
+        match kind {
+            Kind::Namespace => {
+                let namespaces = records
+                    .iter()
+                    .filter_map(|kv| serde_json::from_slice::<Namespace>(&kv.value).ok().map(|n| (n, kv.mod_revision)));
+                view.replace_namespaces(namespaces.map(|(n, rev)| (n.name, n.active, rev)).collect());
+            }
+            Kind::Registration => {
+                let regs = records.iter().filter_map(|kv| {
+                    serde_json::from_slice::<ApiRegistration>(&kv.value).ok().map(|r| (r, kv.mod_revision))
+                });
+                view.replace_registrations(regs.collect());
+            }
+            Kind::Subscription => {
+                let subs = records.iter().filter_map(|kv| {
+                    serde_json::from_slice::<Subscription>(&kv.value).ok().map(|s| (s, kv.mod_revision))
+                });
+                view.replace_subscriptions(subs.collect());
+            }
+            Kind::Attempt => {
+                let attempts = records.iter().filter_map(|kv| {
+                    let (ns, api) = attempt_parts(attempts_prefix, &kv.key)?;
+                    let attempt = serde_json::from_slice::<Attempt>(&kv.value).ok()?;
+                    Some(((ns.to_string(), api.to_string()), attempt))
+                });
+                view.replace_given_up(attempts.collect());
             }
         }
-        tracing::info!(
-            namespaces = namespaces.len(),
-            subscriptions = subscription_count,
-            "listed; reconciling existing records"
-        );
-        // Deletes missed while not watching: their attempt records go.
-        for (ns, api) in view.orphaned_given_up() {
-            view.delete_given_up(&ns, &api);
-            let repo = repo.clone();
-            self.tracker.spawn(async move { ensure::forget_given_up(&repo, &ns, &api).await });
+        // Attempt records of subscriptions deleted while nobody watched.
+        let orphans = view.orphaned_given_up();
+        drop(view);
+        if !matches!(kind, Kind::Subscription | Kind::Attempt) {
+            return;
         }
-        // The view is replaced whole: nothing of the previous list survives.
-        *self.view() = view;
-        self.queue_existing();
-        self.ready.store(true, Ordering::SeqCst);
-
-        let store = repo.store();
-        let streams = vec![
-            watch(store, keys::NAMESPACES, ns_rev, Kind::Namespace).await?,
-            watch(store, &keys::registrations(&platform, &region), reg_rev, Kind::Registration).await?,
-            watch(store, &keys::subscriptions(&platform, &region), sub_rev, Kind::Subscription).await?,
-            watch(store, &attempts_prefix, attempt_rev, Kind::Attempt).await?,
-        ];
-        let mut events = futures::stream::select_all(streams);
-        loop {
-            let next = tokio::select! {
-                next = events.next() => next,
-                _ = cancel.cancelled() => return Ok(()),
-            };
-            let Some((kind, event)) = next else {
-                tracing::warn!("watch stream ended; re-listing");
-                return Ok(());
-            };
-            self.handle(kind, event, &attempts_prefix);
+        for (ns, api) in orphans {
+            self.view().delete_given_up(&ns, &api);
+            let repo = self.worker.repo.clone();
+            self.tracker.spawn(async move { ensure::forget_given_up(&repo, &ns, &api).await });
         }
     }
 
@@ -440,14 +481,4 @@ fn attempts_prefix(platform: &str, region: &str) -> String {
 /// `(namespace, api)` of an attempt record's key.
 fn attempt_parts<'k>(prefix: &str, key: &'k str) -> Option<(&'k str, &'k str)> {
     key.strip_prefix(prefix)?.split_once('/')
-}
-
-async fn watch(
-    store: &kayra_store::Store,
-    prefix: &str,
-    listed_at: Revision,
-    kind: Kind,
-) -> Result<futures::stream::BoxStream<'static, (Kind, Event)>, kayra_catalog::repo::Error> {
-    let stream = store.watch(prefix, listed_at + 1).await?;
-    Ok(stream.map(move |e| (kind, e)).boxed())
 }

@@ -38,6 +38,29 @@ impl View {
         }
     }
 
+    /// Replaces every namespace (a complete list).
+    pub fn replace_namespaces(&mut self, namespaces: Vec<(String, bool, Revision)>) {
+        self.namespaces = namespaces.into_iter().map(|(n, active, rev)| (n, (active, rev))).collect();
+    }
+
+    /// Replaces every registration (a complete list).
+    pub fn replace_registrations(&mut self, registrations: Vec<(ApiRegistration, Revision)>) {
+        self.registrations = registrations.into_iter().map(|(r, rev)| (r.name.clone(), (r, rev))).collect();
+    }
+
+    /// Replaces every subscription (a complete list): those not in it are gone.
+    pub fn replace_subscriptions(&mut self, subscriptions: Vec<(Subscription, Revision)>) {
+        self.subscribers.clear();
+        for (sub, rev) in subscriptions {
+            self.put_subscription(sub, rev);
+        }
+    }
+
+    /// Replaces every given-up record (a complete list).
+    pub fn replace_given_up(&mut self, given_up: Vec<((String, String), Attempt)>) {
+        self.given_up = given_up.into_iter().collect();
+    }
+
     pub fn delete_namespace(&mut self, name: &str) {
         self.namespaces.remove(name);
     }
@@ -206,6 +229,18 @@ mod tests {
         view.put_given_up("a", "x.io", Attempt { subscription_revision: 3, registration_revision: 5 });
         assert_eq!(view.decide("a", "x.io", false), Decision::Nothing(Idle::GivenUp));
         view.delete_subscription("a", "x.io");
+        assert_eq!(view.orphaned_given_up(), vec![("a".to_string(), "x.io".to_string())]);
+    }
+
+    #[test]
+    fn a_relist_drops_what_was_deleted_in_the_gap() {
+        let mut view = View::default();
+        view.put_subscription(sub("a", "x.io", true, "1"), 3);
+        view.put_subscription(sub("b", "x.io", true, "1"), 4);
+        view.put_given_up("a", "x.io", Attempt { subscription_revision: 3, registration_revision: 1 });
+        view.replace_subscriptions(vec![(sub("b", "x.io", true, "1"), 4)]);
+        assert!(view.subscription("a", "x.io").is_none());
+        assert_eq!(view.behind("x.io", "2"), vec!["b"]);
         assert_eq!(view.orphaned_given_up(), vec![("a".to_string(), "x.io".to_string())]);
     }
 }
