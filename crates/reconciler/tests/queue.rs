@@ -1,0 +1,227 @@
+//! The work queue end to end, on both backends (platform contract §7,
+//! "Work queue"): coalescing, fairness, nothing waiting in a slot, and a
+//! panicking job that wedges nothing.
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use common::backend::TestBackend;
+use common::{Kind, Seed, eventually, one_step_mode, store};
+use kayra_catalog::repo::{Repository, keys};
+use kayra_config::ReconcilerConfig;
+use kayra_core::Subscription;
+use kayra_reconciler::Reconciler;
+use kayra_reconciler::queue::JobKey;
+use tokio_util::sync::CancellationToken;
+
+const API: &str = "compute.example.com";
+const OTHER: &str = "storage.example.com";
+
+struct World {
+    _store: common::TestStore,
+    repo: Repository,
+    backend: Arc<TestBackend>,
+}
+
+impl World {
+    async fn new(kind: Kind) -> Self {
+        let store = store(kind).await;
+        let repo = Repository::new(store.store.clone(), "dev", "local");
+        Self { _store: store, repo, backend: Arc::new(TestBackend::start().await) }
+    }
+
+    fn seed(&self) -> Seed<'_> {
+        Seed(&self.repo)
+    }
+
+    /// Mode `api`: one POST to the backend's `path` (a template).
+    fn config(&self, pool: usize, path: &str) -> ReconcilerConfig {
+        let mut cfg = ReconcilerConfig {
+            wait_poll_interval: kayra_config::Duration::from_millis(20),
+            max_concurrent_reconciles: pool,
+            ..Default::default()
+        };
+        one_step_mode(&mut cfg, "api", &format!("{}/{path}", self.backend.base));
+        cfg
+    }
+
+    /// Rewrites the subscription unchanged: a write, hence a trigger.
+    async fn touch(&self, namespace: &str, api: &str) {
+        let key = keys::subscription("dev", "local", namespace, api);
+        let current = self.repo.get::<Subscription>(&key).await.unwrap().unwrap();
+        self.repo.update(&key, &current.value, current.revision, "subscription").await.unwrap();
+    }
+}
+
+struct Running {
+    cancel: CancellationToken,
+    handle: tokio::task::JoinHandle<()>,
+}
+
+impl Running {
+    fn start(reconciler: Reconciler, cancel: CancellationToken) -> Self {
+        let handle = tokio::spawn(async move { reconciler.run().await.expect("reconciler run") });
+        Self { cancel, handle }
+    }
+
+    async fn stop(self) {
+        self.cancel.cancel();
+        self.handle.await.unwrap();
+    }
+}
+
+fn start(repo: &Repository, config: ReconcilerConfig) -> Running {
+    let cancel = CancellationToken::new();
+    Running::start(Reconciler::new(repo.clone(), config, cancel.clone()).unwrap(), cancel)
+}
+
+async fn synced(seed: &Seed<'_>, ns: &str, api: &str, sync_id: &str) -> bool {
+    seed.get(ns, api).await.is_synced(sync_id)
+}
+
+async fn within<F, Fut>(what: &str, limit: Duration, cond: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let started = Instant::now();
+    eventually(what, cond).await;
+    assert!(started.elapsed() <= limit, "{what}: took {:?}, more than {limit:?}", started.elapsed());
+}
+
+/// Pool 2, one reconcile held at the backend, 4 force re-syncs of it: the
+/// re-syncs wait in the queue (coalesced), not in slots, so a brand-new
+/// namespace activates at once; the held one runs at most twice more and
+/// never twice at once.
+async fn resyncs_of_a_slow_job_never_delay_a_new_namespace(kind: Kind) {
+    let w = World::new(kind).await;
+    let (seed, backend) = (w.seed(), &w.backend);
+    seed.registration(API, "api", "s1").await;
+    seed.subscription("core", API).await;
+    let running = start(&w.repo, w.config(2, "hold/x"));
+    backend.wait_for("/hold/x", 1).await;
+    for _ in 0..4 {
+        seed.force_resync("core", API).await;
+    }
+    seed.namespace("fresh").await;
+    within("fresh namespace active", Duration::from_secs(1), || async {
+        w.repo.get_namespace("fresh").await.unwrap().unwrap().value.active
+    })
+    .await;
+    backend.release(10);
+    eventually("core synced", || synced(&seed, "core", API, "s1")).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let calls = backend.count("/hold/x");
+    assert!((2..=3).contains(&calls), "the held job ran {calls} times: at most twice more");
+    assert_eq!(backend.max_in_flight(), 1, "never twice at once");
+    running.stop().await;
+}
+
+/// A burst of 10 writes to one subscription during its run: one more run.
+async fn a_burst_of_writes_during_a_run_makes_one_more_run(kind: Kind) {
+    let w = World::new(kind).await;
+    let (seed, backend) = (w.seed(), &w.backend);
+    seed.registration(API, "api", "s1").await;
+    seed.subscription("core", API).await;
+    let running = start(&w.repo, w.config(4, "hold/x"));
+    backend.wait_for("/hold/x", 1).await;
+    backend.release(1);
+    eventually("synced", || synced(&seed, "core", API, "s1")).await;
+    seed.force_resync("core", API).await;
+    backend.wait_for("/hold/x", 2).await;
+    for _ in 0..10 {
+        w.touch("core", API).await;
+    }
+    backend.release(10);
+    eventually("synced again", || synced(&seed, "core", API, "s1")).await;
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    // The held run's result was stale (the writes landed): it decides again
+    // once, and the ten coalesced triggers find nothing more to do.
+    assert_eq!(backend.count("/hold/x"), 3, "one more run, not ten");
+    assert_eq!(backend.max_in_flight(), 1);
+    running.stop().await;
+}
+
+/// During a fan-out behind a slow step, a new subscription to another API
+/// activates at once: activations go first, APIs take turns.
+async fn a_new_subscription_jumps_a_large_fan_out(kind: Kind) {
+    let w = World::new(kind).await;
+    let (seed, backend) = (w.seed(), &w.backend);
+    // The SyncID picks the path: "ok" answers at once, "hold" waits for release.
+    let cfg = w.config(5, "{{ .Subscription.ExpectedSyncID }}/{{ .Subscription.Namespace }}");
+    seed.registration(API, "api", "ok").await;
+    seed.registration(OTHER, "placeholder", "p1").await;
+    let n = 100;
+    for i in 0..n {
+        seed.subscription(&format!("t{i}"), API).await;
+    }
+    let running = start(&w.repo, cfg);
+    backend.wait_for("/ok/", n).await;
+    eventually("all synced", || async {
+        let (subs, _) = w.repo.list_subscriptions().await.unwrap();
+        subs.iter().all(|s| s.value.is_synced("ok"))
+    })
+    .await;
+    seed.bump(API, "hold").await;
+    backend.wait_for("/hold/", 5).await;
+    // The fan-out drains at 5 calls per 200 ms: about 4 s for all 100.
+    let stop = Arc::new(AtomicBool::new(false));
+    let releaser = tokio::spawn({
+        let (stop, backend) = (stop.clone(), w.backend.clone());
+        async move {
+            while !stop.load(Ordering::SeqCst) {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                backend.release(5);
+            }
+        }
+    });
+    seed.subscription("late", OTHER).await;
+    within("late subscription activated", Duration::from_secs(2), || synced(&seed, "late", OTHER, "p1")).await;
+    assert!(backend.count("/hold/") < n, "the new subscription did not wait for the whole fan-out");
+    eventually("fan-out done", || async { backend.count("/hold/") >= n }).await;
+    stop.store(true, Ordering::SeqCst);
+    releaser.await.unwrap();
+    backend.release(n);
+    assert!(backend.max_in_flight() <= 5);
+    running.stop().await;
+}
+
+/// A job that panics (a test-only hook) wedges neither its key nor its
+/// slot: pool 1, the panicking key runs again, and other work goes on.
+async fn a_panicking_job_wedges_nothing(kind: Kind) {
+    let w = World::new(kind).await;
+    let seed = w.seed();
+    seed.registration(API, "placeholder", "s1").await;
+    seed.subscription("boom", API).await;
+    let cancel = CancellationToken::new();
+    let mut cfg = w.config(1, "ok/x");
+    cfg.max_concurrent_reconciles = 1;
+    let mut reconciler = Reconciler::new(w.repo.clone(), cfg, cancel.clone()).unwrap();
+    let panicked = Arc::new(AtomicBool::new(false));
+    reconciler.set_fault_hook(Arc::new({
+        let panicked = panicked.clone();
+        move |key: &JobKey| {
+            if *key == JobKey::subscription("boom", API) && !panicked.swap(true, Ordering::SeqCst) {
+                panic!("injected fault");
+            }
+        }
+    }));
+    let running = Running::start(reconciler, cancel);
+    eventually("the fault fired", || async { panicked.load(Ordering::SeqCst) }).await;
+    // The only slot came back: other work runs.
+    seed.subscription("calm", API).await;
+    eventually("calm synced", || synced(&seed, "calm", API, "s1")).await;
+    // The panicking key was queued again and its next run succeeds.
+    eventually("boom synced", || synced(&seed, "boom", API, "s1")).await;
+    running.stop().await;
+}
+
+both_backends!(
+    resyncs_of_a_slow_job_never_delay_a_new_namespace,
+    a_burst_of_writes_during_a_run_makes_one_more_run,
+    a_new_subscription_jumps_a_large_fan_out,
+    a_panicking_job_wedges_nothing,
+);
