@@ -21,7 +21,7 @@ const API: &str = "compute.example.com";
 const OTHER: &str = "storage.example.com";
 
 struct World {
-    _store: common::TestStore,
+    store: common::TestStore,
     repo: Repository,
     backend: Arc<TestBackend>,
 }
@@ -30,7 +30,7 @@ impl World {
     async fn new(kind: Kind) -> Self {
         let store = store(kind).await;
         let repo = Repository::new(store.store.clone(), "dev", "local");
-        Self { _store: store, repo, backend: Arc::new(TestBackend::start().await) }
+        Self { store, repo, backend: Arc::new(TestBackend::start().await) }
     }
 
     fn seed(&self) -> Seed<'_> {
@@ -217,6 +217,47 @@ async fn a_panicking_job_wedges_nothing(kind: Kind) {
     // The panicking key was queued again and its next run succeeds.
     eventually("boom synced", || synced(&seed, "boom", API, "s1")).await;
     running.stop().await;
+}
+
+/// Two reconcilers with pool 5 each on one etcd, 40 subscribers behind a
+/// held step: each process takes the keys in its own order, so the
+/// backend sees more than one pool's calls at once, and every subscriber
+/// is still called exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_reconcilers_add_their_pools_on_one_etcd() {
+    let w = World::new(Kind::Etcd).await;
+    let (seed, backend) = (w.seed(), &w.backend);
+    let cfg = w.config(5, "{{ .Subscription.ExpectedSyncID }}/{{ .Subscription.Namespace }}");
+    seed.registration(API, "api", "ok").await;
+    let n = 40;
+    for i in 0..n {
+        seed.subscription(&format!("t{i}"), API).await;
+    }
+    let first = start(&w.repo, cfg.clone());
+    let other = Repository::new(w.store.connect_again().await, "dev", "local");
+    let second = start(&other, cfg);
+    eventually("all synced", || async {
+        let (subs, _) = w.repo.list_subscriptions().await.unwrap();
+        subs.iter().all(|s| s.value.is_synced("ok"))
+    })
+    .await;
+    seed.bump(API, "hold").await;
+    eventually("more than one pool in flight", || async { backend.count("/hold/") > 5 }).await;
+    backend.release(10 * n);
+    eventually("all synced to hold", || async {
+        let (subs, _) = w.repo.list_subscriptions().await.unwrap();
+        subs.iter().all(|s| s.value.is_synced("hold"))
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    for i in 0..n {
+        let calls = |path: String| backend.calls().iter().filter(|c| **c == path).count();
+        assert_eq!(calls(format!("/ok/t{i}")), 1, "t{i} activated exactly once");
+        assert_eq!(calls(format!("/hold/t{i}")), 1, "t{i} reconciled exactly once");
+    }
+    assert!(backend.max_in_flight() > 5, "peak {} is one pool's worth", backend.max_in_flight());
+    first.stop().await;
+    second.stop().await;
 }
 
 both_backends!(

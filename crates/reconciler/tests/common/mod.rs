@@ -43,6 +43,15 @@ pub async fn store(kind: Kind) -> TestStore {
     }
 }
 
+impl TestStore {
+    /// A second, independent connection to the same etcd (its own lease
+    /// and job locker), as another reconciler process would have.
+    pub async fn connect_again(&self) -> Store {
+        let etcd = self._etcd.as_ref().expect("an etcd store");
+        Store::new(kayra_store::etcd::EtcdStore::connect(&etcd.config("/kayra")).await.unwrap())
+    }
+}
+
 /// Writes records the way the API would, straight through the repository.
 pub struct Seed<'a>(pub &'a Repository);
 
