@@ -18,11 +18,11 @@ use std::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use kayra_catalog::repo::tenancy::Recorded;
 use kayra_catalog::repo::{Repository, Versioned};
 use kayra_config::ReconcilerConfig;
 use kayra_core::{ApiRegistration, Subscription};
 use kayra_pipeline::{PipelineError, Pipelines, RunControl, SubscriptionContext};
+use kayra_store::{Compare, Op, Txn};
 
 use crate::decide::{self, Attempt, Decision, Observed, Outcome, Then, Write};
 use crate::locks::{Acquired, JobLocks};
@@ -111,7 +111,7 @@ impl Worker {
         let span = tracing::info_span!("activate", namespace = %name, lock_id, sync_id = "");
         async {
             match self.repo.activate_namespace(name).await {
-                Ok(Recorded::Written(revision)) => {
+                Ok(kayra_catalog::repo::tenancy::Recorded::Written(revision)) => {
                     self.view_mut().put_namespace(name, true, revision);
                     tracing::info!("namespace activated");
                 }
@@ -156,7 +156,7 @@ impl Worker {
                 }
             },
         };
-        let run = RunIds { lock_id, fencing_token };
+        let run = RunIds { lock_id, fencing_token, fence: guard.fence_key() };
         if let Err(e) = self.ensure_locked(key, namespace, api, cause, run, note).await {
             tracing::warn!(namespace, api, lock_id, sync_id = %note.get(), error = %e, "reconcile aborted: store error");
         }
@@ -170,7 +170,7 @@ impl Worker {
         namespace: &str,
         api: &str,
         cause: Cause,
-        run: RunIds,
+        run: RunIds<'_>,
         note: &SyncNote,
     ) -> kayra_catalog::repo::Result<()> {
         let lock_id = run.lock_id;
@@ -212,7 +212,7 @@ impl Worker {
         sub: &Versioned<Subscription>,
         reg: &Versioned<ApiRegistration>,
         failures: u32,
-        run: RunIds,
+        run: RunIds<'_>,
     ) -> kayra_catalog::repo::Result<Step> {
         let sync_id = &reg.value.sync_id;
         let started = Instant::now();
@@ -239,12 +239,12 @@ impl Worker {
             Ok(()) => {}
         }
         let (write, then) = decide::after(&sub.value, sync_id, outcome, failures);
-        let recorded = match &write {
-            Write::Success { sync_id } => self.repo.set_subscription_sync_id(sub, sync_id).await?,
-            Write::Error => self.repo.mark_subscription_error(sub).await?,
-            Write::Nothing => Recorded::Unchanged,
-        };
+        let recorded = self.record(sub, &write, run.fence).await?;
         let after = match recorded {
+            Recorded::Fenced => {
+                tracing::warn!("job lock lost during the reconcile (lease expired?); its result is not recorded");
+                return Ok(Step::Done);
+            }
             Recorded::Stale => {
                 tracing::info!("subscription changed during reconcile; deciding again");
                 return Ok(Step::Again { failures: 0 });
@@ -274,24 +274,54 @@ impl Worker {
         }
     }
 
+    /// Writes the result in one transaction that commits only if the
+    /// subscription is still at the revision the decision was made on and,
+    /// on etcd, the job lock is still ours (fencing, platform contract §7).
+    async fn record(
+        &self,
+        seen: &Versioned<Subscription>,
+        write: &Write,
+        fence: Option<&str>,
+    ) -> kayra_catalog::repo::Result<Recorded> {
+        let Some(next) = written(&seen.value, write) else { return Ok(Recorded::Unchanged) };
+        if next == seen.value {
+            return Ok(Recorded::Unchanged);
+        }
+        let key = kayra_catalog::repo::keys::subscription(
+            self.repo.platform(),
+            self.repo.region(),
+            &seen.value.namespace,
+            &seen.value.api,
+        );
+        let value = serde_json::to_vec(&next)
+            .map_err(|e| kayra_catalog::repo::Error::Corrupt { key: key.clone(), message: e.to_string() })?;
+        let mut txn = Txn::new().when(Compare::ModRevision(key.clone(), seen.revision)).then(Op::Put { key, value });
+        if let Some(fence) = fence {
+            txn = txn.when(Compare::Exists(fence.to_string())).otherwise(Op::Get { key: fence.to_string() });
+        }
+        let resp = self.repo.store().txn(txn).await.map_err(kayra_catalog::repo::Error::from)?;
+        Ok(match (resp.succeeded, fence, resp.gets.first()) {
+            (true, _, _) => Recorded::Written(resp.revision),
+            (false, Some(_), Some(None)) => Recorded::Fenced,
+            (false, _, _) => Recorded::Stale,
+        })
+    }
+
     /// Puts this job's own write into the view, so a job run again right
     /// after it does not wait for the watch's echo.
     fn feed_back(&self, sub: &Versioned<Subscription>, write: &Write, revision: kayra_store::Revision) {
-        let mut next = sub.value.clone();
-        match write {
-            Write::Success { sync_id } => {
-                next.active = true;
-                next.state = kayra_core::SubscriptionState::Success;
-                next.current_sync_id.clone_from(sync_id);
-            }
-            Write::Error => next.state = kayra_core::SubscriptionState::Error,
-            Write::Nothing => return,
+        if let Some(next) = written(&sub.value, write) {
+            self.view_mut().put_subscription(next, revision);
         }
-        self.view_mut().put_subscription(next, revision);
     }
 
     /// reconcile(reg): run the mode's pipeline, or the placeholder.
-    async fn reconcile(&self, reg: &ApiRegistration, sub: &Subscription, run: RunIds) -> Result<(), ReconcileError> {
+    async fn reconcile(
+        &self,
+        reg: &ApiRegistration,
+        sub: &Subscription,
+        run: RunIds<'_>,
+    ) -> Result<(), ReconcileError> {
         let Some(mode) = self.config.resolve_mode(&reg.mode) else {
             return Err(ReconcileError::NoMode(reg.name.clone()));
         };
@@ -341,6 +371,22 @@ impl Worker {
     }
 }
 
+/// The subscription as `write` leaves it (seed: `Repository.ActivateSubscription`
+/// / `SetSubscriptionSyncID`; §7 `state: error`, everything else unchanged).
+fn written(sub: &Subscription, write: &Write) -> Option<Subscription> {
+    let mut next = sub.clone();
+    match write {
+        Write::Success { sync_id } => {
+            next.active = true;
+            next.state = kayra_core::SubscriptionState::Success;
+            next.current_sync_id.clone_from(sync_id);
+        }
+        Write::Error => next.state = kayra_core::SubscriptionState::Error,
+        Write::Nothing => return None,
+    }
+    Some(next)
+}
+
 /// Forgets the given-up record of a deleted subscription.
 pub async fn forget_given_up(repo: &Repository, namespace: &str, api: &str) {
     let key = attempt_key(repo, namespace, api);
@@ -354,12 +400,25 @@ fn attempt_key(repo: &Repository, namespace: &str, api: &str) -> String {
     kayra_catalog::repo::keys::attempt(repo.platform(), repo.region(), namespace, api)
 }
 
-/// What identifies one run to the backend and in logs.
+/// What identifies one run to the backend, in logs and to the store.
 #[derive(Debug, Clone, Copy)]
-struct RunIds {
+struct RunIds<'a> {
     lock_id: usize,
     /// `.Run.FencingToken`: grows each time any process takes the job's lock.
     fencing_token: kayra_store::Revision,
+    /// The lock's store key (etcd): results commit only while it exists.
+    fence: Option<&'a str>,
+}
+
+/// What a fenced result write did.
+enum Recorded {
+    Written(kayra_store::Revision),
+    Unchanged,
+    /// The subscription changed since it was read: decide again.
+    Stale,
+    /// The job lock is no longer ours (the lease expired, another process
+    /// took the job): nothing was written.
+    Fenced,
 }
 
 /// What [`Worker::attempt`] leaves to do.

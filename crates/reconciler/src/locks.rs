@@ -76,6 +76,12 @@ impl JobGuard {
         self.held.as_ref().map(|(_, lock)| lock.create_revision)
     }
 
+    /// The store key that exists exactly while this lock is held; `None`
+    /// without a distributed lock.
+    pub fn fence_key(&self) -> Option<&str> {
+        self.held.as_ref().map(|(_, lock)| lock.store_key.as_str())
+    }
+
     /// Releases the lock and waits for the store to confirm.
     pub async fn release(mut self) {
         if let Some((locker, lock)) = self.held.take() {
@@ -125,7 +131,7 @@ mod tests {
                 return Ok(None);
             }
             held.push(job.to_string());
-            Ok(Some(JobLock { job: job.into(), key: job.into(), create_revision: 7 }))
+            Ok(Some(JobLock { job: job.into(), key: job.into(), create_revision: 7, store_key: job.into() }))
         }
         async fn unlock(&self, lock: JobLock) -> kayra_store::Result<()> {
             self.held.lock().unwrap().retain(|j| *j != lock.job);

@@ -266,3 +266,33 @@ both_backends!(
     a_new_subscription_jumps_a_large_fan_out,
     a_panicking_job_wedges_nothing,
 );
+
+/// Fencing (etcd): a reconciler whose job lock vanished while its step ran
+/// (as when its lease expires during a pause) records nothing; the next
+/// holder's calls carry a higher `.Run.FencingToken`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reconciler_that_lost_its_lock_records_nothing() {
+    let w = World::new(Kind::Etcd).await;
+    let (seed, backend) = (w.seed(), &w.backend);
+    seed.registration(API, "api", "s1").await;
+    seed.subscription("core", API).await;
+    let running = start(&w.repo, w.config(2, "hold/{{ .Run.FencingToken }}"));
+    backend.wait_for("/hold/", 1).await;
+    // The lock key goes, as it does with an expired lease.
+    let other = w.store.connect_again().await;
+    let (locks, _) = other.list_all("/locks/").await.unwrap();
+    assert_eq!(locks.len(), 1, "one job lock held: {locks:?}");
+    other.delete(&locks[0].key, None).await.unwrap();
+    backend.release(1);
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    let sub = seed.get("core", API).await;
+    assert!(!sub.active && sub.current_sync_id.is_empty(), "a fenced-out result is not recorded: {sub:?}");
+    // The next trigger takes the lock anew, with a higher token.
+    w.touch("core", API).await;
+    backend.wait_for("/hold/", 2).await;
+    backend.release(1);
+    eventually("synced", || synced(&seed, "core", API, "s1")).await;
+    let tokens: Vec<i64> = backend.calls().iter().map(|c| c.trim_start_matches("/hold/").parse().unwrap()).collect();
+    assert!(tokens[1] > tokens[0], "fencing tokens grow: {tokens:?}");
+    running.stop().await;
+}

@@ -201,6 +201,10 @@ pub struct JobLock {
     /// That key's create revision: grows each time any process takes the
     /// job's lock (the fencing token, platform contract §7).
     pub create_revision: Revision,
+    /// The same key as a store key (relative to the store root), for a
+    /// transaction that must only commit while the lock is still held
+    /// (`Compare::Exists`: the key goes with the session's lease).
+    pub store_key: String,
 }
 
 /// How often a healthy watcher reports [`WatcherEvent::Progress`] at the

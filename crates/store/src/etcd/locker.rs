@@ -200,7 +200,9 @@ impl Claim {
         if let Some(guard) = self.local.take() {
             self.inner.local.hold(&self.job, guard);
         }
-        JobLock { job: self.job.clone(), key: self.key.take().unwrap_or_default(), create_revision }
+        let key = self.key.take().unwrap_or_default();
+        let store_key = key.strip_prefix(&self.inner.keys.root).unwrap_or(&key).to_string();
+        JobLock { job: self.job.clone(), key, create_revision, store_key }
     }
 }
 
