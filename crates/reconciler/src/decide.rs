@@ -92,6 +92,10 @@ pub enum Outcome {
     Failed,
     /// Stopped between steps by a shutdown: nothing is recorded.
     Cancelled,
+    /// Stopped because the expected SyncID moved past the one it worked
+    /// toward (§7 supersede): state and current_sync_id stay; the job runs
+    /// again toward the new one.
+    Superseded,
 }
 
 /// What to write to the subscription after a reconcile.
@@ -126,7 +130,7 @@ pub const ATTEMPTS_PER_DECISION: u32 = 2;
 pub fn after(sub: &Subscription, sync_id: &str, outcome: Outcome, failures: u32) -> (Write, Then) {
     match outcome {
         Outcome::Succeeded => (Write::Success { sync_id: sync_id.to_string() }, Then::Done),
-        Outcome::Cancelled => (Write::Nothing, Then::Done),
+        Outcome::Cancelled | Outcome::Superseded => (Write::Nothing, Then::Done),
         Outcome::Failed => {
             // `state: error` is written once, not once per failure.
             let write = if sub.state == SubscriptionState::Error { Write::Nothing } else { Write::Error };
@@ -252,5 +256,11 @@ mod tests {
     fn a_cancelled_reconcile_records_nothing() {
         let s = sub(true, "s1", SubscriptionState::Success);
         assert_eq!(after(&s, "s2", Outcome::Cancelled, 0), (Write::Nothing, Then::Done));
+    }
+
+    #[test]
+    fn a_superseded_reconcile_leaves_state_and_sync_id_and_counts_no_failure() {
+        let s = sub(false, "", SubscriptionState::Init);
+        assert_eq!(after(&s, "s1", Outcome::Superseded, 1), (Write::Nothing, Then::Done));
     }
 }

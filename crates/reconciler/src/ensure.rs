@@ -12,6 +12,7 @@
 //! dropped and the fresh record decides again, so a force re-sync racing a
 //! reconcile always causes one more.
 
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::Instant;
 
@@ -43,6 +44,9 @@ pub struct Worker {
     pub cancel: CancellationToken,
     pub view: Arc<RwLock<View>>,
     pub fault: Option<FaultHook>,
+    /// Running pipelines: (namespace, api) → (the SyncID worked toward, its
+    /// `RunControl.superseded`).
+    pub running: Mutex<HashMap<(String, String), (String, CancellationToken)>>,
 }
 
 /// How a job ended, for the dispatcher.
@@ -86,6 +90,24 @@ impl Worker {
                 self.ensure_reconciled(key, namespace, api, cause, lock_id, note).await
             }
         }
+    }
+
+    fn running(&self) -> std::sync::MutexGuard<'_, HashMap<(String, String), (String, CancellationToken)>> {
+        self.running.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// §7 supersede: stops every running pipeline of `api` that works toward
+    /// another SyncID than `sync_id`. Returns their namespaces (their jobs
+    /// must run again toward the new one, first syncs included).
+    pub fn supersede(&self, api: &str, sync_id: &str) -> Vec<String> {
+        let running = self.running();
+        let stale = running.iter().filter(|((_, a), (toward, _))| a == api && toward != sync_id);
+        stale
+            .map(|((ns, _), (_, superseded))| {
+                superseded.cancel();
+                ns.clone()
+            })
+            .collect()
     }
 
     fn view(&self) -> std::sync::RwLockReadGuard<'_, View> {
@@ -223,17 +245,25 @@ impl Worker {
         let outcome = match &result {
             Ok(()) => Outcome::Succeeded,
             Err(ReconcileError::Pipeline(PipelineError::Cancelled)) => Outcome::Cancelled,
+            Err(ReconcileError::Pipeline(PipelineError::Superseded)) => Outcome::Superseded,
             Err(_) => Outcome::Failed,
         };
         let label = match outcome {
             Outcome::Succeeded => "success",
             Outcome::Failed => "error",
             Outcome::Cancelled => "cancelled",
+            Outcome::Superseded => "superseded",
         };
         metrics::counter!(super::METRIC_RECONCILES, "result" => label).increment(1);
         match &result {
             Err(ReconcileError::Pipeline(PipelineError::Cancelled)) => {
                 tracing::info!("reconcile stopped between steps: shutting down");
+            }
+            Err(ReconcileError::Pipeline(PipelineError::Superseded)) => {
+                tracing::info!(
+                    result = "superseded",
+                    "reconcile superseded by a newer SyncID; running again toward it"
+                );
             }
             Err(e) => tracing::warn!(result = "error", attempt = failures + 1, error = %e, "reconcile failed"),
             Ok(()) => {}
@@ -343,7 +373,15 @@ impl Worker {
             fencing_token: run.fencing_token,
         };
         let control = RunControl::new(self.cancel.clone());
-        pipeline.run(&self.client, &ctx, &self.pipelines.settings(), &control).await.result?;
+        let job = (sub.namespace.clone(), sub.api.clone());
+        if self.config.supersede {
+            self.running().insert(job.clone(), (reg.sync_id.clone(), control.superseded.clone()));
+        }
+        let report = pipeline.run(&self.client, &ctx, &self.pipelines.settings(), &control).await;
+        if self.config.supersede {
+            self.running().remove(&job);
+        }
+        report.result?;
         Ok(())
     }
 

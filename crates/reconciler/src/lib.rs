@@ -116,6 +116,7 @@ impl Reconciler {
             cancel,
             view: Arc::default(),
             fault: None,
+            running: Default::default(),
         };
         Ok(Self {
             worker: Arc::new(worker),
@@ -329,6 +330,12 @@ impl Reconciler {
                         view.put_registration(reg, kv.mod_revision);
                         view.behind(&name, &sync_id)
                     };
+                    // Supersede: running pipelines toward an older SyncID stop,
+                    // and their jobs (first syncs included) run again toward this one.
+                    for namespace in self.worker.supersede(&name, &sync_id) {
+                        let key = JobKey::subscription(namespace, name.clone());
+                        self.queue.add(key, Cause::new(RunTrigger::Ongoing), Class::Ongoing);
+                    }
                     // The ongoing action: every active subscriber behind the new SyncID.
                     for namespace in behind {
                         let key = JobKey::subscription(namespace, name.clone());
@@ -453,7 +460,7 @@ fn rand_seed() -> u64 {
 /// Every reconciler metric, described and present from startup (counters at 0).
 fn describe_metrics() {
     use metrics::{describe_counter, describe_gauge, describe_histogram};
-    describe_counter!(METRIC_RECONCILES, "Reconcile attempts by result (success, error, cancelled).");
+    describe_counter!(METRIC_RECONCILES, "Reconcile attempts by result (success, error, cancelled, superseded).");
     describe_histogram!(METRIC_DURATION, metrics::Unit::Seconds, "Duration of one reconcile attempt.");
     describe_gauge!(METRIC_IN_FLIGHT, "Reconciles running now.");
     describe_gauge!(METRIC_SLOTS_IN_USE, "Pool slots held by running jobs.");
@@ -461,7 +468,7 @@ fn describe_metrics() {
     describe_counter!(METRIC_WATCH_EVENTS, "Watch events seen, by resource.");
     describe_gauge!(METRIC_QUEUE_DEPTH, "Jobs waiting in the work queue.");
     describe_counter!(METRIC_PANICS, "Reconcile jobs that panicked (their keys are queued again).");
-    for result in ["success", "error", "cancelled"] {
+    for result in ["success", "error", "cancelled", "superseded"] {
         metrics::counter!(METRIC_RECONCILES, "result" => result).increment(0);
     }
     for resource in ["namespace", "apiregistration", "subscription", "reconcileattempt"] {

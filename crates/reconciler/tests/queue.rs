@@ -265,6 +265,8 @@ both_backends!(
     a_burst_of_writes_during_a_run_makes_one_more_run,
     a_new_subscription_jumps_a_large_fan_out,
     a_panicking_job_wedges_nothing,
+    a_newer_sync_id_supersedes_a_running_wait,
+    without_supersede_the_old_run_keeps_polling,
 );
 
 /// Fencing (etcd): a reconciler whose job lock vanished while its step ran
@@ -294,5 +296,57 @@ async fn a_reconciler_that_lost_its_lock_records_nothing() {
     eventually("synced", || synced(&seed, "core", API, "s1")).await;
     let tokens: Vec<i64> = backend.calls().iter().map(|c| c.trim_start_matches("/hold/").parse().unwrap()).collect();
     assert!(tokens[1] > tokens[0], "fencing tokens grow: {tokens:?}");
+    running.stop().await;
+}
+
+/// A mode `api` whose one step polls `ok/<SyncID>` with a `wait` that never
+/// resolves (the backend's body is not JSON), and a registration at `s1`.
+async fn never_resolving(w: &World, supersede: bool) -> Running {
+    let mut cfg = w.config(4, "unused");
+    cfg.supersede = supersede;
+    let yaml = format!(
+        "- method: get\n  endpoint: \"{}/ok/{{{{ .Subscription.ExpectedSyncID }}}}\"\n  timeout: 3s\n  wait:\n    - key: .status\n      successes: [done]\n      failures: [failed]\n",
+        w.backend.base
+    );
+    cfg.mode.insert("api".into(), serde_norway::from_str(&yaml).unwrap());
+    w.seed().registration(API, "api", "s1").await;
+    w.seed().subscription("core", API).await;
+    let running = start(&w.repo, cfg);
+    w.backend.wait_for("/ok/s1", 3).await;
+    // s2 moves the SyncID, and its mode succeeds at once.
+    let key = keys::registration("dev", "local", API);
+    w.repo
+        .modify::<kayra_core::ApiRegistration, _>(&key, "registration", |r| {
+            r.sync_id = "s2".into();
+            r.mode = "placeholder".into();
+            kayra_catalog::repo::Change::Write
+        })
+        .await
+        .unwrap();
+    running
+}
+
+/// §7 supersede: a run polling toward s1 stops when the SyncID moves to
+/// s2, and the job runs toward s2 at once (a first sync, too).
+async fn a_newer_sync_id_supersedes_a_running_wait(kind: Kind) {
+    let w = World::new(kind).await;
+    let running = never_resolving(&w, true).await;
+    let seed = w.seed();
+    eventually("synced to s2", || synced(&seed, "core", API, "s2")).await;
+    let polls = w.backend.count("/ok/s1");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(w.backend.count("/ok/s1"), polls, "polling toward s1 stopped");
+    running.stop().await;
+}
+
+/// With `supersede: false` the seed's behaviour stays: the old run keeps
+/// polling until its timeout.
+async fn without_supersede_the_old_run_keeps_polling(kind: Kind) {
+    let w = World::new(kind).await;
+    let running = never_resolving(&w, false).await;
+    let polls = w.backend.count("/ok/s1");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(w.backend.count("/ok/s1") > polls, "still polling toward s1");
+    assert!(!synced(&w.seed(), "core", API, "s2").await);
     running.stop().await;
 }
