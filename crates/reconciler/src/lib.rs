@@ -67,6 +67,10 @@ pub const METRIC_LOCK_WAIT: &str = "kayra_reconciler_lock_wait_seconds";
 pub const METRIC_WATCH_EVENTS: &str = "kayra_reconciler_watch_events_total";
 pub const METRIC_QUEUE_DEPTH: &str = "kayra_work_queue_depth";
 pub const METRIC_PANICS: &str = "kayra_reconciler_job_panics_total";
+pub const METRIC_BEHIND: &str = "kayra_subscriptions_behind";
+
+/// How often view-derived gauges (`kayra_subscriptions_behind`) are refreshed.
+const GAUGE_INTERVAL: Duration = Duration::from_secs(1);
 
 /// How long a key whose job panicked waits before it is queued again (a
 /// job that panics every time must not spin).
@@ -187,9 +191,14 @@ impl Reconciler {
         let mut events = futures::stream::select_all(streams);
         let mut phases: HashMap<Kind, Phase> = prefixes.iter().map(|(k, _)| (*k, Phase::Listing(Vec::new()))).collect();
         let mut listed: HashSet<Kind> = HashSet::new();
+        let mut gauges = tokio::time::interval(GAUGE_INTERVAL);
         loop {
             let next = tokio::select! {
                 next = events.next() => next,
+                _ = gauges.tick() => {
+                    self.report_behind();
+                    continue;
+                }
                 _ = cancel.cancelled() => return,
             };
             let Some((kind, event)) = next else {
@@ -217,6 +226,7 @@ impl Reconciler {
                             tracing::info!(kind = ?kind, "re-listed; the view is replaced");
                         }
                         self.queue_existing();
+                        self.report_behind();
                         self.ready.store(true, Ordering::SeqCst);
                     }
                 }
@@ -226,6 +236,14 @@ impl Reconciler {
                 }
                 WatcherEvent::Progress { .. } => {}
             }
+        }
+    }
+
+    /// `kayra_subscriptions_behind{api}` from the view (no store read).
+    fn report_behind(&self) {
+        let counts = self.worker.view.read().unwrap_or_else(PoisonError::into_inner).behind_counts();
+        for (api, behind) in counts {
+            metrics::gauge!(METRIC_BEHIND, "api" => api).set(behind as f64);
         }
     }
 
@@ -468,6 +486,10 @@ fn describe_metrics() {
     describe_counter!(METRIC_WATCH_EVENTS, "Watch events seen, by resource.");
     describe_gauge!(METRIC_QUEUE_DEPTH, "Jobs waiting in the work queue.");
     describe_counter!(METRIC_PANICS, "Reconcile jobs that panicked (their keys are queued again).");
+    describe_gauge!(
+        METRIC_BEHIND,
+        "Active subscribers whose current_sync_id differs from their registration's SyncID."
+    );
     for result in ["success", "error", "cancelled", "superseded"] {
         metrics::counter!(METRIC_RECONCILES, "result" => result).increment(0);
     }

@@ -163,6 +163,21 @@ impl View {
         self.subscription(namespace, api).is_none_or(|(s, _)| !s.active)
     }
 
+    /// Per registration: active subscribers whose CurrentSyncID differs
+    /// (`kayra_subscriptions_behind{api}`).
+    pub fn behind_counts(&self) -> Vec<(String, usize)> {
+        let mut out: Vec<_> = self
+            .registrations
+            .iter()
+            .map(|(api, (reg, _))| {
+                let subs = self.subscribers.get(api).into_iter().flatten();
+                (api.clone(), subs.filter(|(_, (s, _))| s.active && s.current_sync_id != reg.sync_id).count())
+            })
+            .collect();
+        out.sort();
+        out
+    }
+
     /// The ongoing action's fan-out: namespaces with an *active*
     /// subscription to `api` whose CurrentSyncID differs from `sync_id`.
     pub fn behind(&self, api: &str, sync_id: &str) -> Vec<String> {
@@ -203,6 +218,17 @@ mod tests {
         view.delete_subscription("a", "x.io");
         assert!(view.behind("x.io", "2").is_empty());
         assert!(view.behind("z.io", "1").is_empty());
+    }
+
+    #[test]
+    fn behind_counts_active_subscribers_off_their_registration() {
+        let mut view = View::default();
+        view.put_registration(reg("x.io", "2"), 1);
+        view.put_registration(reg("y.io", "1"), 2);
+        view.put_subscription(sub("a", "x.io", true, "1"), 3);
+        view.put_subscription(sub("b", "x.io", true, "2"), 4);
+        view.put_subscription(sub("c", "x.io", false, ""), 5);
+        assert_eq!(view.behind_counts(), vec![("x.io".to_string(), 1), ("y.io".to_string(), 0)]);
     }
 
     #[test]
