@@ -201,9 +201,7 @@ impl Worker {
             if self.cancel.is_cancelled() {
                 return Ok(());
             }
-            let sub = self.repo.get_subscription(namespace, api).await?;
-            let reg = self.repo.get_registration(api).await?;
-            let given_up = self.given_up(namespace, api).await?;
+            let (sub, reg, given_up) = self.fresh(namespace, api).await?;
             let observed = Observed {
                 subscription: sub.as_ref().map(|s| (&s.value, s.revision)),
                 registration: reg.as_ref().map(|r| (&r.value, r.revision)),
@@ -385,9 +383,19 @@ impl Worker {
         Ok(())
     }
 
-    async fn given_up(&self, namespace: &str, api: &str) -> kayra_catalog::repo::Result<Option<Attempt>> {
-        let key = attempt_key(&self.repo, namespace, api);
-        Ok(self.repo.get::<Attempt>(&key).await?.map(|v| v.value))
+    /// The one fresh read under the lock: subscription, registration and
+    /// given-up record in one round trip (a transaction of three gets).
+    async fn fresh(&self, namespace: &str, api: &str) -> kayra_catalog::repo::Result<Fresh> {
+        let (p, r) = (self.repo.platform(), self.repo.region());
+        let keys = [
+            kayra_catalog::repo::keys::subscription(p, r, namespace, api),
+            kayra_catalog::repo::keys::registration(p, r, api),
+            attempt_key(&self.repo, namespace, api),
+        ];
+        let txn = keys.iter().fold(Txn::new(), |txn, key| txn.then(Op::Get { key: key.clone() }));
+        let resp = self.repo.store().txn(txn).await.map_err(kayra_catalog::repo::Error::from)?;
+        let got = |i: usize| resp.gets.get(i).cloned().flatten();
+        Ok((decode(got(0))?, decode(got(1))?, decode::<Attempt>(got(2))?.map(|v| v.value)))
     }
 
     async fn record_given_up(&self, namespace: &str, api: &str, attempt: &Attempt) -> kayra_catalog::repo::Result<()> {
@@ -431,6 +439,18 @@ pub async fn forget_given_up(repo: &Repository, namespace: &str, api: &str) {
     match repo.delete(&key, None, "reconcile attempt").await {
         Ok(_) | Err(kayra_catalog::repo::Error::NotFound(_)) => {}
         Err(e) => tracing::warn!(key, error = %e, "could not remove a deleted subscription's attempt record"),
+    }
+}
+
+type Fresh = (Option<Versioned<Subscription>>, Option<Versioned<ApiRegistration>>, Option<Attempt>);
+
+fn decode<T: serde::de::DeserializeOwned>(
+    kv: Option<kayra_store::KeyValue>,
+) -> kayra_catalog::repo::Result<Option<Versioned<T>>> {
+    let Some(kv) = kv else { return Ok(None) };
+    match serde_json::from_slice(&kv.value) {
+        Ok(value) => Ok(Some(Versioned { value, revision: kv.mod_revision })),
+        Err(e) => Err(kayra_catalog::repo::Error::Corrupt { key: kv.key, message: e.to_string() }),
     }
 }
 
