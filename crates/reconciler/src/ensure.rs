@@ -166,19 +166,7 @@ impl Worker {
             Acquired::Held(guard) => guard,
             Acquired::Busy => return JobEnd::LockBusy,
         };
-        let fencing_token = match guard.fencing_token() {
-            Some(token) => token,
-            // The local store has no distributed lock: the store revision
-            // when the lock was taken grows just the same (§7).
-            None => match self.repo.store().revision().await {
-                Ok(revision) => revision,
-                Err(e) => {
-                    tracing::warn!(namespace, api, lock_id, sync_id = "", error = %e, "reconcile aborted: store error");
-                    return JobEnd::LockBusy;
-                }
-            },
-        };
-        let run = RunIds { lock_id, fencing_token, fence: guard.fence_key() };
+        let run = RunIds { lock_id, fencing_token: guard.fencing_token(), fence: guard.fence_key() };
         if let Err(e) = self.ensure_locked(key, namespace, api, cause, run, note).await {
             tracing::warn!(namespace, api, lock_id, sync_id = %note.get(), error = %e, "reconcile aborted: store error");
         }
@@ -201,7 +189,8 @@ impl Worker {
             if self.cancel.is_cancelled() {
                 return Ok(());
             }
-            let (sub, reg, given_up) = self.fresh(namespace, api).await?;
+            let (sub, reg, given_up, read_at) = self.fresh(namespace, api).await?;
+            let run = RunIds { fencing_token: run.fencing_token.or(Some(read_at)), ..run };
             let observed = Observed {
                 subscription: sub.as_ref().map(|s| (&s.value, s.revision)),
                 registration: reg.as_ref().map(|r| (&r.value, r.revision)),
@@ -368,7 +357,7 @@ impl Worker {
             expected_sync_id: reg.sync_id.clone(),
             lock_id: run.lock_id,
             run_id: String::new(),
-            fencing_token: run.fencing_token,
+            fencing_token: run.fencing_token.unwrap_or_default(),
         };
         let control = RunControl::new(self.cancel.clone());
         let job = (sub.namespace.clone(), sub.api.clone());
@@ -395,7 +384,7 @@ impl Worker {
         let txn = keys.iter().fold(Txn::new(), |txn, key| txn.then(Op::Get { key: key.clone() }));
         let resp = self.repo.store().txn(txn).await.map_err(kayra_catalog::repo::Error::from)?;
         let got = |i: usize| resp.gets.get(i).cloned().flatten();
-        Ok((decode(got(0))?, decode(got(1))?, decode::<Attempt>(got(2))?.map(|v| v.value)))
+        Ok((decode(got(0))?, decode(got(1))?, decode::<Attempt>(got(2))?.map(|v| v.value), resp.revision))
     }
 
     async fn record_given_up(&self, namespace: &str, api: &str, attempt: &Attempt) -> kayra_catalog::repo::Result<()> {
@@ -442,7 +431,8 @@ pub async fn forget_given_up(repo: &Repository, namespace: &str, api: &str) {
     }
 }
 
-type Fresh = (Option<Versioned<Subscription>>, Option<Versioned<ApiRegistration>>, Option<Attempt>);
+type Fresh =
+    (Option<Versioned<Subscription>>, Option<Versioned<ApiRegistration>>, Option<Attempt>, kayra_store::Revision);
 
 fn decode<T: serde::de::DeserializeOwned>(
     kv: Option<kayra_store::KeyValue>,
@@ -462,8 +452,10 @@ fn attempt_key(repo: &Repository, namespace: &str, api: &str) -> String {
 #[derive(Debug, Clone, Copy)]
 struct RunIds<'a> {
     lock_id: usize,
-    /// `.Run.FencingToken`: grows each time any process takes the job's lock.
-    fencing_token: kayra_store::Revision,
+    /// The lock key's create revision (etcd). Without a distributed lock
+    /// the fresh read's store revision stands in: it is read right after
+    /// the in-process lock was taken, and grows just the same.
+    fencing_token: Option<kayra_store::Revision>,
     /// The lock's store key (etcd): results commit only while it exists.
     fence: Option<&'a str>,
 }

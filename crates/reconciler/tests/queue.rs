@@ -267,6 +267,7 @@ both_backends!(
     a_panicking_job_wedges_nothing,
     a_newer_sync_id_supersedes_a_running_wait,
     without_supersede_the_old_run_keeps_polling,
+    fencing_tokens_grow_with_each_lock,
 );
 
 /// Fencing (etcd): a reconciler whose job lock vanished while its step ran
@@ -348,5 +349,23 @@ async fn without_supersede_the_old_run_keeps_polling(kind: Kind) {
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert!(w.backend.count("/ok/s1") > polls, "still polling toward s1");
     assert!(!synced(&w.seed(), "core", API, "s2").await);
+    running.stop().await;
+}
+
+/// `.Run.FencingToken` grows each time the job's lock is taken, on either
+/// backend (the lock key's create revision on etcd; the store revision at
+/// the locked read locally).
+async fn fencing_tokens_grow_with_each_lock(kind: Kind) {
+    let w = World::new(kind).await;
+    let (seed, backend) = (w.seed(), &w.backend);
+    seed.registration(API, "api", "s1").await;
+    seed.subscription("core", API).await;
+    let running = start(&w.repo, w.config(2, "ok/{{ .Run.FencingToken }}"));
+    backend.wait_for("/ok/", 1).await;
+    eventually("synced", || synced(&seed, "core", API, "s1")).await;
+    seed.force_resync("core", API).await;
+    backend.wait_for("/ok/", 2).await;
+    let tokens: Vec<i64> = backend.calls().iter().map(|c| c.trim_start_matches("/ok/").parse().unwrap()).collect();
+    assert!(tokens[0] > 0 && tokens[1] > tokens[0], "fencing tokens grow: {tokens:?}");
     running.stop().await;
 }
