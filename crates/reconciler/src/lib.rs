@@ -140,6 +140,12 @@ impl Reconciler {
         }
     }
 
+    /// The watch-fed view, for tests that check what the reconciler knows.
+    #[doc(hidden)]
+    pub fn view_handle(&self) -> Arc<std::sync::RwLock<View>> {
+        self.worker.view.clone()
+    }
+
     /// Becomes true once the startup list has been queued (for `/readyz`).
     pub fn ready_flag(&self) -> Arc<AtomicBool> {
         self.ready.clone()
