@@ -52,6 +52,7 @@
 //! - `template`: Go templates via `gotmpl`; rendering `data` recursively; `secret`.
 //! - `secrets`: reading `reconciler.secrets` per run; redaction.
 //! - `detached`: async requests that outlive their step, bounded.
+//! - `limits`: [`Limits`], `reconciler.limits` per mode (local and fleet-wide).
 //! - `dotpath`: `.a.b[0]` paths into a JSON body.
 //! - `http`: the shared client, one request attempt, redaction.
 //! - `error`: [`ValidationError`], [`PipelineError`].
@@ -60,6 +61,7 @@ mod detached;
 mod dotpath;
 mod error;
 mod http;
+mod limits;
 mod render;
 mod secrets;
 mod step;
@@ -76,6 +78,7 @@ use tokio_util::sync::CancellationToken;
 
 pub use error::{PipelineError, ValidationError};
 pub use http::{MAX_RETRY_AFTER, http_client};
+pub use limits::{LimitPermit, Limits};
 pub use render::{RenderedStep, format_rendered};
 pub use secrets::REDACTED;
 

@@ -33,7 +33,9 @@
 //! - this file: connecting, the key space, get/list/create/update/delete.
 //! - `etcd/watcher.rs`: the never-ending watch stream.
 //! - `etcd/locker.rs`: the session lease and the per-job mutexes.
+//! - `etcd/lease.rs`: keys bound to leases ([`crate::Leases`]).
 
+mod lease;
 mod locker;
 mod watcher;
 
@@ -50,7 +52,7 @@ use etcd_client::{
 use kayra_config::EtcdConfig;
 use tokio_util::sync::CancellationToken;
 
-use crate::{Backend, ChangeStream, Error, JobLocker, KeyValue, ListPage, Result, Revision, WatchStream};
+use crate::{Backend, ChangeStream, Error, JobLocker, KeyValue, Leases, ListPage, Result, Revision, WatchStream};
 
 /// The environment variable holding the password of `database.etcd.username`.
 pub const PASSWORD_ENV: &str = "KAYRA_ETCD_PASSWORD";
@@ -383,6 +385,10 @@ impl Backend for EtcdStore {
 
     async fn changes(&self, prefix: &str, from: Revision) -> Result<ChangeStream> {
         watcher::changes(self.keys.clone(), prefix, from, self.shutdown.child_token()).await
+    }
+
+    fn leases(&self) -> Option<Arc<dyn Leases>> {
+        Some(Arc::new(lease::EtcdLeases { keys: self.keys.clone(), locker: self.locker.clone() }))
     }
 
     fn job_locker(&self) -> Option<Arc<dyn JobLocker>> {

@@ -171,6 +171,23 @@ pub trait Backend: Send + Sync + 'static {
     fn job_locker(&self) -> Option<Arc<dyn JobLocker>> {
         None
     }
+    /// Keys bound to leases, where the backend has them (etcd).
+    fn leases(&self) -> Option<Arc<dyn Leases>> {
+        None
+    }
+}
+
+/// Keys that vanish when their lease does (etcd): fleet-wide counters that a
+/// killed process cannot leave behind.
+#[async_trait]
+pub trait Leases: Send + Sync + 'static {
+    /// This process's session lease (the job locker's, TTL `lock_ttl`),
+    /// kept alive while the store handle lives.
+    async fn session(&self) -> Result<i64>;
+    /// A new lease expiring after `ttl`, rounded up to whole seconds.
+    async fn grant(&self, ttl: std::time::Duration) -> Result<i64>;
+    /// Creates `key` attached to `lease` unless it exists (`Ok(None)`).
+    async fn create_leased(&self, key: &str, value: Vec<u8>, lease: i64) -> Result<Option<Revision>>;
 }
 
 /// Cross-process mutual exclusion per job key (seed, "Per-job locking").
@@ -319,5 +336,8 @@ impl Store {
     }
     pub fn job_locker(&self) -> Option<Arc<dyn JobLocker>> {
         self.backend.job_locker()
+    }
+    pub fn leases(&self) -> Option<Arc<dyn Leases>> {
+        self.backend.leases()
     }
 }

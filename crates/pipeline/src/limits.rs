@@ -1,0 +1,288 @@
+//! Per-mode limits on pipeline runs (platform §7, `reconciler.limits`).
+//!
+//! - `max_in_flight`: a counting semaphore. On etcd, N slot keys
+//!   `/limits/<platform>/<region>/<mode>/slot/<i>`, each created if absent
+//!   and bound to the process's session lease: a killed process's slots
+//!   vanish when its lease expires (within `lock_ttl`). On the local store,
+//!   a counter in the process.
+//! - `per_minute`: at most M starts in any window (60 s; shorter in tests).
+//!   On etcd, M start keys `.../<mode>/start/<i>`, each bound to a lease of
+//!   the window's length, so a start occupies its key for a whole window;
+//!   on the local store, the process's own start times.
+//! - a 429 with `Retry-After` ([`Limits::backoff`]): no new start of the
+//!   mode before the deadline; on etcd the deadline is also the key
+//!   `.../<mode>/backoff`, read by every process.
+//!
+//! [`Limits::try_acquire`] never waits: it answers a permit or "ask again
+//! after", so a reconciler can park the job in its queue instead of holding
+//! a pool slot. A [`LimitPermit`] gives its slot back when dropped, panics
+//! included. Modes without limits cost no store call on the local store and
+//! one read (the backoff key) on etcd.
+//!
+//! `kayra_limit_in_flight{mode}` is this process's permits held per limited
+//! mode.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use kayra_config::{ModeLimits, ReconcilerConfig};
+use kayra_store::{Leases, Store};
+use tokio::time::Instant;
+
+const GAUGE: &str = "kayra_limit_in_flight";
+/// How soon to ask again when every `max_in_flight` slot is taken.
+const FULL_RETRY: Duration = Duration::from_millis(100);
+
+/// The limits of every mode, for one process.
+#[derive(Clone)]
+pub struct Limits {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    modes: BTreeMap<String, ModeLimits>,
+    store: Store,
+    leases: Option<Arc<dyn Leases>>,
+    /// `/limits/<platform>/<region>`.
+    root: String,
+    window: Duration,
+    local: Mutex<HashMap<String, ModeState>>,
+}
+
+#[derive(Default)]
+struct ModeState {
+    /// Permits held by this process.
+    held: usize,
+    /// Start times in the current window (local store only).
+    starts: VecDeque<Instant>,
+    backoff_until: Option<Instant>,
+}
+
+/// A running pipeline's share of its mode's limits; released on drop.
+pub struct LimitPermit {
+    inner: Option<Arc<Inner>>,
+    mode: String,
+    /// The etcd slot key and its revision, deleted on release.
+    slot: Option<(String, i64)>,
+}
+
+impl std::fmt::Debug for LimitPermit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LimitPermit").field("mode", &self.mode).field("slot", &self.slot).finish()
+    }
+}
+
+impl Drop for LimitPermit {
+    fn drop(&mut self) {
+        let Some(inner) = self.inner.take() else { return };
+        inner.held(&self.mode, |held| *held = held.saturating_sub(1));
+        if let Some((key, revision)) = self.slot.take() {
+            let store = inner.store.clone();
+            // The delete is async; without a runtime (process exit) the
+            // session lease frees the slot instead.
+            if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+                runtime.spawn(async move {
+                    if let Err(e) = store.delete(&key, Some(revision)).await {
+                        tracing::warn!(%key, error = %e, "limit slot not released; it goes with the session lease");
+                    }
+                });
+            }
+        }
+    }
+}
+
+fn unix_ms(at: SystemTime) -> u64 {
+    u64::try_from(at.duration_since(UNIX_EPOCH).unwrap_or_default().as_millis()).unwrap_or(u64::MAX)
+}
+
+impl Limits {
+    /// Limits of `cfg.limits` over `store`, scoped to this deployment.
+    pub fn new(cfg: &ReconcilerConfig, store: Store, platform: &str, region: &str) -> Self {
+        metrics::describe_gauge!(GAUGE, "Pipelines of a limited mode this process runs now (reconciler.limits)");
+        for mode in cfg.limits.keys() {
+            metrics::gauge!(GAUGE, "mode" => mode.clone()).set(0.0);
+        }
+        let leases = store.leases();
+        let inner = Inner {
+            modes: cfg.limits.clone(),
+            store,
+            leases,
+            root: format!("/limits/{platform}/{region}"),
+            window: Duration::from_secs(60),
+            local: Mutex::new(HashMap::new()),
+        };
+        Self { inner: Arc::new(inner) }
+    }
+
+    /// The `per_minute` window; 60 s unless a test shortens it.
+    pub fn with_window(self, window: Duration) -> Self {
+        let inner = Arc::try_unwrap(self.inner).unwrap_or_else(|_| panic!("with_window before the limits are shared"));
+        Self { inner: Arc::new(Inner { window, ..inner }) }
+    }
+
+    /// A permit to start a pipeline of `mode` now, or how long to wait
+    /// before asking again. Never blocks on the limit itself.
+    pub async fn try_acquire(&self, mode: &str) -> Result<Result<LimitPermit, Duration>, kayra_store::Error> {
+        let inner = &self.inner;
+        let now = Instant::now();
+        if let Some(wait) = inner.local_backoff(mode, now) {
+            return Ok(Err(wait));
+        }
+        let limits = inner.modes.get(mode).cloned().unwrap_or_default();
+        let unlimited = limits.max_in_flight.is_none() && limits.per_minute.is_none();
+        let permit = |slot| LimitPermit { inner: Some(inner.clone()), mode: mode.to_string(), slot };
+        let Some(leases) = &inner.leases else {
+            if unlimited {
+                return Ok(Ok(LimitPermit { inner: None, mode: mode.to_string(), slot: None }));
+            }
+            return Ok(inner.acquire_local(mode, &limits, now).map(|()| permit(None)));
+        };
+        let prefix = format!("{}/{mode}/", inner.root);
+        if unlimited {
+            let (backoff, _) = inner.store.get(&format!("{prefix}backoff")).await?;
+            if let Some(wait) = backoff.and_then(|kv| remaining(&kv.value)) {
+                return Ok(Err(wait));
+            }
+            return Ok(Ok(LimitPermit { inner: None, mode: mode.to_string(), slot: None }));
+        }
+        let (keys, _) = inner.store.list_all(&prefix).await?;
+        let mut slots = BTreeSet::new();
+        let mut starts = BTreeMap::new();
+        for kv in &keys {
+            let rest = &kv.key[prefix.len()..];
+            if rest == "backoff" {
+                if let Some(wait) = remaining(&kv.value) {
+                    return Ok(Err(wait));
+                }
+            } else if let Some(i) = rest.strip_prefix("slot/").and_then(|i| i.parse::<usize>().ok()) {
+                slots.insert(i);
+            } else if let Some(i) = rest.strip_prefix("start/").and_then(|i| i.parse::<usize>().ok()) {
+                starts.insert(i, String::from_utf8_lossy(&kv.value).parse::<u64>().unwrap_or(0));
+            }
+        }
+        // The in-flight slot first: a start key taken for a run that then
+        // finds no slot would waste a start for a whole window.
+        let mut slot = None;
+        if let Some(max) = limits.max_in_flight {
+            let session = leases.session().await?;
+            for i in (0..max).filter(|i| !slots.contains(i)) {
+                let key = format!("{prefix}slot/{i}");
+                if let Some(revision) = leases.create_leased(&key, Vec::new(), session).await? {
+                    slot = Some((key, revision));
+                    break;
+                }
+            }
+            if slot.is_none() {
+                return Ok(Err(FULL_RETRY));
+            }
+        }
+        // From here on, dropping `held` releases the slot.
+        inner.held(mode, |held| *held += 1);
+        let held = permit(slot);
+        if let Some(max) = limits.per_minute {
+            let window_ms = u64::try_from(inner.window.as_millis()).unwrap_or(u64::MAX);
+            let now_ms = unix_ms(SystemTime::now());
+            let ask_again = |starts: &BTreeMap<usize, u64>| {
+                let oldest = starts.values().min().copied().unwrap_or(now_ms);
+                Duration::from_millis((oldest + window_ms).saturating_sub(now_ms).max(100))
+            };
+            let free: Vec<usize> = (0..max).filter(|i| !starts.contains_key(i)).collect();
+            if free.is_empty() {
+                return Ok(Err(ask_again(&starts)));
+            }
+            let lease = leases.grant(inner.window).await?;
+            let mut taken = false;
+            for i in free {
+                let key = format!("{prefix}start/{i}");
+                if leases.create_leased(&key, now_ms.to_string().into_bytes(), lease).await?.is_some() {
+                    taken = true;
+                    break;
+                }
+            }
+            if !taken {
+                return Ok(Err(ask_again(&starts)));
+            }
+        }
+        Ok(Ok(held))
+    }
+
+    /// A step of `mode` was answered 429 with `Retry-After`: no new start
+    /// of the mode before it passes (fleet-wide on etcd).
+    pub async fn backoff(&self, mode: &str, retry_after: Duration) -> Result<(), kayra_store::Error> {
+        let inner = &self.inner;
+        let until = Instant::now() + retry_after.min(crate::MAX_RETRY_AFTER);
+        {
+            let mut local = inner.local.lock().unwrap_or_else(PoisonError::into_inner);
+            let state = local.entry(mode.to_string()).or_default();
+            state.backoff_until = state.backoff_until.max(Some(until));
+        }
+        if inner.leases.is_none() {
+            return Ok(());
+        }
+        let key = format!("{}/{mode}/backoff", inner.root);
+        let deadline = unix_ms(SystemTime::now() + retry_after.min(crate::MAX_RETRY_AFTER));
+        let value = deadline.to_string().into_bytes();
+        loop {
+            let result = match inner.store.get(&key).await?.0 {
+                Some(kv) if String::from_utf8_lossy(&kv.value).parse::<u64>().unwrap_or(0) >= deadline => return Ok(()),
+                Some(kv) => inner.store.update(&key, value.clone(), kv.mod_revision).await,
+                None => inner.store.create(&key, value.clone()).await,
+            };
+            match result {
+                Ok(_) => return Ok(()),
+                Err(kayra_store::Error::Conflict(_) | kayra_store::Error::NotFound(_)) => continue,
+                Err(e) => return Err(e),
+            }
+        }
+    }
+}
+
+/// The time left before a backoff key's deadline, if any.
+fn remaining(value: &[u8]) -> Option<Duration> {
+    let deadline = String::from_utf8_lossy(value).parse::<u64>().ok()?;
+    let left = deadline.checked_sub(unix_ms(SystemTime::now()))?;
+    (left > 0).then(|| Duration::from_millis(left))
+}
+
+impl Inner {
+    fn held(&self, mode: &str, change: impl FnOnce(&mut usize)) {
+        if !self.modes.contains_key(mode) {
+            return;
+        }
+        let mut local = self.local.lock().unwrap_or_else(PoisonError::into_inner);
+        let state = local.entry(mode.to_string()).or_default();
+        change(&mut state.held);
+        metrics::gauge!(GAUGE, "mode" => mode.to_string()).set(state.held as f64);
+    }
+
+    fn local_backoff(&self, mode: &str, now: Instant) -> Option<Duration> {
+        let local = self.local.lock().unwrap_or_else(PoisonError::into_inner);
+        let until = local.get(mode)?.backoff_until?;
+        (until > now).then(|| until - now)
+    }
+
+    /// The local store: everything in this process.
+    fn acquire_local(&self, mode: &str, limits: &ModeLimits, now: Instant) -> Result<(), Duration> {
+        let mut local = self.local.lock().unwrap_or_else(PoisonError::into_inner);
+        let state = local.entry(mode.to_string()).or_default();
+        if limits.max_in_flight.is_some_and(|max| state.held >= max) {
+            return Err(FULL_RETRY);
+        }
+        while state.starts.front().is_some_and(|t| now.duration_since(*t) >= self.window) {
+            state.starts.pop_front();
+        }
+        if let Some(max) = limits.per_minute
+            && state.starts.len() >= max
+        {
+            let oldest = state.starts.front().copied().unwrap_or(now);
+            return Err((oldest + self.window).saturating_duration_since(now).max(Duration::from_millis(1)));
+        }
+        if limits.per_minute.is_some() {
+            state.starts.push_back(now);
+        }
+        state.held += 1;
+        metrics::gauge!(GAUGE, "mode" => mode.to_string()).set(state.held as f64);
+        Ok(())
+    }
+}

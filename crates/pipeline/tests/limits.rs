@@ -1,0 +1,154 @@
+//! `Limits` directly, on the local store (one process) and on real etcd
+//! (several `Limits` over their own connections standing for processes).
+
+use std::time::{Duration, Instant};
+
+use kayra_config::{Config, DatabaseConfig};
+use kayra_pipeline::Limits;
+use kayra_store::Store;
+use kayra_testkit::{Etcd, eventually};
+
+fn reconciler_config(limits_yaml: &str) -> kayra_config::ReconcilerConfig {
+    let config = Config::parse(&format!("reconciler:\n  limits:\n{limits_yaml}"), "t").expect("parse");
+    config.validate().expect("validate");
+    config.reconciler
+}
+
+async fn local_store(dir: &std::path::Path) -> Store {
+    Store::open(&DatabaseConfig::local(kayra_testkit::local_config(dir))).await.unwrap()
+}
+
+async fn granted(limits: &Limits, mode: &str) -> Option<kayra_pipeline::LimitPermit> {
+    limits.try_acquire(mode).await.expect("store").ok()
+}
+
+#[tokio::test]
+async fn local_max_in_flight_is_a_semaphore_released_on_drop() {
+    let dir = tempfile::tempdir().unwrap();
+    let limits =
+        Limits::new(&reconciler_config("    m: {max_in_flight: 2}\n"), local_store(dir.path()).await, "dev", "local");
+    let a = granted(&limits, "m").await.expect("first");
+    let b = granted(&limits, "m").await.expect("second");
+    let wait = limits.try_acquire("m").await.unwrap().expect_err("third waits");
+    assert!(wait > Duration::ZERO && wait <= Duration::from_secs(1), "{wait:?}");
+    drop(a);
+    let c = granted(&limits, "m").await.expect("a slot came back");
+    // A panicking run gives its slot back too.
+    let limits2 = limits.clone();
+    let panicked = tokio::spawn(async move {
+        let _permit = granted(&limits2, "m").await;
+        panic!("run panicked");
+    });
+    assert!(panicked.await.is_err());
+    assert!(granted(&limits, "m").await.is_none(), "still two held: b and c");
+    drop((b, c));
+    assert!(granted(&limits, "m").await.is_some());
+    assert!(granted(&limits, "unlimited").await.is_some(), "other modes are not limited");
+}
+
+#[tokio::test]
+async fn local_per_minute_counts_starts_in_the_window() {
+    let dir = tempfile::tempdir().unwrap();
+    let window = Duration::from_millis(600);
+    let limits =
+        Limits::new(&reconciler_config("    m: {per_minute: 3}\n"), local_store(dir.path()).await, "dev", "local")
+            .with_window(window);
+    let started = Instant::now();
+    for _ in 0..3 {
+        drop(granted(&limits, "m").await.expect("within the limit"));
+    }
+    let wait = limits.try_acquire("m").await.unwrap().expect_err("a fourth start waits");
+    assert!(wait <= window, "{wait:?}");
+    tokio::time::sleep(wait).await;
+    assert!(granted(&limits, "m").await.is_some(), "the window moved on");
+    assert!(started.elapsed() >= window);
+}
+
+#[tokio::test]
+async fn local_backoff_holds_new_starts_of_that_mode() {
+    let dir = tempfile::tempdir().unwrap();
+    let limits =
+        Limits::new(&reconciler_config("    m: {max_in_flight: 5}\n"), local_store(dir.path()).await, "dev", "local");
+    limits.backoff("free", Duration::from_millis(500)).await.unwrap();
+    let wait = limits.try_acquire("free").await.unwrap().expect_err("backing off");
+    assert!(wait <= Duration::from_millis(500));
+    assert!(granted(&limits, "m").await.is_some(), "other modes go on");
+    tokio::time::sleep(wait).await;
+    assert!(granted(&limits, "free").await.is_some());
+}
+
+// ---------------------------------------------------------------- etcd
+
+async fn etcd_limits(etcd: &Etcd, limits_yaml: &str) -> (Store, Limits) {
+    let store = Store::open(&DatabaseConfig::etcd(etcd.config("/lim"))).await.unwrap();
+    let limits = Limits::new(&reconciler_config(limits_yaml), store.clone(), "dev", "local");
+    (store, limits)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcd_max_in_flight_holds_across_processes_and_a_killed_one_frees_its_slot() {
+    let etcd = Etcd::start().await;
+    let yaml = "    m: {max_in_flight: 2}\n";
+    let (_sa, a) = etcd_limits(&etcd, yaml).await;
+    let (_sb, b) = etcd_limits(&etcd, yaml).await;
+
+    // "Process" k takes a slot and is killed: its runtime stops without
+    // releasing anything, so only its lease's expiry frees the slot.
+    let config = etcd.config("/lim");
+    let killed = std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let kept = runtime.block_on(async {
+            let store = Store::open(&DatabaseConfig::etcd(config)).await.unwrap();
+            let limits = Limits::new(&reconciler_config("    m: {max_in_flight: 2}\n"), store.clone(), "dev", "local");
+            let permit = limits.try_acquire("m").await.unwrap().expect("k gets a slot");
+            std::mem::forget(permit);
+            (store, limits)
+        });
+        drop(runtime); // the keep-alive task dies unpolled: no revoke
+        drop(kept);
+    });
+    killed.join().unwrap();
+
+    let held_a = granted(&a, "m").await.expect("one slot left");
+    assert!(granted(&b, "m").await.is_none(), "k's and a's slots are taken");
+    assert!(granted(&a, "m").await.is_none());
+    let freed = Instant::now();
+    let held_b = loop {
+        if let Some(p) = granted(&b, "m").await {
+            break p;
+        }
+        assert!(freed.elapsed() < Duration::from_secs(15), "k's slot never freed");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert!(freed.elapsed() < Duration::from_secs(2 * 2 + 3), "within the lease TTL (2s): {:?}", freed.elapsed());
+    assert!(granted(&a, "m").await.is_none(), "a and b hold both");
+    drop(held_a);
+    eventually("a's release reaches etcd", || async { granted(&b, "m").await.map(drop).is_some() }).await;
+    drop(held_b);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcd_per_minute_and_backoff_are_fleet_wide() {
+    let etcd = Etcd::start().await;
+    let yaml = "    m: {per_minute: 3}\n";
+    let (_sa, a) = etcd_limits(&etcd, yaml).await;
+    let (_sb, b) = etcd_limits(&etcd, yaml).await;
+    let (a, b) = (a.with_window(Duration::from_secs(2)), b.with_window(Duration::from_secs(2)));
+    let started = Instant::now();
+    drop(granted(&a, "m").await.expect("1"));
+    drop(granted(&b, "m").await.expect("2"));
+    drop(granted(&a, "m").await.expect("3"));
+    let wait = b.try_acquire("m").await.unwrap().expect_err("a fourth start in the window waits");
+    assert!(wait <= Duration::from_secs(2), "{wait:?}");
+    eventually("the window moves on", || async { granted(&b, "m").await.is_some() }).await;
+    assert!(started.elapsed() >= Duration::from_secs(2), "no fourth start before the window: {:?}", started.elapsed());
+
+    // A 429 seen by a holds back b's starts of that mode, limited or not.
+    a.backoff("m", Duration::from_secs(2)).await.unwrap();
+    a.backoff("free", Duration::from_secs(2)).await.unwrap();
+    let backoff_at = Instant::now();
+    assert!(b.try_acquire("m").await.unwrap().is_err());
+    assert!(b.try_acquire("free").await.unwrap().is_err());
+    eventually("the backoff passes", || async { granted(&b, "free").await.is_some() }).await;
+    assert!(backoff_at.elapsed() >= Duration::from_millis(1900), "{:?}", backoff_at.elapsed());
+}
