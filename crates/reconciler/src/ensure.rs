@@ -22,6 +22,7 @@ use tracing::Instrument;
 use kayra_catalog::repo::{Repository, Versioned};
 use kayra_config::ReconcilerConfig;
 use kayra_core::{ApiRegistration, Subscription};
+use kayra_pipeline::Limits;
 use kayra_pipeline::{PipelineError, Pipelines, RunControl, SubscriptionContext};
 use kayra_store::{Compare, Op, Txn};
 
@@ -44,6 +45,8 @@ pub struct Worker {
     pub cancel: CancellationToken,
     pub view: Arc<RwLock<View>>,
     pub fault: Option<FaultHook>,
+    /// `reconciler.limits`: taken without waiting before each pipeline start.
+    pub limits: Limits,
     /// Running pipelines: (namespace, api) → (the SyncID worked toward, its
     /// `RunControl.superseded`).
     pub running: Mutex<HashMap<(String, String), (String, CancellationToken)>>,
@@ -55,6 +58,8 @@ pub enum JobEnd {
     Done,
     /// Its lock is held by another process: retry from the queue.
     LockBusy,
+    /// Its mode's limit is used up: retry from the queue after this long.
+    Limited(std::time::Duration),
 }
 
 /// The SyncID a job works toward, readable by the dispatcher if the job panics.
@@ -167,11 +172,16 @@ impl Worker {
             Acquired::Busy => return JobEnd::LockBusy,
         };
         let run = RunIds { lock_id, fencing_token: guard.fencing_token(), fence: guard.fence_key() };
-        if let Err(e) = self.ensure_locked(key, namespace, api, cause, run, note).await {
-            tracing::warn!(namespace, api, lock_id, sync_id = %note.get(), error = %e, "reconcile aborted: store error");
-        }
+        let end = match self.ensure_locked(key, namespace, api, cause, run, note).await {
+            Ok(None) => JobEnd::Done,
+            Ok(Some(wait)) => JobEnd::Limited(wait),
+            Err(e) => {
+                tracing::warn!(namespace, api, lock_id, sync_id = %note.get(), error = %e, "reconcile aborted: store error");
+                JobEnd::Done
+            }
+        };
         guard.release().await;
-        JobEnd::Done
+        end
     }
 
     async fn ensure_locked(
@@ -182,12 +192,12 @@ impl Worker {
         cause: Cause,
         run: RunIds<'_>,
         note: &SyncNote,
-    ) -> kayra_catalog::repo::Result<()> {
+    ) -> kayra_catalog::repo::Result<Option<std::time::Duration>> {
         let lock_id = run.lock_id;
         let mut failures = 0;
         loop {
             if self.cancel.is_cancelled() {
-                return Ok(());
+                return Ok(None);
             }
             let (sub, reg, given_up, read_at) = self.fresh(namespace, api).await?;
             let run = RunIds { fencing_token: run.fencing_token.or(Some(read_at)), ..run };
@@ -199,9 +209,18 @@ impl Worker {
             let (Decision::Reconcile { sync_id, .. }, Some(sub), Some(reg)) =
                 (decide::decide(&observed, cause.startup), &sub, &reg)
             else {
-                return Ok(());
+                return Ok(None);
             };
             note.set(&sync_id);
+            // §7 limits: never waited on here; a used-up limit sends the job
+            // back to the queue (the immediate retry is a start too).
+            let _permit = match self.config.resolve_mode(&reg.value.mode) {
+                Some(mode) => match self.limits.try_acquire(mode).await.map_err(kayra_catalog::repo::Error::from)? {
+                    Ok(permit) => Some(permit),
+                    Err(wait) => return Ok(Some(wait)),
+                },
+                None => None,
+            };
             if let Some(fault) = &self.fault {
                 fault(key);
             }
@@ -209,7 +228,7 @@ impl Worker {
             // await), so every line inside carries all four fields.
             let span = tracing::info_span!("reconcile", namespace, api, lock_id, sync_id = %sync_id);
             match self.attempt(sub, reg, failures, run).instrument(span).await? {
-                Step::Done => return Ok(()),
+                Step::Done => return Ok(None),
                 Step::Again { failures: f } => failures = f,
             }
         }
@@ -367,6 +386,11 @@ impl Worker {
         let report = pipeline.run(&self.client, &ctx, &self.pipelines.settings(), &control).await;
         if self.config.supersede {
             self.running().remove(&job);
+        }
+        if let Some(retry_after) = report.retry_after
+            && let Err(e) = self.limits.backoff(mode, retry_after).await
+        {
+            tracing::warn!(mode, error = %e, "could not record the backend's Retry-After");
         }
         report.result?;
         Ok(())

@@ -109,6 +109,7 @@ impl Reconciler {
         let pipelines = Pipelines::compile(&config)?;
         let locks = JobLocks::new(repo.store().job_locker(), repo.platform(), repo.region());
         let pool = Pool::new(config.max_concurrent_reconciles);
+        let limits = kayra_pipeline::Limits::new(&config, repo.store().clone(), repo.platform(), repo.region());
         // This process's own order within an API (see `queue`).
         let seed = rand_seed();
         let worker = Worker {
@@ -120,6 +121,7 @@ impl Reconciler {
             cancel,
             view: Arc::default(),
             fault: None,
+            limits,
             running: Default::default(),
         };
         Ok(Self {
@@ -453,6 +455,7 @@ async fn dispatch(
             match end {
                 Ok(JobEnd::Done) => {}
                 Ok(JobEnd::LockBusy) => queue.add_after(key, cause, class, worker.locks.retry_interval()),
+                Ok(JobEnd::Limited(wait)) => queue.add_after(key, cause, class, wait),
                 Err(panic) => {
                     let why = panic_message(panic.as_ref());
                     let (namespace, api) = match &key {

@@ -268,6 +268,7 @@ both_backends!(
     a_newer_sync_id_supersedes_a_running_wait,
     without_supersede_the_old_run_keeps_polling,
     fencing_tokens_grow_with_each_lock,
+    a_mode_limit_bounds_its_pipelines,
 );
 
 /// Fencing (etcd): a reconciler whose job lock vanished while its step ran
@@ -367,5 +368,39 @@ async fn fencing_tokens_grow_with_each_lock(kind: Kind) {
     backend.wait_for("/ok/", 2).await;
     let tokens: Vec<i64> = backend.calls().iter().map(|c| c.trim_start_matches("/ok/").parse().unwrap()).collect();
     assert!(tokens[0] > 0 && tokens[1] > tokens[0], "fencing tokens grow: {tokens:?}");
+    running.stop().await;
+}
+
+/// §7 limits: `max_in_flight: 2` on mode `api` with a pool of 5: never
+/// more than 2 pipelines at the backend; the others wait in the queue
+/// (not in slots: another API's subscription activates meanwhile).
+async fn a_mode_limit_bounds_its_pipelines(kind: Kind) {
+    let w = World::new(kind).await;
+    let (seed, backend) = (w.seed(), &w.backend);
+    let mut cfg = w.config(5, "hold/{{ .Subscription.Namespace }}");
+    cfg.limits.insert("api".into(), kayra_config::ModeLimits { max_in_flight: Some(2), per_minute: None });
+    seed.registration(API, "api", "s1").await;
+    seed.registration(OTHER, "placeholder", "p1").await;
+    let n = 6;
+    for i in 0..n {
+        seed.subscription(&format!("t{i}"), API).await;
+    }
+    let running = start(&w.repo, cfg);
+    backend.wait_for("/hold/", 2).await;
+    seed.subscription("late", OTHER).await;
+    eventually("another mode's subscription runs meanwhile", || synced(&seed, "late", OTHER, "p1")).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(backend.count("/hold/"), 2, "the limit holds the others back");
+    for done in 1..=n {
+        backend.release(1);
+        backend.wait_for("/hold/", (done + 2).min(n)).await;
+    }
+    eventually("all synced", || async {
+        let (subs, _) = w.repo.list_subscriptions().await.unwrap();
+        subs.iter().filter(|s| s.value.api == API).all(|s| s.value.is_synced("s1"))
+    })
+    .await;
+    assert_eq!(backend.max_in_flight(), 2, "never more than the limit at once");
+    assert_eq!(backend.count("/hold/"), n);
     running.stop().await;
 }
