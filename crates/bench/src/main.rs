@@ -24,10 +24,10 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use clap::Parser;
 use futures::StreamExt;
-use kayra_catalog::reconciler::Reconciler;
 use kayra_catalog::repo::{Change, Repository, keys};
 use kayra_config::ReconcilerConfig;
 use kayra_core::{ApiRegistration, Subscription};
+use kayra_reconciler::Reconciler;
 use kayra_store::Store;
 use tokio_util::sync::CancellationToken;
 

@@ -1,18 +1,22 @@
-//! `catalog`: the typed repository over the store, the catalog API routes,
-//! the reconciler and its HTTP step pipeline (seed: `internal/catalog`).
+//! `catalog`: the typed repository over the store, the catalog API routes
+//! and the HTTP step pipeline (seed: `internal/catalog`).
 //!
 //! # Layout
 //! - [`repo`]: `Repository`, typed reads and compare-and-swap writes of every
 //!   resource over [`kayra_store::Store`]; the key layout.
-//! - [`api`]: the `/apis/catalog.example.com/v1` routes.
-//! - [`reconciler`]: `Reconciler::run`, the controller of `kayra reconciler`.
+//! - [`api`] (feature `api`, on by default): the `/apis/catalog.example.com/v1`
+//!   routes. The reconciler builds this crate without it, so it links no
+//!   HTTP server (axum) nor OpenAPI (utoipa).
 //!
 //! The HTTP step pipeline lives in `kayra_pipeline`, re-exported here as
 //! [`pipeline`].
+//!
+//! The reconciler itself (`Reconciler.Run`, `ensureReconciled`) is the
+//! `kayra-reconciler` crate (`crates/reconciler`).
 
+#[cfg(feature = "api")]
 pub mod api;
 pub mod cache;
-pub mod reconciler;
 pub mod repo;
 
 pub use kayra_pipeline as pipeline;

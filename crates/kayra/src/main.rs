@@ -125,7 +125,10 @@ async fn reconciler(common: Common) -> anyhow::Result<()> {
     kayra_server::metrics::handle();
     let store = kayra_store::Store::open(&config.database).await.context("open store")?;
     let repo = kayra_catalog::repo::Repository::new(store.clone(), &config.platform, &config.region);
-    let reconciler = kayra_catalog::reconciler::Reconciler::new(repo, config.reconciler.clone(), cancel.clone())?;
+    // The recorder first: the reconciler describes its metrics and sets
+    // them to zero as it starts (present from startup, platform §8).
+    let _ = kayra_server::metrics::handle();
+    let reconciler = kayra_reconciler::Reconciler::new(repo, config.reconciler.clone(), cancel.clone())?;
     let listener = tokio::net::TcpListener::bind(&config.reconciler.listen)
         .await
         .with_context(|| format!("listen on {}", config.reconciler.listen))?;

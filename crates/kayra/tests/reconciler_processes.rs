@@ -217,10 +217,22 @@ async fn sigterm_finishes_the_in_flight_reconcile_and_exits_zero() {
     assert_eq!(reqwest::get(format!("{admin}/healthz")).await.unwrap().status(), 200);
     assert_eq!(reqwest::get(format!("{admin}/readyz")).await.unwrap().status(), 200);
     let metrics = reqwest::get(format!("{admin}/metrics")).await.unwrap().text().await.unwrap();
-    for name in
-        ["kayra_reconciles_in_flight", "kayra_reconciler_pool_slots_in_use", "kayra_reconciler_watch_events_total"]
-    {
-        assert!(metrics.contains(name), "{name} missing from /metrics:\n{metrics}");
+    // Platform §8: described, and present before anything happened (no
+    // reconcile has finished yet: its counters are at 0).
+    for name in [
+        "kayra_reconciles_total",
+        "kayra_reconciles_in_flight",
+        "kayra_reconciler_pool_slots_in_use",
+        "kayra_reconciler_watch_events_total",
+        "kayra_work_queue_depth",
+        "kayra_reconciler_job_panics_total",
+        "kayra_subscriptions_behind",
+    ] {
+        assert!(metrics.contains(&format!("# HELP {name} ")), "{name} has no HELP:\n{metrics}");
+        assert!(metrics.contains(&format!("# TYPE {name} ")), "{name} has no TYPE:\n{metrics}");
+    }
+    for zero in ["kayra_reconciles_total{result=\"success\"} 0", "kayra_reconciler_job_panics_total 0"] {
+        assert!(metrics.contains(zero), "{zero} missing from /metrics:\n{metrics}");
     }
     proc.signal(Signal::SIGTERM);
     tokio::time::sleep(Duration::from_millis(300)).await;
@@ -282,7 +294,7 @@ fn unknown_config_key_stops_serve_naming_the_key() {
 }
 
 /// Modules whose every line is on the reconcile path.
-const RECONCILE_PATH: [&str; 2] = ["kayra_catalog::reconciler::ensure", "kayra_pipeline"];
+const RECONCILE_PATH: [&str; 2] = ["kayra_reconciler::ensure", "kayra_pipeline"];
 
 /// Platform contract §8: any reconciler line with both `namespace` and
 /// `api`, or with `step`, also has `lock_id` and `sync_id` (and so does any

@@ -197,6 +197,13 @@ pub trait JobLocker: Send + Sync + 'static {
     /// Blocks until this process holds `job`, retrying a non-blocking
     /// try-lock every `lock_retry_interval`.
     async fn lock(&self, job: &str) -> Result<JobLock>;
+    /// One non-blocking attempt: `None` when another holder has `job` (a
+    /// caller that waits retries it every [`JobLocker::retry_interval`]).
+    async fn try_lock(&self, job: &str) -> Result<Option<JobLock>>;
+    /// `lock_retry_interval`: how often a blocked caller retries.
+    fn retry_interval(&self) -> std::time::Duration {
+        std::time::Duration::from_millis(250)
+    }
     /// Releases a lock taken by [`JobLocker::lock`].
     async fn unlock(&self, lock: JobLock) -> Result<()>;
 }
@@ -209,6 +216,13 @@ pub struct JobLock {
     pub job: String,
     /// The backend's own key for the held mutex.
     pub key: String,
+    /// That key's create revision: grows each time any process takes the
+    /// job's lock (the fencing token, platform contract §7).
+    pub create_revision: Revision,
+    /// The same key as a store key (relative to the store root), for a
+    /// transaction that must only commit while the lock is still held
+    /// (`Compare::Exists`: the key goes with the session's lease).
+    pub store_key: String,
 }
 
 /// How often a healthy watcher reports [`WatcherEvent::Progress`] at the

@@ -2,9 +2,9 @@
 //! bootstrap admin, and optionally a reconciler in the same process on the
 //! same store. Both stop when the [`Kayra`] is dropped.
 
-use kayra_catalog::reconciler::Reconciler;
 use kayra_catalog::repo::Repository;
 use kayra_config::{Config, DatabaseConfig};
+use kayra_reconciler::Reconciler;
 use kayra_store::Store;
 use tokio_util::sync::CancellationToken;
 

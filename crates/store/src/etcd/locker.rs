@@ -112,13 +112,32 @@ impl JobLocker for EtcdJobLocker {
             let key = format!("{prefix}{lease:x}");
             // Set before the transaction: from here on a drop must clean up.
             claim.key = Some(key.clone());
-            if self.inner.try_acquire(&prefix, &key, lease).await? {
-                return Ok(claim.into_lock());
+            if let Some(revision) = self.inner.try_acquire(&prefix, &key, lease).await? {
+                return Ok(claim.into_lock(revision));
             }
             self.inner.delete(&key).await?;
             claim.key = None;
             tokio::time::sleep(self.inner.retry_interval).await;
         }
+    }
+
+    async fn try_lock(&self, job: &str) -> Result<Option<JobLock>> {
+        let prefix = format!("{}/locks/{}/", self.inner.keys.root, escape(job));
+        let Some(local) = self.inner.local.try_lock(job) else { return Ok(None) };
+        let mut claim = Claim { inner: self.inner.clone(), job: job.to_string(), local: Some(local), key: None };
+        let lease = self.inner.session.lease().await?;
+        let key = format!("{prefix}{lease:x}");
+        claim.key = Some(key.clone());
+        if let Some(revision) = self.inner.try_acquire(&prefix, &key, lease).await? {
+            return Ok(Some(claim.into_lock(revision)));
+        }
+        self.inner.delete(&key).await?;
+        claim.key = None;
+        Ok(None)
+    }
+
+    fn retry_interval(&self) -> Duration {
+        self.inner.retry_interval
     }
 
     async fn unlock(&self, lock: JobLock) -> Result<()> {
@@ -135,8 +154,9 @@ impl JobLocker for EtcdJobLocker {
 
 impl Inner {
     /// Go's `Mutex.TryLock`: one transaction that enqueues `key` (if not
-    /// already there) and reads the current owner. True iff `key` owns it.
-    async fn try_acquire(&self, prefix: &str, key: &str, lease: i64) -> Result<bool> {
+    /// already there) and reads the current owner. `Some(create revision of
+    /// key)` iff `key` owns it.
+    async fn try_acquire(&self, prefix: &str, key: &str, lease: i64) -> Result<Option<i64>> {
         let owner = GetOptions::new().with_prefix().with_sort(SortTarget::Create, SortOrder::Ascend).with_limit(1);
         let txn = Txn::new()
             .when([Compare::create_revision(key, CompareOp::Equal, 0)])
@@ -160,7 +180,7 @@ impl Inner {
             // it keeps its place in the queue, as in Go.
             first_kv(0).ok_or_else(|| Error::Unavailable(format!("lock key {key} vanished inside a transaction")))?
         };
-        Ok(first_kv(1).is_none_or(|owner| owner == mine))
+        Ok(first_kv(1).is_none_or(|owner| owner == mine).then_some(mine))
     }
 
     async fn delete(&self, key: &str) -> Result<()> {
@@ -184,11 +204,13 @@ struct Claim {
 }
 
 impl Claim {
-    fn into_lock(mut self) -> JobLock {
+    fn into_lock(mut self, create_revision: i64) -> JobLock {
         if let Some(guard) = self.local.take() {
             self.inner.local.hold(&self.job, guard);
         }
-        JobLock { job: self.job.clone(), key: self.key.take().unwrap_or_default() }
+        let key = self.key.take().unwrap_or_default();
+        let store_key = key.strip_prefix(&self.inner.keys.root).unwrap_or(&key).to_string();
+        JobLock { job: self.job.clone(), key, create_revision, store_key }
     }
 }
 
@@ -230,6 +252,12 @@ impl LocalLocks {
     async fn lock(&self, job: &str) -> OwnedMutexGuard<()> {
         let mutex = self.jobs().entry(job.to_string()).or_default().mutex.clone();
         mutex.lock_owned().await
+    }
+
+    /// `None` when another local caller holds or is taking `job`.
+    fn try_lock(&self, job: &str) -> Option<OwnedMutexGuard<()>> {
+        let mutex = self.jobs().entry(job.to_string()).or_default().mutex.clone();
+        mutex.try_lock_owned().ok()
     }
 
     fn hold(&self, job: &str, guard: OwnedMutexGuard<()>) {

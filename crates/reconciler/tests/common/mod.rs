@@ -6,10 +6,10 @@
 
 pub use kayra_testkit::{backend, eventually};
 
-use kayra_catalog::reconciler::Reconciler;
 use kayra_catalog::repo::{Repository, keys};
 use kayra_config::ReconcilerConfig;
 use kayra_core::{ApiRegistration, Namespace, Subscription};
+use kayra_reconciler::Reconciler;
 use kayra_store::Store;
 use tokio_util::sync::CancellationToken;
 
@@ -40,6 +40,15 @@ pub async fn store(kind: Kind) -> TestStore {
             let store = Store::new(kayra_store::etcd::EtcdStore::connect(&etcd.config("/kayra")).await.unwrap());
             TestStore { store, _dir: None, _etcd: Some(etcd) }
         }
+    }
+}
+
+impl TestStore {
+    /// A second, independent connection to the same etcd (its own lease
+    /// and job locker), as another reconciler process would have.
+    pub async fn connect_again(&self) -> Store {
+        let etcd = self._etcd.as_ref().expect("an etcd store");
+        Store::new(kayra_store::etcd::EtcdStore::connect(&etcd.config("/kayra")).await.unwrap())
     }
 }
 

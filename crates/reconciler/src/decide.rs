@@ -1,0 +1,266 @@
+//! `ensureReconciled` as one decision (seed, "Ongoing action"; platform
+//! contract §7): pure functions of what was observed, with no store and no
+//! clock, so every row of the seed's diagram is a unit test below.
+//!
+//! ```text
+//! ensureReconciled(reg, sub):
+//!   subscription gone, or registration gone/out of scope -> nothing to do
+//!   already active and CurrentSyncID == reg.SyncID       -> nothing to do
+//!   this exact state was given up on (not at startup)    -> nothing to do
+//!   otherwise                                            -> reconcile toward reg.SyncID
+//! after reconcile(reg):
+//!   succeeds -> CurrentSyncID = reg.SyncID (+ Active = true, first time), done
+//!   fails    -> state error (written once); retry once right away;
+//!               after the second failure give up until the next write
+//! ```
+//!
+//! The same [`decide`] answers the unlocked "anything to do?" against the
+//! reconciler's watch-fed view and, under the job lock, against one fresh
+//! read: the two can never disagree about what a row means.
+
+use kayra_core::{ApiRegistration, Subscription, SubscriptionState};
+use kayra_store::Revision;
+use serde::{Deserialize, Serialize};
+
+/// The record of a given-up decision (stored under `/reconcileattempts/…`):
+/// the (subscription, registration) revisions whose reconcile failed twice.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Attempt {
+    pub subscription_revision: Revision,
+    pub registration_revision: Revision,
+}
+
+/// What a decision is made on: records with the revisions they were read at.
+#[derive(Debug, Clone, Copy)]
+pub struct Observed<'a> {
+    pub subscription: Option<(&'a Subscription, Revision)>,
+    pub registration: Option<(&'a ApiRegistration, Revision)>,
+    /// The last given-up attempt on this subscription, if any.
+    pub given_up: Option<&'a Attempt>,
+}
+
+/// Why nothing is to be done.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Idle {
+    /// The subscription no longer exists.
+    Gone,
+    /// Its registration does not exist in this deployment.
+    NoRegistration,
+    /// Active and at the registration's SyncID.
+    Synced,
+    /// This exact state already failed twice: wait for the next write.
+    GivenUp,
+}
+
+/// What `ensureReconciled` does.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Decision {
+    Nothing(Idle),
+    /// Reconcile toward `sync_id`; `activate` when this is the first sync.
+    Reconcile {
+        sync_id: String,
+        activate: bool,
+    },
+}
+
+/// `ensureReconciled`'s question. `startup` is reconcileExisting, which
+/// retries every record unconditionally (seed), given-up ones included.
+pub fn decide(observed: &Observed<'_>, startup: bool) -> Decision {
+    let Some((sub, sub_rev)) = observed.subscription else { return Decision::Nothing(Idle::Gone) };
+    let Some((reg, reg_rev)) = observed.registration else { return Decision::Nothing(Idle::NoRegistration) };
+    if sub.is_synced(&reg.sync_id) {
+        return Decision::Nothing(Idle::Synced);
+    }
+    if !startup && observed.given_up.is_some_and(|a| gave_up_on(a, sub, sub_rev, reg_rev)) {
+        return Decision::Nothing(Idle::GivenUp);
+    }
+    Decision::Reconcile { sync_id: reg.sync_id.clone(), activate: !sub.active }
+}
+
+/// Whether `attempt` covers this state. A subscription that never
+/// activated is retried only by a write to itself: the seed's ongoing
+/// action "never retries one that failed to activate" on a registration
+/// write (docs/decisions.md, "Where the seed reads two ways").
+fn gave_up_on(attempt: &Attempt, sub: &Subscription, sub_rev: Revision, reg_rev: Revision) -> bool {
+    attempt.subscription_revision == sub_rev && (!sub.active || attempt.registration_revision == reg_rev)
+}
+
+/// How one reconcile ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    Succeeded,
+    Failed,
+    /// Stopped between steps by a shutdown: nothing is recorded.
+    Cancelled,
+    /// Stopped because the expected SyncID moved past the one it worked
+    /// toward (§7 supersede): state and current_sync_id stay; the job runs
+    /// again toward the new one.
+    Superseded,
+}
+
+/// What to write to the subscription after a reconcile.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Write {
+    /// `active: true`, `state: success`, `current_sync_id` (the first time
+    /// this also activates the subscription).
+    Success {
+        sync_id: String,
+    },
+    /// `state: error`, everything else unchanged.
+    Error,
+    Nothing,
+}
+
+/// What the job does next.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Then {
+    Done,
+    /// Decide again on a fresh read, counting this failure.
+    RetryNow,
+    /// Record the given-up attempt, then stop.
+    GiveUp,
+}
+
+/// Failures of one decision before it waits for the next write (§7: the
+/// failure, then one immediate retry).
+pub const ATTEMPTS_PER_DECISION: u32 = 2;
+
+/// The diagram's second half. `failures` counts failures of this decision
+/// before this outcome.
+pub fn after(sub: &Subscription, sync_id: &str, outcome: Outcome, failures: u32) -> (Write, Then) {
+    match outcome {
+        Outcome::Succeeded => (Write::Success { sync_id: sync_id.to_string() }, Then::Done),
+        Outcome::Cancelled | Outcome::Superseded => (Write::Nothing, Then::Done),
+        Outcome::Failed => {
+            // `state: error` is written once, not once per failure.
+            let write = if sub.state == SubscriptionState::Error { Write::Nothing } else { Write::Error };
+            let then = if failures + 1 >= ATTEMPTS_PER_DECISION { Then::GiveUp } else { Then::RetryNow };
+            (write, then)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sub(active: bool, current: &str, state: SubscriptionState) -> Subscription {
+        Subscription { active, current_sync_id: current.into(), state, ..Subscription::new("core", "x.io") }
+    }
+
+    fn reg(sync_id: &str) -> ApiRegistration {
+        ApiRegistration { name: "x.io".into(), sync_id: sync_id.into(), ..Default::default() }
+    }
+
+    fn decide_on(
+        s: Option<&Subscription>,
+        r: Option<&ApiRegistration>,
+        given_up: Option<Attempt>,
+        startup: bool,
+    ) -> Decision {
+        let observed = Observed {
+            subscription: s.map(|s| (s, 10)),
+            registration: r.map(|r| (r, 20)),
+            given_up: given_up.as_ref(),
+        };
+        decide(&observed, startup)
+    }
+
+    const SAME: Attempt = Attempt { subscription_revision: 10, registration_revision: 20 };
+    const REG_MOVED: Attempt = Attempt { subscription_revision: 10, registration_revision: 19 };
+    const SUB_MOVED: Attempt = Attempt { subscription_revision: 9, registration_revision: 20 };
+
+    fn reconcile(sync_id: &str, activate: bool) -> Decision {
+        Decision::Reconcile { sync_id: sync_id.into(), activate }
+    }
+
+    #[test]
+    fn already_active_and_at_the_sync_id_is_nothing_to_do() {
+        let s = sub(true, "s1", SubscriptionState::Success);
+        assert_eq!(decide_on(Some(&s), Some(&reg("s1")), None, false), Decision::Nothing(Idle::Synced));
+        // Even at startup, and even in state error (a later success moved it).
+        assert_eq!(decide_on(Some(&s), Some(&reg("s1")), Some(SAME), true), Decision::Nothing(Idle::Synced));
+    }
+
+    #[test]
+    fn a_new_subscription_is_activated_toward_the_current_sync_id() {
+        let s = sub(false, "", SubscriptionState::Init);
+        assert_eq!(decide_on(Some(&s), Some(&reg("s1")), None, false), reconcile("s1", true));
+        // Inactive with a matching current_sync_id is still not synced.
+        let s = sub(false, "s1", SubscriptionState::Error);
+        assert_eq!(decide_on(Some(&s), Some(&reg("s1")), None, false), reconcile("s1", true));
+    }
+
+    #[test]
+    fn an_active_subscription_behind_is_reconciled_without_activation() {
+        let s = sub(true, "s1", SubscriptionState::Success);
+        assert_eq!(decide_on(Some(&s), Some(&reg("s2")), None, false), reconcile("s2", false));
+    }
+
+    #[test]
+    fn a_force_resync_reconciles_again() {
+        let s = sub(true, "", SubscriptionState::Success);
+        assert_eq!(decide_on(Some(&s), Some(&reg("s1")), None, false), reconcile("s1", false));
+    }
+
+    #[test]
+    fn gone_records_mean_nothing_to_do() {
+        let s = sub(false, "", SubscriptionState::Init);
+        assert_eq!(decide_on(None, Some(&reg("s1")), None, true), Decision::Nothing(Idle::Gone));
+        assert_eq!(decide_on(Some(&s), None, None, true), Decision::Nothing(Idle::NoRegistration));
+    }
+
+    #[test]
+    fn a_given_up_state_waits_for_the_next_write() {
+        let s = sub(true, "s1", SubscriptionState::Error);
+        let r = reg("s2");
+        assert_eq!(decide_on(Some(&s), Some(&r), Some(SAME), false), Decision::Nothing(Idle::GivenUp));
+        // A write to the subscription or to its registration allows it again.
+        assert_eq!(decide_on(Some(&s), Some(&r), Some(SUB_MOVED), false), reconcile("s2", false));
+        assert_eq!(decide_on(Some(&s), Some(&r), Some(REG_MOVED), false), reconcile("s2", false));
+    }
+
+    #[test]
+    fn startup_retries_a_given_up_state_unconditionally() {
+        let s = sub(true, "s1", SubscriptionState::Error);
+        assert_eq!(decide_on(Some(&s), Some(&reg("s2")), Some(SAME), true), reconcile("s2", false));
+    }
+
+    #[test]
+    fn a_registration_write_alone_never_retries_a_failed_activation() {
+        let s = sub(false, "", SubscriptionState::Error);
+        let r = reg("s2");
+        assert_eq!(decide_on(Some(&s), Some(&r), Some(REG_MOVED), false), Decision::Nothing(Idle::GivenUp));
+        assert_eq!(decide_on(Some(&s), Some(&r), Some(SUB_MOVED), false), reconcile("s2", true));
+    }
+
+    #[test]
+    fn success_moves_current_sync_id_and_activates() {
+        let s = sub(false, "", SubscriptionState::Init);
+        assert_eq!(after(&s, "s1", Outcome::Succeeded, 0), (Write::Success { sync_id: "s1".into() }, Then::Done));
+        // Also after an earlier failure of the same decision.
+        assert_eq!(after(&s, "s1", Outcome::Succeeded, 1), (Write::Success { sync_id: "s1".into() }, Then::Done));
+    }
+
+    #[test]
+    fn a_failure_writes_error_once_retries_once_then_gives_up() {
+        let fresh = sub(true, "s1", SubscriptionState::Success);
+        assert_eq!(after(&fresh, "s2", Outcome::Failed, 0), (Write::Error, Then::RetryNow));
+        let errored = sub(true, "s1", SubscriptionState::Error);
+        assert_eq!(after(&errored, "s2", Outcome::Failed, 1), (Write::Nothing, Then::GiveUp));
+        // A subscription already in error from an earlier decision is not rewritten.
+        assert_eq!(after(&errored, "s2", Outcome::Failed, 0), (Write::Nothing, Then::RetryNow));
+    }
+
+    #[test]
+    fn a_cancelled_reconcile_records_nothing() {
+        let s = sub(true, "s1", SubscriptionState::Success);
+        assert_eq!(after(&s, "s2", Outcome::Cancelled, 0), (Write::Nothing, Then::Done));
+    }
+
+    #[test]
+    fn a_superseded_reconcile_leaves_state_and_sync_id_and_counts_no_failure() {
+        let s = sub(false, "", SubscriptionState::Init);
+        assert_eq!(after(&s, "s1", Outcome::Superseded, 1), (Write::Nothing, Then::Done));
+    }
+}

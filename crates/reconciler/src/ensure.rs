@@ -1,0 +1,505 @@
+//! The jobs: namespace activation and `ensureReconciled` (seed, "Initial
+//! action" / "Ongoing action"; platform contract §7) — the thin I/O around
+//! the pure decision in [`crate::decide`].
+//!
+//! A subscription job: (1) asks the watch-fed [`View`] whether there is
+//! anything to do, with no store read; (2) takes its job lock without
+//! blocking (held elsewhere: the job goes back to the queue, not into a
+//! slot); (3) reads the subscription, registration and given-up record
+//! fresh and decides again; (4) reconciles and writes the result with
+//! compare-and-swap against the revision it decided on: when the
+//! subscription changed meanwhile (a force re-sync, a delete) the write is
+//! dropped and the fresh record decides again, so a force re-sync racing a
+//! reconcile always causes one more.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
+use std::time::Instant;
+
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
+
+use kayra_catalog::repo::{Repository, Versioned};
+use kayra_config::ReconcilerConfig;
+use kayra_core::{ApiRegistration, Subscription};
+use kayra_pipeline::Limits;
+use kayra_pipeline::{PipelineError, Pipelines, RunControl, SubscriptionContext};
+use kayra_store::{Compare, Op, Txn};
+
+use crate::decide::{self, Attempt, Decision, Observed, Outcome, Then, Write};
+use crate::locks::{Acquired, JobLocks};
+use crate::queue::{Cause, JobKey};
+use crate::view::View;
+
+/// A test-only fault injection: called with the job's key right before it
+/// reconciles (under its lock).
+pub type FaultHook = Arc<dyn Fn(&JobKey) + Send + Sync>;
+
+/// Everything a job needs; shared by every job of one reconciler.
+pub struct Worker {
+    pub repo: Repository,
+    pub config: ReconcilerConfig,
+    pub pipelines: Pipelines,
+    pub client: reqwest::Client,
+    pub locks: JobLocks,
+    pub cancel: CancellationToken,
+    pub view: Arc<RwLock<View>>,
+    pub fault: Option<FaultHook>,
+    /// `reconciler.limits`: taken without waiting before each pipeline start.
+    pub limits: Limits,
+    /// Running pipelines: (namespace, api) → (the SyncID worked toward, its
+    /// `RunControl.superseded`).
+    pub running: Mutex<HashMap<(String, String), (String, CancellationToken)>>,
+}
+
+/// How a job ended, for the dispatcher.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum JobEnd {
+    Done,
+    /// Its lock is held by another process: retry from the queue.
+    LockBusy,
+    /// Its mode's limit is used up: retry from the queue after this long.
+    Limited(std::time::Duration),
+}
+
+/// The SyncID a job works toward, readable by the dispatcher if the job panics.
+#[derive(Default)]
+pub struct SyncNote(Mutex<String>);
+
+impl SyncNote {
+    fn set(&self, sync_id: &str) {
+        sync_id.clone_into(&mut self.0.lock().unwrap_or_else(PoisonError::into_inner));
+    }
+    pub fn get(&self) -> String {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner).clone()
+    }
+}
+
+/// Why a reconcile did not succeed.
+#[derive(Debug, thiserror::Error)]
+pub enum ReconcileError {
+    /// Neither the registration nor `reconciler.default_mode` names a mode.
+    #[error("api registration {0:?} has no mode and reconciler.default_mode is empty")]
+    NoMode(String),
+    /// The step pipeline failed.
+    #[error(transparent)]
+    Pipeline(#[from] PipelineError),
+}
+
+impl Worker {
+    /// Runs one job.
+    pub async fn run(&self, key: &JobKey, cause: Cause, lock_id: usize, note: &SyncNote) -> JobEnd {
+        match key {
+            JobKey::Namespace(name) => self.activate_namespace(key, name, lock_id).await,
+            JobKey::Subscription { namespace, api } => {
+                self.ensure_reconciled(key, namespace, api, cause, lock_id, note).await
+            }
+        }
+    }
+
+    fn running(&self) -> std::sync::MutexGuard<'_, HashMap<(String, String), (String, CancellationToken)>> {
+        self.running.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// §7 supersede: stops every running pipeline of `api` that works toward
+    /// another SyncID than `sync_id`. Returns their namespaces (their jobs
+    /// must run again toward the new one, first syncs included).
+    pub fn supersede(&self, api: &str, sync_id: &str) -> Vec<String> {
+        let running = self.running();
+        let stale = running.iter().filter(|((_, a), (toward, _))| a == api && toward != sync_id);
+        stale
+            .map(|((ns, _), (_, superseded))| {
+                superseded.cancel();
+                ns.clone()
+            })
+            .collect()
+    }
+
+    fn view(&self) -> std::sync::RwLockReadGuard<'_, View> {
+        self.view.read().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn view_mut(&self) -> std::sync::RwLockWriteGuard<'_, View> {
+        self.view.write().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Activates a namespace still `active: false` (seed, "Initial action").
+    async fn activate_namespace(&self, key: &JobKey, name: &str, lock_id: usize) -> JobEnd {
+        if !self.view().namespace_inactive(name) {
+            return JobEnd::Done;
+        }
+        let guard = match self.locks.try_lock(key).await {
+            Acquired::Held(guard) => guard,
+            Acquired::Busy => return JobEnd::LockBusy,
+        };
+        if let Some(fault) = &self.fault {
+            fault(key);
+        }
+        let span = tracing::info_span!("activate", namespace = %name, lock_id, sync_id = "");
+        async {
+            match self.repo.activate_namespace(name).await {
+                Ok(kayra_catalog::repo::tenancy::Recorded::Written(revision)) => {
+                    self.view_mut().put_namespace(name, true, revision);
+                    tracing::info!("namespace activated");
+                }
+                Ok(_) => {}
+                Err(e) => tracing::warn!(error = %e, "namespace activation failed"),
+            }
+        }
+        .instrument(span)
+        .await;
+        guard.release().await;
+        JobEnd::Done
+    }
+
+    /// `ensureReconciled` for one subscription.
+    async fn ensure_reconciled(
+        &self,
+        key: &JobKey,
+        namespace: &str,
+        api: &str,
+        cause: Cause,
+        lock_id: usize,
+        note: &SyncNote,
+    ) -> JobEnd {
+        // Unlocked: answered from the view, so an idle reconciler reads,
+        // locks and writes nothing.
+        if let Decision::Nothing(_) = self.view().decide(namespace, api, cause.startup) {
+            return JobEnd::Done;
+        }
+        let guard = match self.locks.try_lock(key).await {
+            Acquired::Held(guard) => guard,
+            Acquired::Busy => return JobEnd::LockBusy,
+        };
+        let run = RunIds { lock_id, fencing_token: guard.fencing_token(), fence: guard.fence_key() };
+        let end = match self.ensure_locked(key, namespace, api, cause, run, note).await {
+            Ok(None) => JobEnd::Done,
+            Ok(Some(wait)) => JobEnd::Limited(wait),
+            Err(e) => {
+                tracing::warn!(namespace, api, lock_id, sync_id = %note.get(), error = %e, "reconcile aborted: store error");
+                JobEnd::Done
+            }
+        };
+        guard.release().await;
+        end
+    }
+
+    async fn ensure_locked(
+        &self,
+        key: &JobKey,
+        namespace: &str,
+        api: &str,
+        cause: Cause,
+        run: RunIds<'_>,
+        note: &SyncNote,
+    ) -> kayra_catalog::repo::Result<Option<std::time::Duration>> {
+        let lock_id = run.lock_id;
+        let mut failures = 0;
+        loop {
+            if self.cancel.is_cancelled() {
+                return Ok(None);
+            }
+            let (sub, reg, given_up, read_at) = self.fresh(namespace, api).await?;
+            let run = RunIds { fencing_token: run.fencing_token.or(Some(read_at)), ..run };
+            let observed = Observed {
+                subscription: sub.as_ref().map(|s| (&s.value, s.revision)),
+                registration: reg.as_ref().map(|r| (&r.value, r.revision)),
+                given_up: given_up.as_ref(),
+            };
+            let (Decision::Reconcile { sync_id, .. }, Some(sub), Some(reg)) =
+                (decide::decide(&observed, cause.startup), &sub, &reg)
+            else {
+                return Ok(None);
+            };
+            note.set(&sync_id);
+            // §7 limits: never waited on here; a used-up limit sends the job
+            // back to the queue (the immediate retry is a start too).
+            let _permit = match self.config.resolve_mode(&reg.value.mode) {
+                Some(mode) => match self.limits.try_acquire(mode).await.map_err(kayra_catalog::repo::Error::from)? {
+                    Ok(permit) => Some(permit),
+                    Err(wait) => return Ok(Some(wait)),
+                },
+                None => None,
+            };
+            if let Some(fault) = &self.fault {
+                fault(key);
+            }
+            // One span per attempt, instrumenting (never entered across an
+            // await), so every line inside carries all four fields.
+            let span = tracing::info_span!("reconcile", namespace, api, lock_id, sync_id = %sync_id);
+            match self.attempt(sub, reg, failures, run).instrument(span).await? {
+                Step::Done => return Ok(None),
+                Step::Again { failures: f } => failures = f,
+            }
+        }
+    }
+
+    /// One reconcile of `sub` toward `reg`, and its recorded result.
+    async fn attempt(
+        &self,
+        sub: &Versioned<Subscription>,
+        reg: &Versioned<ApiRegistration>,
+        failures: u32,
+        run: RunIds<'_>,
+    ) -> kayra_catalog::repo::Result<Step> {
+        let sync_id = &reg.value.sync_id;
+        let started = Instant::now();
+        metrics::gauge!(super::METRIC_IN_FLIGHT).increment(1.0);
+        let result = self.reconcile(&reg.value, &sub.value, run).await;
+        metrics::gauge!(super::METRIC_IN_FLIGHT).decrement(1.0);
+        metrics::histogram!(super::METRIC_DURATION).record(started.elapsed().as_secs_f64());
+        let outcome = match &result {
+            Ok(()) => Outcome::Succeeded,
+            Err(ReconcileError::Pipeline(PipelineError::Cancelled)) => Outcome::Cancelled,
+            Err(ReconcileError::Pipeline(PipelineError::Superseded)) => Outcome::Superseded,
+            Err(_) => Outcome::Failed,
+        };
+        let label = match outcome {
+            Outcome::Succeeded => "success",
+            Outcome::Failed => "error",
+            Outcome::Cancelled => "cancelled",
+            Outcome::Superseded => "superseded",
+        };
+        metrics::counter!(super::METRIC_RECONCILES, "result" => label).increment(1);
+        match &result {
+            Err(ReconcileError::Pipeline(PipelineError::Cancelled)) => {
+                tracing::info!("reconcile stopped between steps: shutting down");
+            }
+            Err(ReconcileError::Pipeline(PipelineError::Superseded)) => {
+                tracing::info!(
+                    result = "superseded",
+                    "reconcile superseded by a newer SyncID; running again toward it"
+                );
+            }
+            Err(e) => tracing::warn!(result = "error", attempt = failures + 1, error = %e, "reconcile failed"),
+            Ok(()) => {}
+        }
+        let (write, then) = decide::after(&sub.value, sync_id, outcome, failures);
+        let recorded = self.record(sub, &write, run.fence).await?;
+        let after = match recorded {
+            Recorded::Fenced => {
+                tracing::warn!("job lock lost during the reconcile (lease expired?); its result is not recorded");
+                return Ok(Step::Done);
+            }
+            Recorded::Stale => {
+                tracing::info!("subscription changed during reconcile; deciding again");
+                return Ok(Step::Again { failures: 0 });
+            }
+            Recorded::Written(revision) => {
+                self.feed_back(sub, &write, revision);
+                revision
+            }
+            Recorded::Unchanged => sub.revision,
+        };
+        if let Write::Success { .. } = write {
+            let what = if sub.value.active { "subscription reconciled" } else { "subscription activated" };
+            tracing::info!(result = "success", "{what}");
+        }
+        match then {
+            Then::Done => Ok(Step::Done),
+            Then::RetryNow => {
+                tracing::info!("retrying once right away");
+                Ok(Step::Again { failures: failures + 1 })
+            }
+            Then::GiveUp => {
+                let attempt = Attempt { subscription_revision: after, registration_revision: reg.revision };
+                self.record_given_up(&sub.value.namespace, &sub.value.api, &attempt).await?;
+                tracing::warn!("giving up until the subscription or its registration is written again");
+                Ok(Step::Done)
+            }
+        }
+    }
+
+    /// Writes the result in one transaction that commits only if the
+    /// subscription is still at the revision the decision was made on and,
+    /// on etcd, the job lock is still ours (fencing, platform contract §7).
+    async fn record(
+        &self,
+        seen: &Versioned<Subscription>,
+        write: &Write,
+        fence: Option<&str>,
+    ) -> kayra_catalog::repo::Result<Recorded> {
+        let Some(next) = written(&seen.value, write) else { return Ok(Recorded::Unchanged) };
+        if next == seen.value {
+            return Ok(Recorded::Unchanged);
+        }
+        let key = kayra_catalog::repo::keys::subscription(
+            self.repo.platform(),
+            self.repo.region(),
+            &seen.value.namespace,
+            &seen.value.api,
+        );
+        let value = serde_json::to_vec(&next)
+            .map_err(|e| kayra_catalog::repo::Error::Corrupt { key: key.clone(), message: e.to_string() })?;
+        let mut txn = Txn::new().when(Compare::ModRevision(key.clone(), seen.revision)).then(Op::Put { key, value });
+        if let Some(fence) = fence {
+            txn = txn.when(Compare::Exists(fence.to_string())).otherwise(Op::Get { key: fence.to_string() });
+        }
+        let resp = self.repo.store().txn(txn).await.map_err(kayra_catalog::repo::Error::from)?;
+        Ok(match (resp.succeeded, fence, resp.gets.first()) {
+            (true, _, _) => Recorded::Written(resp.revision),
+            (false, Some(_), Some(None)) => Recorded::Fenced,
+            (false, _, _) => Recorded::Stale,
+        })
+    }
+
+    /// Puts this job's own write into the view, so a job run again right
+    /// after it does not wait for the watch's echo.
+    fn feed_back(&self, sub: &Versioned<Subscription>, write: &Write, revision: kayra_store::Revision) {
+        if let Some(next) = written(&sub.value, write) {
+            self.view_mut().put_subscription(next, revision);
+        }
+    }
+
+    /// reconcile(reg): run the mode's pipeline, or the placeholder.
+    async fn reconcile(
+        &self,
+        reg: &ApiRegistration,
+        sub: &Subscription,
+        run: RunIds<'_>,
+    ) -> Result<(), ReconcileError> {
+        let Some(mode) = self.config.resolve_mode(&reg.mode) else {
+            return Err(ReconcileError::NoMode(reg.name.clone()));
+        };
+        let Some(pipeline) = self.pipelines.get(mode) else {
+            tracing::info!(mode, "mode has no steps configured: placeholder reconcile succeeds");
+            return Ok(());
+        };
+        tracing::info!(mode, "running step pipeline");
+        let ctx = SubscriptionContext {
+            api: reg.name.clone(),
+            short_name: reg.short_name.clone(),
+            namespace: sub.namespace.clone(),
+            platform: self.repo.platform().to_string(),
+            region: self.repo.region().to_string(),
+            current_sync_id: sub.current_sync_id.clone(),
+            expected_sync_id: reg.sync_id.clone(),
+            lock_id: run.lock_id,
+            run_id: String::new(),
+            fencing_token: run.fencing_token.unwrap_or_default(),
+        };
+        let control = RunControl::new(self.cancel.clone());
+        let job = (sub.namespace.clone(), sub.api.clone());
+        if self.config.supersede {
+            self.running().insert(job.clone(), (reg.sync_id.clone(), control.superseded.clone()));
+        }
+        let report = pipeline.run(&self.client, &ctx, &self.pipelines.settings(), &control).await;
+        if self.config.supersede {
+            self.running().remove(&job);
+        }
+        if let Some(retry_after) = report.retry_after
+            && let Err(e) = self.limits.backoff(mode, retry_after).await
+        {
+            tracing::warn!(mode, error = %e, "could not record the backend's Retry-After");
+        }
+        report.result?;
+        Ok(())
+    }
+
+    /// The one fresh read under the lock: subscription, registration and
+    /// given-up record in one round trip (a transaction of three gets).
+    async fn fresh(&self, namespace: &str, api: &str) -> kayra_catalog::repo::Result<Fresh> {
+        let (p, r) = (self.repo.platform(), self.repo.region());
+        let keys = [
+            kayra_catalog::repo::keys::subscription(p, r, namespace, api),
+            kayra_catalog::repo::keys::registration(p, r, api),
+            attempt_key(&self.repo, namespace, api),
+        ];
+        let txn = keys.iter().fold(Txn::new(), |txn, key| txn.then(Op::Get { key: key.clone() }));
+        let resp = self.repo.store().txn(txn).await.map_err(kayra_catalog::repo::Error::from)?;
+        let got = |i: usize| resp.gets.get(i).cloned().flatten();
+        Ok((decode(got(0))?, decode(got(1))?, decode::<Attempt>(got(2))?.map(|v| v.value), resp.revision))
+    }
+
+    async fn record_given_up(&self, namespace: &str, api: &str, attempt: &Attempt) -> kayra_catalog::repo::Result<()> {
+        let key = attempt_key(&self.repo, namespace, api);
+        loop {
+            let result = match self.repo.get::<Attempt>(&key).await? {
+                Some(old) if old.value == *attempt => break,
+                Some(old) => self.repo.update(&key, attempt, old.revision, "reconcile attempt").await,
+                None => self.repo.create(&key, attempt, "reconcile attempt").await,
+            };
+            match result {
+                Ok(_) => break,
+                Err(kayra_catalog::repo::Error::Conflict(_) | kayra_catalog::repo::Error::NotFound(_)) => continue,
+                Err(e) => return Err(e),
+            }
+        }
+        self.view_mut().put_given_up(namespace, api, *attempt);
+        Ok(())
+    }
+}
+
+/// The subscription as `write` leaves it (seed: `Repository.ActivateSubscription`
+/// / `SetSubscriptionSyncID`; §7 `state: error`, everything else unchanged).
+fn written(sub: &Subscription, write: &Write) -> Option<Subscription> {
+    let mut next = sub.clone();
+    match write {
+        Write::Success { sync_id } => {
+            next.active = true;
+            next.state = kayra_core::SubscriptionState::Success;
+            next.current_sync_id.clone_from(sync_id);
+        }
+        Write::Error => next.state = kayra_core::SubscriptionState::Error,
+        Write::Nothing => return None,
+    }
+    Some(next)
+}
+
+/// Forgets the given-up record of a deleted subscription.
+pub async fn forget_given_up(repo: &Repository, namespace: &str, api: &str) {
+    let key = attempt_key(repo, namespace, api);
+    match repo.delete(&key, None, "reconcile attempt").await {
+        Ok(_) | Err(kayra_catalog::repo::Error::NotFound(_)) => {}
+        Err(e) => tracing::warn!(key, error = %e, "could not remove a deleted subscription's attempt record"),
+    }
+}
+
+type Fresh =
+    (Option<Versioned<Subscription>>, Option<Versioned<ApiRegistration>>, Option<Attempt>, kayra_store::Revision);
+
+fn decode<T: serde::de::DeserializeOwned>(
+    kv: Option<kayra_store::KeyValue>,
+) -> kayra_catalog::repo::Result<Option<Versioned<T>>> {
+    let Some(kv) = kv else { return Ok(None) };
+    match serde_json::from_slice(&kv.value) {
+        Ok(value) => Ok(Some(Versioned { value, revision: kv.mod_revision })),
+        Err(e) => Err(kayra_catalog::repo::Error::Corrupt { key: kv.key, message: e.to_string() }),
+    }
+}
+
+fn attempt_key(repo: &Repository, namespace: &str, api: &str) -> String {
+    kayra_catalog::repo::keys::attempt(repo.platform(), repo.region(), namespace, api)
+}
+
+/// What identifies one run to the backend, in logs and to the store.
+#[derive(Debug, Clone, Copy)]
+struct RunIds<'a> {
+    lock_id: usize,
+    /// The lock key's create revision (etcd). Without a distributed lock
+    /// the fresh read's store revision stands in: it is read right after
+    /// the in-process lock was taken, and grows just the same.
+    fencing_token: Option<kayra_store::Revision>,
+    /// The lock's store key (etcd): results commit only while it exists.
+    fence: Option<&'a str>,
+}
+
+/// What a fenced result write did.
+enum Recorded {
+    Written(kayra_store::Revision),
+    Unchanged,
+    /// The subscription changed since it was read: decide again.
+    Stale,
+    /// The job lock is no longer ours (the lease expired, another process
+    /// took the job): nothing was written.
+    Fenced,
+}
+
+/// What [`Worker::attempt`] leaves to do.
+enum Step {
+    Done,
+    /// Read the records fresh and decide again, with this many failures so far.
+    Again {
+        failures: u32,
+    },
+}

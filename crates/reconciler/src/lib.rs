@@ -1,0 +1,522 @@
+//! `Reconciler`: the controller behind `kayra reconciler` (seed,
+//! "Reconciler"; `catalog.Reconciler` in the seed, `Reconciler.Run` is
+//! [`Reconciler::run`]).
+//!
+//! It runs as its own process, built on `store.Store.Watch`. `run` is an
+//! explicit state machine (kube-runtime's watcher): **listing** — list
+//! namespaces, registrations, subscriptions and given-up attempts into a
+//! fresh [`view::View`] that replaces the old one whole, then queue every
+//! inactive namespace and every subscription with anything to do
+//! (reconcileExisting) — then **watching** from the list's revision + 1,
+//! so nothing written in between is missed; if a watch stream ever ends,
+//! back to listing.
+//!
+//! Watch events update the view and queue jobs on the [`queue::WorkQueue`]:
+//! - namespace put, `active: false` → activation (initial action);
+//! - subscription put with anything to do → `ensureReconciled` (initial action);
+//! - registration put → the ongoing action's fan-out to every *active*
+//!   subscriber whose CurrentSyncID differs, found in the view.
+//!
+//! A dispatcher takes a pool slot ([`pool::Pool`]; its number is the
+//! `lock_id`), then the queue's next key, and runs the job in its own task
+//! under its job lock ([`locks::JobLocks`]). A job that panics is logged
+//! once and its key is queued again; its slot and lock come back by RAII.
+//!
+//! # Layout
+//! - [`decide`]: `ensureReconciled`'s decision, pure.
+//! - [`ensure`]: the jobs, the I/O around the decision.
+//! - [`queue`]: the work queue (coalescing, fair order).
+//! - [`pool`]: the numbered slots.
+//! - [`locks`]: cross-process job locks.
+//! - [`view`]: the watch-fed view of this deployment.
+
+pub mod decide;
+pub mod ensure;
+pub mod locks;
+pub mod pool;
+pub mod queue;
+pub mod view;
+
+use std::collections::{HashMap, HashSet};
+use std::panic::AssertUnwindSafe;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, PoisonError};
+use std::time::Duration;
+
+use futures::{FutureExt, StreamExt};
+use kayra_catalog::repo::{Repository, keys};
+use kayra_config::ReconcilerConfig;
+use kayra_core::{ApiRegistration, Namespace, RunTrigger, Subscription};
+use kayra_pipeline::{Pipelines, ValidationError};
+use kayra_store::{Event, Revision, WatcherEvent};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use decide::{Attempt, Decision};
+use ensure::{FaultHook, JobEnd, SyncNote, Worker};
+use locks::JobLocks;
+use pool::Pool;
+use queue::{Cause, Class, JobKey, WorkQueue};
+use view::View;
+
+pub const METRIC_RECONCILES: &str = "kayra_reconciles_total";
+pub const METRIC_DURATION: &str = "kayra_reconcile_duration_seconds";
+pub const METRIC_IN_FLIGHT: &str = "kayra_reconciles_in_flight";
+pub const METRIC_SLOTS_IN_USE: &str = "kayra_reconciler_pool_slots_in_use";
+pub const METRIC_LOCK_WAIT: &str = "kayra_reconciler_lock_wait_seconds";
+pub const METRIC_WATCH_EVENTS: &str = "kayra_reconciler_watch_events_total";
+pub const METRIC_QUEUE_DEPTH: &str = "kayra_work_queue_depth";
+pub const METRIC_PANICS: &str = "kayra_reconciler_job_panics_total";
+pub const METRIC_BEHIND: &str = "kayra_subscriptions_behind";
+
+/// How often view-derived gauges (`kayra_subscriptions_behind`) are refreshed.
+const GAUGE_INTERVAL: Duration = Duration::from_secs(1);
+
+/// How long a key whose job panicked waits before it is queued again (a
+/// job that panics every time must not spin).
+const PANIC_BACKOFF: Duration = Duration::from_secs(1);
+
+/// The controller. Build with [`Reconciler::new`], drive with [`Reconciler::run`].
+pub struct Reconciler {
+    worker: Arc<Worker>,
+    pool: Pool,
+    queue: Arc<WorkQueue>,
+    tracker: TaskTracker,
+    ready: Arc<AtomicBool>,
+}
+
+/// Where one resource's list → watch → re-list machine is.
+enum Phase {
+    /// Between `Init` and `InitDone`: the list so far.
+    Listing(Vec<kayra_store::KeyValue>),
+    Watching,
+}
+
+/// Which resource a watch event is about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum Kind {
+    Namespace,
+    Registration,
+    Subscription,
+    Attempt,
+}
+
+impl Reconciler {
+    /// Compiles every mode's pipeline (the startup validation) and prepares
+    /// the pool, the queue and the locks. `cancel` is the shutdown signal.
+    pub fn new(repo: Repository, config: ReconcilerConfig, cancel: CancellationToken) -> Result<Self, ValidationError> {
+        describe_metrics();
+        let pipelines = Pipelines::compile(&config)?;
+        let locks = JobLocks::new(repo.store().job_locker(), repo.platform(), repo.region());
+        let pool = Pool::new(config.max_concurrent_reconciles);
+        let limits = kayra_pipeline::Limits::new(&config, repo.store().clone(), repo.platform(), repo.region());
+        // This process's own order within an API (see `queue`).
+        let seed = rand_seed();
+        let worker = Worker {
+            repo,
+            config,
+            pipelines,
+            client: kayra_pipeline::http_client(),
+            locks,
+            cancel,
+            view: Arc::default(),
+            fault: None,
+            limits,
+            running: Default::default(),
+        };
+        Ok(Self {
+            worker: Arc::new(worker),
+            pool,
+            queue: Arc::new(WorkQueue::new(seed)),
+            tracker: TaskTracker::new(),
+            ready: Arc::default(),
+        })
+    }
+
+    /// Test-only fault injection: `hook` runs in every job right before it
+    /// acts under its lock (e.g. to make one panic). Call before `run`.
+    #[doc(hidden)]
+    pub fn set_fault_hook(&mut self, hook: FaultHook) {
+        if let Some(worker) = Arc::get_mut(&mut self.worker) {
+            worker.fault = Some(hook);
+        }
+    }
+
+    /// The watch-fed view, for tests that check what the reconciler knows.
+    #[doc(hidden)]
+    pub fn view_handle(&self) -> Arc<std::sync::RwLock<View>> {
+        self.worker.view.clone()
+    }
+
+    /// Becomes true once the startup list has been queued (for `/readyz`).
+    pub fn ready_flag(&self) -> Arc<AtomicBool> {
+        self.ready.clone()
+    }
+
+    /// Runs until the cancel token fires, then waits for every in-flight
+    /// operation before returning (seed: "Reconciler.Run waits").
+    pub async fn run(mut self) -> Result<(), kayra_catalog::repo::Error> {
+        let cancel = self.worker.cancel.clone();
+        let dispatcher = tokio::spawn(dispatch(
+            self.worker.clone(),
+            self.pool.clone(),
+            self.queue.clone(),
+            self.tracker.clone(),
+            cancel.clone(),
+        ));
+        self.watch(&cancel).await;
+        self.queue.close();
+        let _ = dispatcher.await;
+        self.pool.close();
+        self.tracker.close();
+        self.tracker.wait().await;
+        tracing::info!("reconciler stopped; every in-flight operation finished");
+        Ok(())
+    }
+
+    /// The list → watch → re-list state machine, one per watched prefix
+    /// over `store.Store.Watch` ([`kayra_store::Store::watcher`]): while
+    /// **listing** (`Init`…`InitApply`…) records are buffered; at
+    /// `InitDone` that resource's part of the view is replaced whole, so
+    /// every delete missed in a gap is learnt, and the machine is
+    /// **watching** (`Apply`/`Delete`) until the store re-lists again. Once
+    /// all four resources have listed, reconcileExisting runs.
+    async fn watch(&mut self, cancel: &CancellationToken) {
+        let repo = self.worker.repo.clone();
+        let (platform, region) = (repo.platform().to_string(), repo.region().to_string());
+        let attempts_prefix = attempts_prefix(&platform, &region);
+        let store = repo.store();
+        let prefixes = [
+            (Kind::Namespace, keys::NAMESPACES.to_string()),
+            (Kind::Registration, keys::registrations(&platform, &region)),
+            (Kind::Subscription, keys::subscriptions(&platform, &region)),
+            (Kind::Attempt, attempts_prefix.clone()),
+        ];
+        let streams = prefixes.iter().map(|(kind, prefix)| {
+            let kind = *kind;
+            store.watcher(prefix).map(move |e| (kind, e)).boxed()
+        });
+        let mut events = futures::stream::select_all(streams);
+        let mut phases: HashMap<Kind, Phase> = prefixes.iter().map(|(k, _)| (*k, Phase::Listing(Vec::new()))).collect();
+        let mut listed: HashSet<Kind> = HashSet::new();
+        let mut gauges = tokio::time::interval(GAUGE_INTERVAL);
+        loop {
+            let next = tokio::select! {
+                next = events.next() => next,
+                _ = gauges.tick() => {
+                    self.report_behind();
+                    continue;
+                }
+                _ = cancel.cancelled() => return,
+            };
+            let Some((kind, event)) = next else {
+                tracing::warn!("store gone; reconciler stops watching");
+                return;
+            };
+            let phase = phases.entry(kind).or_insert(Phase::Watching);
+            match event {
+                WatcherEvent::Init => *phase = Phase::Listing(Vec::new()),
+                WatcherEvent::InitApply(kv) => match phase {
+                    Phase::Listing(buffer) => buffer.push(kv),
+                    Phase::Watching => self.handle(kind, Event::Put(kv), &attempts_prefix),
+                },
+                WatcherEvent::InitDone { .. } => {
+                    let buffer = match std::mem::replace(phase, Phase::Watching) {
+                        Phase::Listing(buffer) => buffer,
+                        Phase::Watching => Vec::new(),
+                    };
+                    let first = listed.insert(kind);
+                    self.replace(kind, buffer, &attempts_prefix);
+                    if listed.len() == prefixes.len() {
+                        if first {
+                            tracing::info!(kind = ?kind, "listed; reconciling existing records");
+                        } else {
+                            tracing::info!(kind = ?kind, "re-listed; the view is replaced");
+                        }
+                        self.queue_existing();
+                        self.report_behind();
+                        self.ready.store(true, Ordering::SeqCst);
+                    }
+                }
+                WatcherEvent::Apply(kv) => self.handle(kind, Event::Put(kv), &attempts_prefix),
+                WatcherEvent::Delete { key, revision } => {
+                    self.handle(kind, Event::Delete { key, revision }, &attempts_prefix)
+                }
+                WatcherEvent::Progress { .. } => {}
+            }
+        }
+    }
+
+    /// `kayra_subscriptions_behind{api}` from the view (no store read).
+    fn report_behind(&self) {
+        let counts = self.worker.view.read().unwrap_or_else(PoisonError::into_inner).behind_counts();
+        for (api, behind) in counts {
+            metrics::gauge!(METRIC_BEHIND, "api" => api).set(behind as f64);
+        }
+    }
+
+    fn view(&self) -> std::sync::RwLockWriteGuard<'_, View> {
+        self.worker.view.write().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Replaces `kind`'s records in the view with a complete list.
+    /// Subscriptions gone from it were deleted in a gap: their given-up
+    /// records go too.
+    fn replace(&mut self, kind: Kind, records: Vec<kayra_store::KeyValue>, attempts_prefix: &str) {
+        let mut view = self.view();
+        match kind {
+            Kind::Namespace => {
+                let namespaces = records
+                    .iter()
+                    .filter_map(|kv| serde_json::from_slice::<Namespace>(&kv.value).ok().map(|n| (n, kv.mod_revision)));
+                view.replace_namespaces(namespaces.map(|(n, rev)| (n.name, n.active, rev)).collect());
+            }
+            Kind::Registration => {
+                let regs = records.iter().filter_map(|kv| {
+                    serde_json::from_slice::<ApiRegistration>(&kv.value).ok().map(|r| (r, kv.mod_revision))
+                });
+                view.replace_registrations(regs.collect());
+            }
+            Kind::Subscription => {
+                let subs = records.iter().filter_map(|kv| {
+                    serde_json::from_slice::<Subscription>(&kv.value).ok().map(|s| (s, kv.mod_revision))
+                });
+                view.replace_subscriptions(subs.collect());
+            }
+            Kind::Attempt => {
+                let attempts = records.iter().filter_map(|kv| {
+                    let (ns, api) = attempt_parts(attempts_prefix, &kv.key)?;
+                    let attempt = serde_json::from_slice::<Attempt>(&kv.value).ok()?;
+                    Some(((ns.to_string(), api.to_string()), attempt))
+                });
+                view.replace_given_up(attempts.collect());
+            }
+        }
+        // Attempt records of subscriptions deleted while nobody watched.
+        let orphans = view.orphaned_given_up();
+        drop(view);
+        if !matches!(kind, Kind::Subscription | Kind::Attempt) {
+            return;
+        }
+        for (ns, api) in orphans {
+            self.view().delete_given_up(&ns, &api);
+            let repo = self.worker.repo.clone();
+            self.tracker.spawn(async move { ensure::forget_given_up(&repo, &ns, &api).await });
+        }
+    }
+
+    /// reconcileExisting: every inactive namespace and every subscription
+    /// with anything to do, given-up ones included (seed: "unconditionally,
+    /// on every kayra reconciler startup").
+    /// A later re-list (the watch was lost) is no restart: it queues what
+    /// has anything to do, but leaves given-up subscriptions alone.
+    fn queue_existing(&self) {
+        let startup = !self.ready.load(Ordering::SeqCst);
+        let cause = Cause::new(if startup { RunTrigger::Startup } else { RunTrigger::Initial });
+        let view = self.worker.view.read().unwrap_or_else(PoisonError::into_inner);
+        for name in view.inactive_namespaces() {
+            self.queue.add(JobKey::Namespace(name), cause, Class::Activation);
+        }
+        for (ns, api) in view.subscription_keys() {
+            if let Decision::Reconcile { activate, .. } = view.decide(&ns, &api, startup) {
+                let class = if activate { Class::Activation } else { Class::Ongoing };
+                self.queue.add(JobKey::subscription(ns, api), cause, class);
+            }
+        }
+    }
+
+    fn handle(&mut self, kind: Kind, event: Event, attempts_prefix: &str) {
+        let label = match kind {
+            Kind::Namespace => "namespace",
+            Kind::Registration => "apiregistration",
+            Kind::Subscription => "subscription",
+            Kind::Attempt => "reconcileattempt",
+        };
+        metrics::counter!(METRIC_WATCH_EVENTS, "resource" => label).increment(1);
+        match (kind, event) {
+            (Kind::Namespace, Event::Put(kv)) => match serde_json::from_slice::<Namespace>(&kv.value) {
+                Ok(ns) => {
+                    self.view().put_namespace(&ns.name, ns.active, kv.mod_revision);
+                    if !ns.active {
+                        self.queue.add(JobKey::Namespace(ns.name), Cause::new(RunTrigger::Initial), Class::Activation);
+                    }
+                }
+                Err(e) => tracing::warn!(key = %kv.key, error = %e, "unreadable namespace record ignored"),
+            },
+            (Kind::Namespace, Event::Delete { key, .. }) => {
+                if let Some(name) = key.strip_prefix(keys::NAMESPACES) {
+                    self.view().delete_namespace(name);
+                }
+            }
+            (Kind::Registration, Event::Put(kv)) => match serde_json::from_slice::<ApiRegistration>(&kv.value) {
+                Ok(reg) => {
+                    let (name, sync_id) = (reg.name.clone(), reg.sync_id.clone());
+                    let behind = {
+                        let mut view = self.view();
+                        view.put_registration(reg, kv.mod_revision);
+                        view.behind(&name, &sync_id)
+                    };
+                    // Supersede: running pipelines toward an older SyncID stop,
+                    // and their jobs (first syncs included) run again toward this one.
+                    for namespace in self.worker.supersede(&name, &sync_id) {
+                        let key = JobKey::subscription(namespace, name.clone());
+                        self.queue.add(key, Cause::new(RunTrigger::Ongoing), Class::Ongoing);
+                    }
+                    // The ongoing action: every active subscriber behind the new SyncID.
+                    for namespace in behind {
+                        let key = JobKey::subscription(namespace, name.clone());
+                        self.queue.add(key, Cause::new(RunTrigger::Ongoing), Class::Ongoing);
+                    }
+                }
+                Err(e) => tracing::warn!(key = %kv.key, error = %e, "unreadable api registration record ignored"),
+            },
+            (Kind::Registration, Event::Delete { key, .. }) => {
+                if let Some(name) = self.worker.repo.registration_key_name(&key) {
+                    self.view().delete_registration(name);
+                }
+            }
+            (Kind::Subscription, Event::Put(kv)) => match serde_json::from_slice::<Subscription>(&kv.value) {
+                Ok(sub) => self.subscription_put(sub, kv.mod_revision),
+                Err(e) => tracing::warn!(key = %kv.key, error = %e, "unreadable subscription record ignored"),
+            },
+            (Kind::Subscription, Event::Delete { key, .. }) => {
+                if let Some((namespace, api)) = self.worker.repo.subscription_key_parts(&key) {
+                    let (namespace, api) = (namespace.to_string(), api.to_string());
+                    let had_record = {
+                        let mut view = self.view();
+                        view.delete_subscription(&namespace, &api);
+                        view.delete_given_up(&namespace, &api)
+                    };
+                    if had_record {
+                        let repo = self.worker.repo.clone();
+                        self.tracker.spawn(async move { ensure::forget_given_up(&repo, &namespace, &api).await });
+                    }
+                }
+            }
+            (Kind::Attempt, Event::Put(kv)) => {
+                if let (Some((ns, api)), Ok(attempt)) =
+                    (attempt_parts(attempts_prefix, &kv.key), serde_json::from_slice::<Attempt>(&kv.value))
+                {
+                    self.view().put_given_up(ns, api, attempt);
+                }
+            }
+            (Kind::Attempt, Event::Delete { key, .. }) => {
+                if let Some((ns, api)) = attempt_parts(attempts_prefix, &key) {
+                    self.view().delete_given_up(ns, api);
+                }
+            }
+        }
+    }
+
+    /// A write to a subscription: the initial action (or a force re-sync).
+    fn subscription_put(&mut self, sub: Subscription, revision: Revision) {
+        let (namespace, api) = (sub.namespace.clone(), sub.api.clone());
+        let resync = sub.active && sub.current_sync_id.is_empty();
+        let decision = {
+            let mut view = self.view();
+            view.put_subscription(sub, revision);
+            view.decide(&namespace, &api, false)
+        };
+        if let Decision::Reconcile { activate, .. } = decision {
+            let trigger = if resync { RunTrigger::Resync } else { RunTrigger::Initial };
+            let class = if activate { Class::Activation } else { Class::Ongoing };
+            self.queue.add(JobKey::subscription(namespace, api), Cause::new(trigger), class);
+        }
+    }
+}
+
+/// Takes a slot, then the next key, and runs its job in its own task: so
+/// only running jobs hold slots, however many wait.
+async fn dispatch(
+    worker: Arc<Worker>,
+    pool: Pool,
+    queue: Arc<WorkQueue>,
+    tracker: TaskTracker,
+    cancel: CancellationToken,
+) {
+    loop {
+        let slot = tokio::select! {
+            slot = pool.acquire() => slot,
+            _ = cancel.cancelled() => None,
+        };
+        let Some(slot) = slot else { break };
+        let next = tokio::select! {
+            next = queue.next() => next,
+            _ = cancel.cancelled() => None,
+        };
+        let Some((key, cause, class)) = next else { break };
+        let (worker, queue) = (worker.clone(), queue.clone());
+        tracker.spawn(async move {
+            let lock_id = slot.id();
+            let note = SyncNote::default();
+            let end = AssertUnwindSafe(worker.run(&key, cause, lock_id, &note)).catch_unwind().await;
+            drop(slot);
+            queue.done(&key);
+            match end {
+                Ok(JobEnd::Done) => {}
+                Ok(JobEnd::LockBusy) => queue.add_after(key, cause, class, worker.locks.retry_interval()),
+                Ok(JobEnd::Limited(wait)) => queue.add_after(key, cause, class, wait),
+                Err(panic) => {
+                    let why = panic_message(panic.as_ref());
+                    let (namespace, api) = match &key {
+                        JobKey::Namespace(ns) => (ns.clone(), String::new()),
+                        JobKey::Subscription { namespace, api } => (namespace.clone(), api.clone()),
+                    };
+                    metrics::counter!(METRIC_PANICS).increment(1);
+                    tracing::error!(namespace, api, lock_id, sync_id = %note.get(), panic = %why, "reconcile job panicked; its key is queued again");
+                    queue.add_after(key, cause, class, PANIC_BACKOFF);
+                }
+            }
+        });
+    }
+}
+
+fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_string())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "non-string panic".into())
+}
+
+fn rand_seed() -> u64 {
+    use std::hash::{BuildHasher, RandomState};
+    RandomState::new().hash_one(std::process::id())
+}
+
+/// Every reconciler metric, described and present from startup (counters at 0).
+fn describe_metrics() {
+    use metrics::{describe_counter, describe_gauge, describe_histogram};
+    describe_counter!(METRIC_RECONCILES, "Reconcile attempts by result (success, error, cancelled, superseded).");
+    describe_histogram!(METRIC_DURATION, metrics::Unit::Seconds, "Duration of one reconcile attempt.");
+    describe_gauge!(METRIC_IN_FLIGHT, "Reconciles running now.");
+    describe_gauge!(METRIC_SLOTS_IN_USE, "Pool slots held by running jobs.");
+    describe_histogram!(METRIC_LOCK_WAIT, metrics::Unit::Seconds, "Time to take a free job lock.");
+    describe_counter!(METRIC_WATCH_EVENTS, "Watch events seen, by resource.");
+    describe_gauge!(METRIC_QUEUE_DEPTH, "Jobs waiting in the work queue.");
+    describe_counter!(METRIC_PANICS, "Reconcile jobs that panicked (their keys are queued again).");
+    describe_gauge!(
+        METRIC_BEHIND,
+        "Active subscribers whose current_sync_id differs from their registration's SyncID."
+    );
+    for result in ["success", "error", "cancelled", "superseded"] {
+        metrics::counter!(METRIC_RECONCILES, "result" => result).increment(0);
+    }
+    for resource in ["namespace", "apiregistration", "subscription", "reconcileattempt"] {
+        metrics::counter!(METRIC_WATCH_EVENTS, "resource" => resource).increment(0);
+    }
+    metrics::counter!(METRIC_PANICS).increment(0);
+    metrics::gauge!(METRIC_IN_FLIGHT).set(0.0);
+    metrics::gauge!(METRIC_SLOTS_IN_USE).set(0.0);
+    metrics::gauge!(METRIC_QUEUE_DEPTH).set(0.0);
+}
+
+/// This deployment's given-up attempt records.
+fn attempts_prefix(platform: &str, region: &str) -> String {
+    keys::attempt(platform, region, "", "").trim_end_matches('/').to_string() + "/"
+}
+
+/// `(namespace, api)` of an attempt record's key.
+fn attempt_parts<'k>(prefix: &str, key: &'k str) -> Option<(&'k str, &'k str)> {
+    key.strip_prefix(prefix)?.split_once('/')
+}

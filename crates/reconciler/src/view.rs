@@ -1,0 +1,272 @@
+//! The reconciler's watch-fed view of this deployment: subscriptions,
+//! registrations and given-up attempts with the revisions they were seen
+//! at (a kube-style reflector store).
+//!
+//! It answers the unlocked "anything to do?" with no store read (the same
+//! [`decide`] the job runs under its lock on a fresh read), and finds an
+//! API's subscribers for the ongoing action's fan-out without a store
+//! scan. Jobs feed their own writes back into it so that a job run again
+//! right after its own write does not wait for the watch to echo it.
+//! Updates are revision-monotonic: an older record never replaces a newer.
+
+use std::collections::HashMap;
+
+use kayra_core::{ApiRegistration, Subscription};
+use kayra_store::Revision;
+
+use crate::decide::{Attempt, Decision, Observed, decide};
+
+#[derive(Debug, Default)]
+pub struct View {
+    /// api → namespace → (subscription, revision).
+    subscribers: HashMap<String, HashMap<String, (Subscription, Revision)>>,
+    /// api → (registration, revision).
+    registrations: HashMap<String, (ApiRegistration, Revision)>,
+    /// (namespace, api) → the given-up attempt.
+    given_up: HashMap<(String, String), Attempt>,
+    /// namespace → (active, revision).
+    namespaces: HashMap<String, (bool, Revision)>,
+}
+
+impl View {
+    pub fn put_namespace(&mut self, name: &str, active: bool, revision: Revision) {
+        match self.namespaces.get(name) {
+            Some((_, seen)) if *seen >= revision => {}
+            _ => {
+                self.namespaces.insert(name.to_string(), (active, revision));
+            }
+        }
+    }
+
+    /// Replaces every namespace (a complete list).
+    pub fn replace_namespaces(&mut self, namespaces: Vec<(String, bool, Revision)>) {
+        self.namespaces = namespaces.into_iter().map(|(n, active, rev)| (n, (active, rev))).collect();
+    }
+
+    /// Replaces every registration (a complete list).
+    pub fn replace_registrations(&mut self, registrations: Vec<(ApiRegistration, Revision)>) {
+        self.registrations = registrations.into_iter().map(|(r, rev)| (r.name.clone(), (r, rev))).collect();
+    }
+
+    /// Replaces every subscription (a complete list): those not in it are gone.
+    pub fn replace_subscriptions(&mut self, subscriptions: Vec<(Subscription, Revision)>) {
+        self.subscribers.clear();
+        for (sub, rev) in subscriptions {
+            self.put_subscription(sub, rev);
+        }
+    }
+
+    /// Replaces every given-up record (a complete list).
+    pub fn replace_given_up(&mut self, given_up: Vec<((String, String), Attempt)>) {
+        self.given_up = given_up.into_iter().collect();
+    }
+
+    pub fn delete_namespace(&mut self, name: &str) {
+        self.namespaces.remove(name);
+    }
+
+    /// Whether `name` exists and still needs activating.
+    pub fn namespace_inactive(&self, name: &str) -> bool {
+        self.namespaces.get(name).is_some_and(|(active, _)| !active)
+    }
+
+    /// Namespaces still `active: false`.
+    pub fn inactive_namespaces(&self) -> Vec<String> {
+        let mut out: Vec<_> = self.namespaces.iter().filter(|(_, (a, _))| !a).map(|(n, _)| n.clone()).collect();
+        out.sort();
+        out
+    }
+
+    pub fn put_subscription(&mut self, sub: Subscription, revision: Revision) {
+        let subs = self.subscribers.entry(sub.api.clone()).or_default();
+        match subs.get(&sub.namespace) {
+            Some((_, seen)) if *seen >= revision => {}
+            _ => {
+                subs.insert(sub.namespace.clone(), (sub, revision));
+            }
+        }
+    }
+
+    pub fn delete_subscription(&mut self, namespace: &str, api: &str) {
+        if let Some(subs) = self.subscribers.get_mut(api) {
+            subs.remove(namespace);
+            if subs.is_empty() {
+                self.subscribers.remove(api);
+            }
+        }
+    }
+
+    pub fn subscription(&self, namespace: &str, api: &str) -> Option<&(Subscription, Revision)> {
+        self.subscribers.get(api)?.get(namespace)
+    }
+
+    pub fn put_registration(&mut self, reg: ApiRegistration, revision: Revision) {
+        match self.registrations.get(&reg.name) {
+            Some((_, seen)) if *seen >= revision => {}
+            _ => {
+                self.registrations.insert(reg.name.clone(), (reg, revision));
+            }
+        }
+    }
+
+    pub fn delete_registration(&mut self, name: &str) {
+        self.registrations.remove(name);
+    }
+
+    pub fn registration(&self, name: &str) -> Option<&(ApiRegistration, Revision)> {
+        self.registrations.get(name)
+    }
+
+    pub fn put_given_up(&mut self, namespace: &str, api: &str, attempt: Attempt) {
+        self.given_up.insert((namespace.to_string(), api.to_string()), attempt);
+    }
+
+    /// Forgets a given-up record; true when there was one.
+    pub fn delete_given_up(&mut self, namespace: &str, api: &str) -> bool {
+        self.given_up.remove(&(namespace.to_string(), api.to_string())).is_some()
+    }
+
+    pub fn has_given_up(&self, namespace: &str, api: &str) -> bool {
+        self.given_up.contains_key(&(namespace.to_string(), api.to_string()))
+    }
+
+    /// Every subscription as (namespace, api).
+    pub fn subscription_keys(&self) -> Vec<(String, String)> {
+        let mut out: Vec<_> = self
+            .subscribers
+            .iter()
+            .flat_map(|(api, subs)| subs.keys().map(move |ns| (ns.clone(), api.clone())))
+            .collect();
+        out.sort();
+        out
+    }
+
+    /// Given-up records whose subscription is not in the view (left over
+    /// by deletes the reconciler did not see).
+    pub fn orphaned_given_up(&self) -> Vec<(String, String)> {
+        self.given_up.keys().filter(|(ns, api)| self.subscription(ns, api).is_none()).cloned().collect()
+    }
+
+    /// [`decide`] on the view.
+    pub fn decide(&self, namespace: &str, api: &str, startup: bool) -> Decision {
+        let observed = Observed {
+            subscription: self.subscription(namespace, api).map(|(s, r)| (s, *r)),
+            registration: self.registration(api).map(|(r, rev)| (r, *rev)),
+            given_up: self.given_up.get(&(namespace.to_string(), api.to_string())),
+        };
+        decide(&observed, startup)
+    }
+
+    /// Whether `namespace`'s subscription to `api` is new (not active yet):
+    /// its job is an activation, taken before ongoing fan-out.
+    pub fn is_activation(&self, namespace: &str, api: &str) -> bool {
+        self.subscription(namespace, api).is_none_or(|(s, _)| !s.active)
+    }
+
+    /// Per registration: active subscribers whose CurrentSyncID differs
+    /// (`kayra_subscriptions_behind{api}`).
+    pub fn behind_counts(&self) -> Vec<(String, usize)> {
+        let mut out: Vec<_> = self
+            .registrations
+            .iter()
+            .map(|(api, (reg, _))| {
+                let subs = self.subscribers.get(api).into_iter().flatten();
+                (api.clone(), subs.filter(|(_, (s, _))| s.active && s.current_sync_id != reg.sync_id).count())
+            })
+            .collect();
+        out.sort();
+        out
+    }
+
+    /// The ongoing action's fan-out: namespaces with an *active*
+    /// subscription to `api` whose CurrentSyncID differs from `sync_id`.
+    pub fn behind(&self, api: &str, sync_id: &str) -> Vec<String> {
+        let mut out: Vec<String> = self
+            .subscribers
+            .get(api)
+            .into_iter()
+            .flatten()
+            .filter(|(_, (s, _))| s.active && s.current_sync_id != sync_id)
+            .map(|(ns, _)| ns.clone())
+            .collect();
+        out.sort();
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::decide::Idle;
+
+    fn sub(ns: &str, api: &str, active: bool, current: &str) -> Subscription {
+        Subscription { active, current_sync_id: current.into(), ..Subscription::new(ns, api) }
+    }
+
+    fn reg(name: &str, sync_id: &str) -> ApiRegistration {
+        ApiRegistration { name: name.into(), sync_id: sync_id.into(), ..Default::default() }
+    }
+
+    #[test]
+    fn fan_out_only_reaches_active_subscribers_behind() {
+        let mut view = View::default();
+        view.put_subscription(sub("a", "x.io", true, "1"), 1);
+        view.put_subscription(sub("b", "x.io", true, "2"), 2);
+        view.put_subscription(sub("c", "x.io", false, ""), 3);
+        view.put_subscription(sub("d", "y.io", true, "1"), 4);
+        assert_eq!(view.behind("x.io", "2"), vec!["a"]);
+        view.delete_subscription("a", "x.io");
+        assert!(view.behind("x.io", "2").is_empty());
+        assert!(view.behind("z.io", "1").is_empty());
+    }
+
+    #[test]
+    fn behind_counts_active_subscribers_off_their_registration() {
+        let mut view = View::default();
+        view.put_registration(reg("x.io", "2"), 1);
+        view.put_registration(reg("y.io", "1"), 2);
+        view.put_subscription(sub("a", "x.io", true, "1"), 3);
+        view.put_subscription(sub("b", "x.io", true, "2"), 4);
+        view.put_subscription(sub("c", "x.io", false, ""), 5);
+        assert_eq!(view.behind_counts(), vec![("x.io".to_string(), 1), ("y.io".to_string(), 0)]);
+    }
+
+    #[test]
+    fn updates_never_go_back_in_revision() {
+        let mut view = View::default();
+        view.put_subscription(sub("a", "x.io", true, "2"), 5);
+        view.put_subscription(sub("a", "x.io", true, "1"), 4);
+        assert_eq!(view.subscription("a", "x.io").unwrap().0.current_sync_id, "2");
+        view.put_registration(reg("x.io", "2"), 7);
+        view.put_registration(reg("x.io", "1"), 6);
+        assert_eq!(view.registration("x.io").unwrap().0.sync_id, "2");
+    }
+
+    #[test]
+    fn the_view_decides_like_a_fresh_read() {
+        let mut view = View::default();
+        assert_eq!(view.decide("a", "x.io", false), Decision::Nothing(Idle::Gone));
+        view.put_subscription(sub("a", "x.io", true, "1"), 3);
+        assert_eq!(view.decide("a", "x.io", false), Decision::Nothing(Idle::NoRegistration));
+        view.put_registration(reg("x.io", "1"), 4);
+        assert_eq!(view.decide("a", "x.io", false), Decision::Nothing(Idle::Synced));
+        view.put_registration(reg("x.io", "2"), 5);
+        assert_eq!(view.decide("a", "x.io", false), Decision::Reconcile { sync_id: "2".into(), activate: false });
+        view.put_given_up("a", "x.io", Attempt { subscription_revision: 3, registration_revision: 5 });
+        assert_eq!(view.decide("a", "x.io", false), Decision::Nothing(Idle::GivenUp));
+        view.delete_subscription("a", "x.io");
+        assert_eq!(view.orphaned_given_up(), vec![("a".to_string(), "x.io".to_string())]);
+    }
+
+    #[test]
+    fn a_relist_drops_what_was_deleted_in_the_gap() {
+        let mut view = View::default();
+        view.put_subscription(sub("a", "x.io", true, "1"), 3);
+        view.put_subscription(sub("b", "x.io", true, "1"), 4);
+        view.put_given_up("a", "x.io", Attempt { subscription_revision: 3, registration_revision: 1 });
+        view.replace_subscriptions(vec![(sub("b", "x.io", true, "1"), 4)]);
+        assert!(view.subscription("a", "x.io").is_none());
+        assert_eq!(view.behind("x.io", "2"), vec!["b"]);
+        assert_eq!(view.orphaned_given_up(), vec![("a".to_string(), "x.io".to_string())]);
+    }
+}
