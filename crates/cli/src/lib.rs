@@ -234,6 +234,9 @@ fn empty_list_note(value: &Value, format: Format, target: &Target) -> Option<Str
     if format != Format::Table || !empty {
         return None;
     }
+    if let (request::View::Runs, Some(object), Some(ns)) = (target.view(), &target.object, &target.namespace) {
+        return Some(format!("No runs found for the subscription of namespace {ns} to {}.\n", object.name));
+    }
     Some(match &target.namespace {
         Some(ns) => format!("No {} found in namespace {ns}.\n", target.resource),
         None => format!("No {} found.\n", target.resource),

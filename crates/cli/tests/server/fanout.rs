@@ -180,6 +180,11 @@ fn run_record(n: u64, result: RunResult) -> Run {
 async fn runs_show_as_a_table_and_one_run_as_yaml() {
     let kayra = Kayra::start().await;
     fan_out(&kayra, &["core"]).await;
+    let none = kayra.cli.run(&["get", "catalog", "-n", "core", "subscriptions", &format!("{API}/runs")]).await.ok();
+    assert_eq!(
+        (none.stdout.as_str(), none.stderr.as_str()),
+        ("", "No runs found for the subscription of namespace core to compute.example.com.\n")
+    );
     let prefix = keys::runs(kayra.repo.platform(), kayra.repo.region(), "core", API);
     for (n, result) in [(1, RunResult::Success), (2, RunResult::Error)] {
         kayra.repo.create(&format!("{prefix}r{n}"), &run_record(n, result), "run").await.unwrap();
