@@ -35,17 +35,24 @@ Examples:
   kayra-cli get catalog apiregistrations compute.example.com/status -o table
   kayra-cli get catalog apiregistrations compute.example.com/status --until-synced
 
-  # Bump an API's SyncID, which re-syncs every subscriber
+  # Bump an API's SyncID, which re-syncs every subscriber, and follow the fan-out
   kayra-cli update catalog apiregistrations compute.example.com/sync
+  kayra-cli update catalog apiregistrations compute.example.com/sync -d '{}' --wait --timeout 30s
+
+  # Follow changes as they happen; see what the reconciler did
+  kayra-cli get catalog -n core subscriptions --watch
+  kayra-cli get catalog -n core subscriptions compute.example.com/runs
+  kayra-cli get catalog -n core subscriptions compute.example.com/runs/ID -o yaml
 
   # Call a registered API through the gateway (short or long name)
   kayra-cli get compute -n core vms
 
 Exit status:
   0  success
-  1  the request was refused: a 4xx answer, or arguments/data that cannot make a request
+  1  the request was refused: a 4xx answer, or arguments/data that cannot make a request;
+     with --wait: some subscriber failed to sync
   2  the server failed (5xx) or could not be reached
-  3  --until-synced gave up after --timeout";
+  3  --until-synced or --wait gave up after --timeout";
 
 /// `kayra-cli`: the command-line client of kayra's catalog API and gateway.
 #[derive(Debug, Parser)]
@@ -166,11 +173,13 @@ pub struct GetArgs {
     #[command(flatten)]
     pub target: TargetArgs,
 
-    /// Re-fetch every --interval and print again whenever the answer changes, until Ctrl-C.
+    /// Follow the server's watch stream and print a row per change as it
+    /// happens (the type of change first), until Ctrl-C. Through the gateway,
+    /// re-fetch every --interval instead.
     #[arg(short = 'w', long)]
     pub watch: bool,
 
-    /// With --watch: how long to wait between fetches (e.g. 500ms, 2s, 1m).
+    /// With --until-synced (or --watch through the gateway): how long to wait between fetches (e.g. 500ms, 2s, 1m).
     #[arg(long, default_value = "2s", value_parser = parse_duration, value_name = "DURATION")]
     pub interval: Duration,
 
@@ -193,6 +202,16 @@ pub struct WriteArgs {
     /// The request body: a JSON or YAML document, `@FILE`, or `@-` for stdin.
     #[arg(short = 'd', long, value_name = "DATA")]
     pub data: Option<String>,
+
+    /// With `update catalog apiregistrations NAME/sync`: show the fan-out's
+    /// progress until every subscriber is synced or failed; exit 0 when all
+    /// synced, 1 when any failed, 3 on --timeout.
+    #[arg(long)]
+    pub wait: bool,
+
+    /// With --wait: give up (exit 3) after this long.
+    #[arg(long, default_value = "5m", value_parser = parse_duration, value_name = "DURATION", requires = "wait")]
+    pub timeout: Duration,
 }
 
 /// Parses `500ms`, `2s`, `5m`, `1h`, `1m30s`, or a bare number of seconds.

@@ -207,7 +207,28 @@ impl Client {
         Ok(bytes)
     }
 
-    fn transport(&self, error: &reqwest::Error) -> Error {
+    /// Opens the watch stream of a catalog GET (`?watch=true`, NDJSON).
+    /// An error answer becomes [`Error::Api`] as for any request.
+    pub async fn watch(&self, request: &Request) -> Result<reqwest::Response, Error> {
+        let mut url = request.url(&self.base);
+        url.query_pairs_mut().append_pair("watch", "true");
+        let response = self
+            .http
+            .get(url)
+            .header(header::AUTHORIZATION, self.authorization.clone())
+            .header(header::ACCEPT, "application/x-ndjson")
+            .send()
+            .await
+            .map_err(|e| self.transport(&e))?;
+        let status = response.status();
+        if status.is_success() {
+            return Ok(response);
+        }
+        let bytes = response.bytes().await.map_err(|e| self.transport(&e))?;
+        Err(api_error(status, &bytes, None))
+    }
+
+    pub(crate) fn transport(&self, error: &reqwest::Error) -> Error {
         let what = if error.is_timeout() { "timed out talking to" } else { "cannot reach" };
         // reqwest's own text only repeats the URL; its sources say what happened.
         let why = match std::error::Error::source(error) {

@@ -15,7 +15,9 @@
 //! - [`data`]: `-d` as JSON/YAML, `@FILE`, `@-`.
 //! - [`client`]: HTTP, error answers, paging, short-name resolution.
 //! - [`output`]: JSON, YAML and the tables.
-//! - [`watch`]: `--watch` / `--until-synced`.
+//! - [`watch`]: `--watch` (the server's watch stream) / `--until-synced`.
+//! - [`wait`]: `update ... NAME/sync --wait`, the fan-out's progress.
+//! - [`runs`]: the table of a subscription's runs.
 //! - [`error`]: the error type and its exit statuses.
 
 pub mod args;
@@ -24,6 +26,8 @@ pub mod data;
 pub mod error;
 pub mod output;
 pub mod request;
+pub mod runs;
+pub mod wait;
 pub mod watch;
 
 use std::io::Write;
@@ -49,13 +53,42 @@ pub async fn run(cli: Cli) -> Result<(), Error> {
         }
         Command::Get(get) => {
             let watch = (get.watch || get.until_synced).then(|| watch_options(&get));
-            execute(&global, Verb::Get, &get.target, None, watch).await
+            execute(&global, Verb::Get, &get.target, None, Follow::from(watch)).await
         }
-        Command::Create(write) => execute(&global, Verb::Create, &write.target, write.data.as_deref(), None).await,
-        Command::Update(write) => execute(&global, Verb::Update, &write.target, write.data.as_deref(), None).await,
-        Command::Patch(write) => execute(&global, Verb::Patch, &write.target, write.data.as_deref(), None).await,
-        Command::Delete(target) => execute(&global, Verb::Delete, &target, None, None).await,
+        Command::Create(write) => {
+            refuse_wait(&write)?;
+            execute(&global, Verb::Create, &write.target, write.data.as_deref(), Follow::No).await
+        }
+        Command::Update(write) => {
+            let follow = if write.wait { Follow::Wait(write.timeout) } else { Follow::No };
+            execute(&global, Verb::Update, &write.target, write.data.as_deref(), follow).await
+        }
+        Command::Patch(write) => {
+            refuse_wait(&write)?;
+            execute(&global, Verb::Patch, &write.target, write.data.as_deref(), Follow::No).await
+        }
+        Command::Delete(target) => execute(&global, Verb::Delete, &target, None, Follow::No).await,
     }
+}
+
+/// What happens after the request: nothing more, a watch, or `--wait`.
+enum Follow {
+    No,
+    Watch(watch::Options),
+    Wait(std::time::Duration),
+}
+
+impl Follow {
+    fn from(watch: Option<watch::Options>) -> Follow {
+        watch.map_or(Follow::No, Follow::Watch)
+    }
+}
+
+fn refuse_wait(write: &args::WriteArgs) -> Result<(), Error> {
+    if write.wait {
+        return Err(error::invalid("--wait only goes with `update catalog apiregistrations NAME/sync`"));
+    }
+    Ok(())
 }
 
 fn watch_options(get: &GetArgs) -> watch::Options {
@@ -69,9 +102,22 @@ async fn execute(
     verb: Verb,
     args: &TargetArgs,
     data: Option<&str>,
-    watch: Option<watch::Options>,
+    follow: Follow,
 ) -> Result<(), Error> {
     let mut target = Target::new(&args.api, args.namespace.as_deref(), &args.resource, args.name.as_deref())?;
+    let waits_for = match (&follow, &target.object) {
+        (Follow::Wait(_), Some(object))
+            if target.is_catalog()
+                && target.resource == "apiregistrations"
+                && object.sub.iter().map(String::as_str).eq(["sync"]) =>
+        {
+            Some(object.name.clone())
+        }
+        (Follow::Wait(_), _) => {
+            return Err(error::invalid("--wait only goes with `update catalog apiregistrations NAME/sync`"));
+        }
+        _ => None,
+    };
     // A blocking read is fine here: nothing else runs yet on this runtime.
     let data = data.map(|spec| data::load(spec, std::io::stdin().lock())).transpose()?;
     let mut request = Request::build(verb, &target, data.clone())?;
@@ -81,9 +127,22 @@ async fn execute(
         request = Request::build(verb, &target, data)?;
     }
     let call = Call { client: &client, request: &request, target: &target, verb };
-    match watch {
-        Some(options) => call.watch(global.output.unwrap_or(Format::Table), options).await,
-        None => call.once(global.output).await,
+    match follow {
+        // The server's watch stream, for anything of the catalog.
+        Follow::Watch(options) if !options.until_synced && target.is_catalog() => {
+            let printer = watch::Printer::new(global.output.unwrap_or(Format::Table), target.view());
+            watch::follow(&client, &request, printer, |text| emit(text.as_bytes())).await
+        }
+        Follow::Watch(options) => call.watch(global.output.unwrap_or(Format::Table), options).await,
+        Follow::Wait(timeout) => {
+            let name = waits_for.unwrap_or_default();
+            if let Body::Json(registration) = client.send(&request).await? {
+                let sync_id = registration.get("sync_id").and_then(Value::as_str).unwrap_or_default();
+                eprintln!("{name}: sync_id is now {sync_id}; waiting for every subscriber");
+            }
+            wait::run(&client, &name, timeout).await
+        }
+        Follow::No => call.once(global.output).await,
     }
 }
 
@@ -176,6 +235,9 @@ fn empty_list_note(value: &Value, format: Format, target: &Target) -> Option<Str
     if format != Format::Table || !empty {
         return None;
     }
+    if let (request::View::Runs, Some(object), Some(ns)) = (target.view(), &target.object, &target.namespace) {
+        return Some(format!("No runs found for the subscription of namespace {ns} to {}.\n", object.name));
+    }
     Some(match &target.namespace {
         Some(ns) => format!("No {} found in namespace {ns}.\n", target.resource),
         None => format!("No {} found.\n", target.resource),
@@ -184,7 +246,7 @@ fn empty_list_note(value: &Value, format: Format, target: &Target) -> Option<Str
 
 /// Writes to stdout. A reader that went away (`| head`) is not an error
 /// worth a message: [`Error::StdoutClosed`] ends the command quietly.
-fn emit(bytes: &[u8]) -> Result<(), Error> {
+pub(crate) fn emit(bytes: &[u8]) -> Result<(), Error> {
     let mut out = std::io::stdout().lock();
     match out.write_all(bytes).and_then(|()| out.flush()) {
         Ok(()) => Ok(()),

@@ -90,7 +90,8 @@ pub fn table(value: &Value, view: View) -> String {
         View::RegistrationStatus if value.get("subscribers").is_some_and(Value::is_array) => {
             return status_table(value);
         }
-        View::RegistrationStatus | View::Generic => return generic_table(value),
+        View::Runs if is_list(value) => return crate::runs::table(value),
+        View::RegistrationStatus | View::Runs | View::Generic => return generic_table(value),
     };
     let rows = rows_of(value);
     if rows.is_empty() {
@@ -166,7 +167,7 @@ fn is_tabular(value: &Value) -> bool {
 }
 
 /// One cell's text, on one line.
-fn cell(value: Option<&Value>) -> String {
+pub(crate) fn cell(value: Option<&Value>) -> String {
     let text = match value {
         None | Some(Value::Null) => return NONE.to_string(),
         Some(Value::String(text)) => text.clone(),
@@ -222,7 +223,7 @@ fn escape_json_controls(text: &str) -> String {
         .collect()
 }
 
-fn layout(headers: Vec<String>, rows: Vec<Vec<String>>) -> String {
+pub(crate) fn layout(headers: Vec<String>, rows: Vec<Vec<String>>) -> String {
     let mut widths: Vec<usize> = headers.iter().map(|h| h.chars().count()).collect();
     for row in &rows {
         for (width, cell) in widths.iter_mut().zip(row) {

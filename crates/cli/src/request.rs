@@ -33,7 +33,7 @@ pub const CATALOG: &str = "catalog.example.com";
 pub const VERSION: &str = "v1";
 
 /// Catalog subresources: what may follow `NAME/`.
-pub const SUBRESOURCES: [&str; 3] = ["sync", "status", "tokens"];
+pub const SUBRESOURCES: [&str; 4] = ["sync", "status", "tokens", "runs"];
 
 /// Catalog resources that live under `/namespaces/NS/`.
 const NAMESPACED: [&str; 2] = ["subscriptions", "rolebindings"];
@@ -113,7 +113,7 @@ impl ObjectRef {
         {
             let allowed_len = match first.as_str() {
                 "sync" | "status" => 1,
-                "tokens" => 2,
+                "tokens" | "runs" => 2,
                 _ => {
                     return Err(invalid(format!(
                         "invalid NAME {text:?}: unknown subresource {first:?} (the catalog's are {})",
@@ -141,6 +141,8 @@ pub enum View {
     Registrations,
     RegistrationStatus,
     Namespaces,
+    /// A subscription's runs (`subscriptions API/runs`).
+    Runs,
     Generic,
 }
 
@@ -179,8 +181,10 @@ impl Target {
     pub fn is_collection(&self) -> bool {
         match &self.object {
             None => true,
-            // `users NAME/tokens` lists a user's tokens.
-            Some(object) => self.is_catalog() && object.sub.len() == 1 && object.subresource() == Some("tokens"),
+            // `users NAME/tokens` lists a user's tokens, `subscriptions API/runs` its runs.
+            Some(object) => {
+                self.is_catalog() && object.sub.len() == 1 && matches!(object.subresource(), Some("tokens" | "runs"))
+            }
         }
     }
 
@@ -194,6 +198,7 @@ impl Target {
             ("subscriptions", None | Some("sync")) => View::Subscriptions,
             ("apiregistrations", None | Some("sync")) => View::Registrations,
             ("apiregistrations", Some("status")) => View::RegistrationStatus,
+            ("subscriptions", Some("runs")) => View::Runs,
             ("namespaces", None) => View::Namespaces,
             _ => View::Generic,
         }

@@ -1,8 +1,13 @@
-//! `get --watch` and `--until-synced`: poll, show changes, stop when synced.
+//! `get --watch` and `--until-synced`.
 //!
-//! Polling (not a server-side watch) is deliberate: the catalog API has no
-//! watch endpoint, and a subscription or a registration's status is one
-//! small GET. The loop is written against a `fetch` closure and a `show`
+//! `--watch` on a catalog object or collection follows the server's watch
+//! stream (§4.5, `?watch=true`, NDJSON) and prints one row per event as it
+//! arrives, with the event's type in front ([`Printer`]). A gateway answer
+//! has no stream, so there `--watch` polls like `--until-synced` does.
+//!
+//! `--until-synced` polls: a subscription or a registration's status is
+//! one small GET, and the decision "synced yet?" is made on the whole
+//! answer. The loop is written against a `fetch` closure and a `show`
 //! callback so it is tested with paused tokio time, without a server.
 //!
 //! Failures while watching: a 4xx (the object was deleted, the token
@@ -15,7 +20,10 @@ use std::time::Duration;
 
 use serde_json::Value;
 
+use crate::client::Client;
 use crate::error::{Error, invalid};
+use crate::output::{Format, render, table};
+use crate::request::{Request, View};
 
 /// The watch flags of `get`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -96,8 +104,86 @@ where
     }
 }
 
+/// Follows the watch stream of `request` and hands each event's printed
+/// form to `emit`, until the server ends the stream (an error: the watch
+/// did not run "until Ctrl-C") or `emit` fails.
+pub async fn follow(
+    client: &Client,
+    request: &Request,
+    mut printer: Printer,
+    mut emit: impl FnMut(&str) -> Result<(), Error>,
+) -> Result<(), Error> {
+    let mut response = client.watch(request).await?;
+    let mut buffer: Vec<u8> = Vec::new();
+    loop {
+        match response.chunk().await {
+            Ok(Some(bytes)) => buffer.extend_from_slice(&bytes),
+            Ok(None) => return Err(Error::Transport("the server ended the watch stream".into())),
+            Err(e) => return Err(client.transport(&e)),
+        }
+        while let Some(at) = buffer.iter().position(|b| *b == b'\n') {
+            let line: Vec<u8> = buffer.drain(..=at).collect();
+            let line = String::from_utf8_lossy(&line);
+            if line.trim().is_empty() {
+                continue;
+            }
+            let text = printer.event(line.trim())?;
+            emit(&text)?;
+        }
+    }
+}
+
+/// Turns watch events into output, one event at a time.
+#[derive(Debug)]
+pub struct Printer {
+    format: Format,
+    view: View,
+    header_shown: bool,
+}
+
+/// Width of the `EVENT` column: `MODIFIED` and three spaces.
+const EVENT_WIDTH: usize = 11;
+
+impl Printer {
+    pub fn new(format: Format, view: View) -> Printer {
+        Printer { format, view, header_shown: false }
+    }
+
+    /// The text for one NDJSON event line: a table row (the header before
+    /// the first), one JSON line, or one YAML document.
+    pub fn event(&mut self, line: &str) -> Result<String, Error> {
+        let event: Value = serde_json::from_str(line)
+            .map_err(|e| Error::Transport(format!("the watch stream sent something that is not JSON: {e}")))?;
+        let kind = event.get("type").and_then(Value::as_str).unwrap_or("?").to_string();
+        let object = event.get("object").cloned().unwrap_or(Value::Null);
+        match self.format {
+            Format::Json => {
+                let mut text = serde_json::to_string(&event).map_err(|e| invalid(format!("render JSON: {e}")))?;
+                text.push('\n');
+                Ok(text)
+            }
+            Format::Yaml => Ok(format!("---\n{}", render(&event, self.view, Format::Yaml)?)),
+            Format::Table => {
+                // The object as a one-row table; its header once.
+                let rendered = table(&serde_json::json!({"items": [object]}), self.view);
+                let mut lines = rendered.lines();
+                let header = lines.next().unwrap_or_default();
+                let mut text = String::new();
+                if !self.header_shown {
+                    text.push_str(&format!("{:<EVENT_WIDTH$}{header}\n", "EVENT"));
+                    self.header_shown = true;
+                }
+                for row in lines {
+                    text.push_str(&format!("{kind:<EVENT_WIDTH$}{row}\n"));
+                }
+                Ok(text)
+            }
+        }
+    }
+}
+
 /// `90s` → `1m30s`, `1500ms` → `1.5s`, for messages.
-fn human(duration: Duration) -> String {
+pub(crate) fn human(duration: Duration) -> String {
     let millis = duration.as_millis();
     if !millis.is_multiple_of(1000) {
         return format!("{}s", duration.as_secs_f64());
@@ -211,6 +297,24 @@ mod tests {
         .await;
         assert_eq!(result, Err(invalid("enough")));
         assert_eq!(seen, 5);
+    }
+
+    #[test]
+    fn printer_shows_a_row_per_event_with_the_header_once() {
+        let mut printer = Printer::new(Format::Table, View::Namespaces);
+        let added = printer.event(r#"{"type":"ADDED","object":{"name":"core","active":false,"description":""}}"#);
+        let added = added.unwrap();
+        let lines: Vec<&str> = added.lines().collect();
+        assert_eq!(lines.len(), 2, "{added}");
+        assert!(lines[0].starts_with("EVENT      NAME"), "{added}");
+        assert!(lines[1].starts_with("ADDED      core"), "{added}");
+        let modified = printer.event(r#"{"type":"MODIFIED","object":{"name":"core","active":true}}"#).unwrap();
+        assert_eq!(modified.lines().count(), 1);
+        assert!(modified.starts_with("MODIFIED   core"), "{modified}");
+        let mut json = Printer::new(Format::Json, View::Generic);
+        let line = json.event(r#"{"type":"DELETED","object":{"name":"x"}}"#).unwrap();
+        assert_eq!(serde_json::from_str::<Value>(&line).unwrap()["type"], "DELETED");
+        assert!(json.event("not json").is_err());
     }
 
     #[test]

@@ -97,10 +97,10 @@ impl AppState {
 }
 
 impl AppState {
-    /// The same state with the watch streams' tunables replaced (tests
-    /// shorten the keep-alive and re-check intervals).
-    pub fn with_watch_options(mut self, options: api::WatchOptions) -> Self {
-        self.api = ApiState::with_watch_options(self.api.repo.clone(), self.api.max_body_bytes, options);
+    /// The same state with its watch streams served by `hub` (tests keep a
+    /// handle on it, with shortened intervals).
+    pub fn with_hub(mut self, hub: api::Hub) -> Self {
+        self.api.hub = hub;
         self
     }
 }
@@ -165,20 +165,22 @@ pub async fn run(
     listener: TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
-    let request_timeout = config.database.request_timeout.0;
-    let cache = AuthCache::start(&store, &config.platform, &config.region, request_timeout);
-    let state = AppState::cached(&config, store, cache);
-    run_with(config, state, listener, shutdown).await
+    let hub = api::Hub::new(store.clone(), api::WatchOptions::default());
+    run_with(config, store, listener, shutdown, hub).await
 }
 
-/// [`run`] with a state built by the caller (see [`AppState::with_watch_options`]).
+/// [`run`] with the watch streams served by `hub` (tests shorten its
+/// intervals and count its store watches).
 pub async fn run_with(
     config: Config,
-    state: AppState,
+    store: Store,
     listener: TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
+    hub: api::Hub,
 ) -> anyhow::Result<()> {
     let request_timeout = config.database.request_timeout.0;
+    let cache = AuthCache::start(&store, &config.platform, &config.region, request_timeout);
+    let state = AppState::cached(&config, store, cache).with_hub(hub);
     if !config.auth.bootstrap_token.is_empty() {
         state.api.repo.bootstrap_admin(&config.auth.bootstrap_token).await.context("bootstrap the admin user")?;
         tracing::info!(user = kayra_catalog::repo::auth::BOOTSTRAP_USER, "bootstrap admin ensured");

@@ -299,6 +299,16 @@ mod tests {
     }
 
     #[test]
+    fn defaults_keep_the_contract() {
+        let options = WatchOptions::default();
+        // §4.5: a keep-alive after at most 15 s of silence; a revoked
+        // stream closed within 1 s, re-check latency included.
+        assert!(options.keep_alive <= Duration::from_secs(15));
+        assert!(options.recheck <= Duration::from_millis(500));
+        assert!(options.capacity >= 1024);
+    }
+
+    #[test]
     fn key_ranges_select_their_keys_only() {
         let mut map = BTreeMap::new();
         for key in ["/a/", "/a/x", "/a/x/1", "/a/xy", "/b/x"] {

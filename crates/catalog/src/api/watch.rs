@@ -436,3 +436,44 @@ impl Stream {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use futures::StreamExt;
+    use kayra_store::Store;
+
+    use super::*;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_stream_that_falls_behind_is_closed() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = kayra_config::DatabaseConfig::local(kayra_testkit::local_config(dir.path()));
+        let store = Store::open(&config).await.unwrap();
+        let repo = Repository::new(store.clone(), "dev", "local");
+        // Re-checks far apart: the empty token would fail them.
+        let options = WatchOptions { capacity: 4, recheck: Duration::from_secs(600), ..WatchOptions::default() };
+        let hub = Hub::new(store, options);
+        let namespace = |name: &str| Namespace { name: name.into(), ..Namespace::default() };
+        repo.create(&keys::namespace("a"), &namespace("a"), "namespace").await.unwrap();
+        let watcher = Watcher { user: "admin".into(), token: String::new(), resource: "namespaces" };
+        let response = open(&hub, &repo, Watched::Namespaces, &HashMap::new(), watcher, false).await.unwrap();
+        let mut body = response.into_body().into_data_stream();
+        let first = body.next().await.unwrap().unwrap();
+        assert!(std::str::from_utf8(&first).unwrap().starts_with(r#"{"type":"ADDED","object":{"name":"a""#));
+
+        // Many more changes than the stream may fall behind, while it is not read.
+        for i in 0..20 {
+            repo.create(&keys::namespace(&format!("n{i:02}")), &namespace(&format!("n{i:02}")), "namespace")
+                .await
+                .unwrap();
+        }
+        let feed = hub.feed(keys::NAMESPACES);
+        kayra_testkit::eventually("the feed to see every write", || async { feed.get("/namespaces/n19").is_some() })
+            .await;
+        let rest = tokio::time::timeout(Duration::from_secs(10), body.collect::<Vec<_>>()).await.expect("closed");
+        assert!(rest.is_empty(), "a lagging stream ends instead of catching up: {rest:?}");
+        assert_eq!(hub.feed_count(), 1);
+    }
+}

@@ -9,6 +9,7 @@
 mod common;
 
 mod errors;
+mod fanout;
 mod gateway;
 mod seed;
 mod verbs;

@@ -78,7 +78,7 @@ async fn watch_prints_each_change_until_interrupted() {
     cli.run(&["create", "catalog", "-n", "core", "subscriptions", "compute.example.com"]).await.ok();
 
     let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_kayra-cli"))
-        .args(["get", "catalog", "-n", "core", "subscriptions", "compute.example.com", "--watch", "--interval", "50ms"])
+        .args(["get", "catalog", "-n", "core", "subscriptions", "compute.example.com", "--watch"])
         .env("KAYRA_SERVER", &cli.server)
         .env("KAYRA_TOKEN", cli.token.as_deref().unwrap())
         .stdout(std::process::Stdio::piped())
@@ -88,13 +88,14 @@ async fn watch_prints_each_change_until_interrupted() {
     let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
     let mut next = async || lines.next_line().await.unwrap().expect("watch still running");
 
-    assert!(next().await.starts_with("API "));
+    // The header once, then a row per event, the event's type first.
+    assert!(next().await.starts_with("EVENT      API "));
     let first = next().await;
-    assert!(first.starts_with("compute.example.com   false    init"), "{first}");
-    // A new expected SyncID is a change: printed again, header and row.
+    assert!(first.starts_with("ADDED      compute.example.com   false    init"), "{first}");
+    // A new expected SyncID is a change of the subscription: one more row.
     cli.run(&["patch", "catalog", "apiregistrations", "compute.example.com", "-d", "sync_id: moved-on"]).await.ok();
-    assert!(next().await.starts_with("API "));
     let second = next().await;
+    assert!(second.starts_with("MODIFIED   compute.example.com"), "{second}");
     assert!(second.contains("moved-on"), "{second}");
 
     let pid = child.id().unwrap().to_string();

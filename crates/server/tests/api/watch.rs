@@ -266,6 +266,20 @@ both_backends! {
         server.call(Method::GET, "/namespaces/core?watch=true", Some(&token), None).await.error(403, &["watch"]);
     }
 
+    async fn open_streams_do_not_hold_up_shutdown(server: Server) {
+        server.namespace("core").await;
+        let mut ndjson = Events::open(&server, "/namespaces", &server.admin, false).await;
+        let mut sse = Events::open(&server, "/namespaces/core", &server.admin, true).await;
+        ndjson.expect("ADDED", "name", "core").await;
+        sse.expect("ADDED", "name", "core").await;
+        let started = Instant::now();
+        server.shutdown().await.expect("clean shutdown");
+        // Far below the 30 s drain: the streams end as shutdown begins.
+        assert!(started.elapsed() < Duration::from_secs(5), "shutdown took {:?}", started.elapsed());
+        ndjson.ended(PATIENCE).await;
+        sse.ended(PATIENCE).await;
+    }
+
     async fn many_streams_share_one_store_watch_per_prefix(server: Server) {
         server.namespace("core").await;
         let mut streams = Vec::new();

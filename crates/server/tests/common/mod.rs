@@ -164,9 +164,8 @@ impl Server {
         let addr = listener.local_addr().expect("local address");
         let stop = CancellationToken::new();
         let shutdown = stop.clone().cancelled_owned();
-        let state = kayra_server::AppState::new(&config, store).with_watch_options(watch_options());
-        let hub = state.api.hub.clone();
-        let task = tokio::spawn(kayra_server::run_with(config.clone(), state, listener, shutdown));
+        let hub = kayra_catalog::api::Hub::new(store.clone(), watch_options());
+        let task = tokio::spawn(kayra_server::run_with(config.clone(), store, listener, shutdown, hub.clone()));
         let scheme = if config.server.tls.is_some() { "https" } else { "http" };
         let server = Server {
             backend,

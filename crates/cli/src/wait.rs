@@ -1,0 +1,206 @@
+//! `update catalog apiregistrations NAME/sync --wait`: bump the SyncID,
+//! then show the fan-out's progress until every subscriber is synced or
+//! failed (platform §9).
+//!
+//! Progress comes from `GET .../apiregistrations/NAME/status` (its
+//! `synced`, `failed`, `pending` of `total`), polled every [`POLL`]. It is
+//! drawn as a progress bar when stdout is a terminal, and as one plain line
+//! per change otherwise (logs, CI, tests). The fan-out is over once
+//! `pending` has stayed 0 for [`SETTLE`]: a failure's immediate retry is
+//! still pending-to-be for a moment, and must be given the chance to land.
+//!
+//! Exit: 0 when all are synced; 1 when any failed (or the PUT itself was
+//! refused); 3 on `--timeout`.
+
+use std::io::IsTerminal;
+use std::time::Duration;
+
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use serde_json::Value;
+use tokio::time::Instant;
+
+use crate::args::Verb;
+use crate::client::{Body, Client};
+use crate::error::{Error, invalid};
+use crate::request::{Request, Target};
+use crate::watch::human;
+
+/// Time between two status reads.
+pub const POLL: Duration = Duration::from_millis(200);
+/// How long `pending` must stay 0 before the fan-out counts as done.
+pub const SETTLE: Duration = Duration::from_secs(2);
+
+/// The counts of a `/status` answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Counts {
+    pub total: u64,
+    pub synced: u64,
+    pub failed: u64,
+    pub pending: u64,
+}
+
+impl Counts {
+    fn of(status: &Value) -> Option<Counts> {
+        let n = |key: &str| status.get(key).and_then(Value::as_u64);
+        Some(Counts { total: n("total")?, synced: n("synced")?, failed: n("failed")?, pending: n("pending")? })
+    }
+}
+
+impl std::fmt::Display for Counts {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{} synced, {} failed, {} pending", self.synced, self.total, self.failed, self.pending)
+    }
+}
+
+/// Decides when the fan-out is over: `pending` 0 for [`SETTLE`] in a row.
+#[derive(Debug, Default)]
+pub struct Settle {
+    zero_since: Option<Instant>,
+}
+
+impl Settle {
+    /// Records one reading; true once the fan-out is over.
+    pub fn observe(&mut self, counts: Counts, now: Instant) -> bool {
+        if counts.pending > 0 {
+            self.zero_since = None;
+            return false;
+        }
+        let since = *self.zero_since.get_or_insert(now);
+        now.duration_since(since) >= SETTLE
+    }
+}
+
+/// How progress is shown.
+enum Display {
+    Bar(ProgressBar),
+    Lines(Option<Counts>),
+}
+
+impl Display {
+    fn new() -> Display {
+        if std::io::stdout().is_terminal() {
+            let bar = ProgressBar::with_draw_target(None, ProgressDrawTarget::stdout());
+            let style = ProgressStyle::with_template("{spinner} [{bar:40}] {msg} ({elapsed})")
+                .unwrap_or_else(|_| ProgressStyle::default_bar())
+                .progress_chars("=> ");
+            bar.set_style(style);
+            bar.enable_steady_tick(Duration::from_millis(120));
+            Display::Bar(bar)
+        } else {
+            Display::Lines(None)
+        }
+    }
+
+    fn show(&mut self, counts: Counts) -> Result<(), Error> {
+        match self {
+            Display::Bar(bar) => {
+                bar.set_length(counts.total);
+                bar.set_position(counts.synced + counts.failed);
+                bar.set_message(counts.to_string());
+                Ok(())
+            }
+            Display::Lines(last) if *last != Some(counts) => {
+                *last = Some(counts);
+                crate::emit(format!("{counts}\n").as_bytes())
+            }
+            Display::Lines(_) => Ok(()),
+        }
+    }
+
+    fn finish(&mut self, counts: Counts) {
+        if let Display::Bar(bar) = self {
+            bar.finish_with_message(counts.to_string());
+        }
+    }
+}
+
+/// Waits for the fan-out of registration `name` after its `/sync`.
+pub async fn run(client: &Client, name: &str, timeout: Duration) -> Result<(), Error> {
+    let target = Target::new("catalog", None, "apiregistrations", Some(&format!("{name}/status")))?;
+    let request = Request::build(Verb::Get, &target, None)?;
+    let mut display = Display::new();
+    let mut settle = Settle::default();
+    let mut warned: Option<String> = None;
+    let mut counts: Option<Counts> = None;
+    let deadline = Instant::now() + timeout;
+    let (counts, status) = loop {
+        match client.send(&request).await {
+            Ok(Body::Json(answer)) => {
+                let Some(now) = Counts::of(&answer) else {
+                    return Err(invalid("the server's /status has no synced/failed/pending counts (too old?)"));
+                };
+                warned = None;
+                display.show(now)?;
+                counts = Some(now);
+                if settle.observe(now, Instant::now()) {
+                    break (now, answer);
+                }
+            }
+            Ok(_) => return Err(Error::Transport("the status answer is not JSON".into())),
+            Err(e) if e.is_transient() => {
+                let text = e.to_string();
+                if warned.as_deref() != Some(text.as_str()) {
+                    eprintln!("{text} (retrying)");
+                    warned = Some(text);
+                }
+            }
+            Err(e) => return Err(e),
+        }
+        if Instant::now() + POLL > deadline {
+            let shown = counts.map_or_else(|| "no status yet".to_string(), |c| c.to_string());
+            if let Some(counts) = counts {
+                display.finish(counts);
+            }
+            return Err(Error::NotSynced(format!("not every subscriber synced after {}: {shown}", human(timeout))));
+        }
+        tokio::time::sleep(POLL).await;
+    };
+    display.finish(counts);
+    if counts.failed > 0 {
+        let failed: Vec<&str> = status["subscribers"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|s| s["synced"] == false && s["state"] == "error")
+            .filter_map(|s| s["namespace"].as_str())
+            .collect();
+        return Err(invalid(format!(
+            "{} of {} subscribers failed to sync to {}: {}",
+            counts.failed,
+            counts.total,
+            status["sync_id"].as_str().unwrap_or_default(),
+            failed.join(", ")
+        )));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn counts(pending: u64) -> Counts {
+        Counts { total: 3, synced: 3 - pending, failed: 0, pending }
+    }
+
+    #[test]
+    fn settles_only_after_pending_stays_zero() {
+        let start = Instant::now();
+        let mut settle = Settle::default();
+        assert!(!settle.observe(counts(2), start));
+        assert!(!settle.observe(counts(0), start + Duration::from_secs(1)));
+        // The immediate retry: pending again, the clock restarts.
+        assert!(!settle.observe(counts(1), start + Duration::from_millis(2500)));
+        assert!(!settle.observe(counts(0), start + Duration::from_secs(3)));
+        assert!(!settle.observe(counts(0), start + Duration::from_millis(4900)));
+        assert!(settle.observe(counts(0), start + Duration::from_secs(5)));
+    }
+
+    #[test]
+    fn counts_read_and_show() {
+        let status = serde_json::json!({"total": 5, "synced": 2, "failed": 1, "pending": 2});
+        let c = Counts::of(&status).unwrap();
+        assert_eq!(c.to_string(), "2/5 synced, 1 failed, 2 pending");
+        assert_eq!(Counts::of(&serde_json::json!({"total": 1, "synced": 1})), None);
+    }
+}
