@@ -464,9 +464,6 @@ async fn console_pages_ten_thousand_subscribers() {
 /// A subscription's page shows its run history, newest first, with every
 /// step of a pipeline that ran against the recording backend, and a new
 /// run appears without a reload.
-///
-/// Needs the reconciler to record runs (branch `queue`); the runs API is here.
-#[ignore = "needs run recording by the reconciler (branch queue)"]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn console_shows_run_history_with_step_details() {
     let w = World::start(true).await;

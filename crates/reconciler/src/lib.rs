@@ -390,13 +390,10 @@ impl Reconciler {
                         view.delete_subscription(&namespace, &api);
                         view.delete_given_up(&namespace, &api)
                     };
-                    let repo = self.worker.repo.clone();
-                    self.tracker.spawn(async move {
-                        if had_record {
-                            ensure::forget_given_up(&repo, &namespace, &api).await;
-                        }
-                        runs::forget_cursor(&repo, &namespace, &api).await;
-                    });
+                    if had_record {
+                        let repo = self.worker.repo.clone();
+                        self.tracker.spawn(async move { ensure::forget_given_up(&repo, &namespace, &api).await });
+                    }
                 }
             }
             (Kind::Attempt, Event::Put(kv)) => {

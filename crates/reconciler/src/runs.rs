@@ -4,10 +4,10 @@
 //! Key layout: `keys::runs(p, r, ns, api)` + a ring slot `seq % run_history`,
 //! so each new run overwrites the oldest and a subscription never holds more
 //! than `run_history` runs, with no extra read or delete. `seq` is kept in a
-//! small cursor record next to that prefix (`/runs/<p>/<r>/<ns>/<api>`, no
-//! trailing slash, so the API's listing of the prefix never sees it): read
-//! in the job's one fresh read under the lock, advanced in the result's
-//! transaction.
+//! small cursor record (`keys::run_cursor`, outside `/runs/` so readers of
+//! run records never see it): read in the job's one fresh read under the
+//! lock, advanced in the result's transaction, deleted with the
+//! subscription (in the catalog's delete transaction).
 
 use std::sync::OnceLock;
 use std::time::SystemTime;
@@ -57,10 +57,8 @@ pub fn identity() -> &'static str {
     })
 }
 
-/// The cursor's key: the runs prefix without its trailing slash.
 pub fn cursor_key(repo: &Repository, namespace: &str, api: &str) -> String {
-    let prefix = keys::runs(repo.platform(), repo.region(), namespace, api);
-    prefix.trim_end_matches('/').to_string()
+    keys::run_cursor(repo.platform(), repo.region(), namespace, api)
 }
 
 /// The ops that record `run` as run number `seq` of its subscription,
@@ -86,15 +84,6 @@ pub fn record_ops(repo: &Repository, history: usize, seq: u64, run: &Run) -> Vec
 pub fn sync_lag(reg: &ApiRegistration) -> Option<f64> {
     let at = humantime::parse_rfc3339_weak(reg.sync_id_updated_at.trim()).ok()?;
     Some(SystemTime::now().duration_since(at).map(|d| d.as_secs_f64()).unwrap_or(0.0))
-}
-
-/// Forgets a deleted subscription's run cursor (its runs went with it).
-pub async fn forget_cursor(repo: &Repository, namespace: &str, api: &str) {
-    let key = cursor_key(repo, namespace, api);
-    let txn = kayra_store::Txn::new().then(Op::Delete { key: key.clone() });
-    if let Err(e) = repo.store().txn(txn).await {
-        tracing::warn!(key, error = %e, "could not remove a deleted subscription's run cursor");
-    }
 }
 
 #[cfg(test)]

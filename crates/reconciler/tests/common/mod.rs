@@ -4,6 +4,8 @@
 
 #![allow(dead_code)]
 
+pub mod echo;
+
 pub use kayra_testkit::{backend, eventually};
 
 use kayra_catalog::repo::{Repository, keys};
