@@ -252,6 +252,35 @@ async fn run_history_zero_records_none_and_clears_older_ones(kind: Kind) {
     assert!(runs(&repo, "core", API).await.is_empty(), "older runs go at the next write");
 }
 
+/// A shutdown between steps: the run is recorded as `cancelled` with the
+/// steps it made, and the subscription is left as it was.
+async fn a_run_stopped_by_shutdown_is_recorded_as_cancelled(kind: Kind) {
+    let store = store(kind).await;
+    let repo = Repository::new(store.store.clone(), "dev", "local");
+    let (seed, backend) = (Seed(&repo), TestBackend::start().await);
+    let base = &backend.base;
+    let yaml = format!("- method: post\n  endpoint: \"{base}/hold/a\"\n- method: post\n  endpoint: \"{base}/ok/b\"\n");
+    let mut cfg = config();
+    cfg.mode.insert("api".into(), serde_norway::from_str(&yaml).unwrap());
+    seed.registration(API, "api", "s1").await;
+    seed.subscription("core", API).await;
+    let running = start_reconciler(&repo, cfg);
+    backend.wait_for("/hold/a", 1).await;
+    running.cancel.cancel();
+    backend.release(1);
+    running.stop().await;
+    let all = runs(&repo, "core", API).await;
+    assert_eq!(all.len(), 1, "{all:?}");
+    assert_eq!(
+        (all[0].result, all[0].trigger, all[0].steps.len()),
+        (RunResult::Cancelled, RunTrigger::Startup, 1),
+        "{all:?}"
+    );
+    assert_eq!(backend.count("/ok/b"), 0, "stopped between steps");
+    let sub = seed.get("core", API).await;
+    assert!(!sub.active && sub.state == SubscriptionState::Init, "{sub:?}");
+}
+
 /// Every log line of this test binary, as text (`key=value` span fields).
 fn log_lines() -> Vec<String> {
     let buf = LOGS.get().expect("logging installed").lock().unwrap();
@@ -311,4 +340,5 @@ runs_tests!(
     steps_are_recorded_exactly_and_carry_the_run_id,
     placeholder_runs_have_no_steps_and_retention_holds,
     run_history_zero_records_none_and_clears_older_ones,
+    a_run_stopped_by_shutdown_is_recorded_as_cancelled,
 );
