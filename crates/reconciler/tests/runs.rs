@@ -157,7 +157,7 @@ async fn steps_are_recorded_exactly_and_carry_the_run_id(kind: Kind) {
     let base = &backend.base;
     let yaml = format!(
         "- method: post\n  endpoint: \"{base}/deploy/{{{{ .Subscription.Namespace }}}}\"\n  headers:\n    Idempotency-Key: \"{{{{ .Run.ID }}}}\"\n  outputs:\n    JobID: .id\n\
-         - method: get\n  endpoint: \"{base}/check/{{{{ .Run.ID }}}}\"\n"
+         - method: get\n  endpoint: \"{base}/check/{{{{ .Run.ID }}}}\"\n  headers:\n    X-Job: \"{{{{ .Previous.Outputs.JobID }}}}\"\n"
     );
     let mut cfg = config();
     cfg.mode.insert("api".into(), serde_norway::from_str(&yaml).unwrap());
@@ -183,13 +183,15 @@ async fn steps_are_recorded_exactly_and_carry_the_run_id(kind: Kind) {
         outputs: outputs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
     };
     assert_eq!(run.steps.len(), 2, "{run:?}");
-    assert_eq!(run.steps[0], step(0, "POST", format!("{base}/deploy/{ns}"), &[("JobID", "77")], &run.steps[0]));
+    assert_eq!(run.steps[0], step(0, "POST", format!("{base}/deploy/{ns}"), &[("JobID", "<redacted>")], &run.steps[0]));
     assert_eq!(run.steps[1], step(1, "GET", format!("{base}/check/{}", run.id), &[], &run.steps[1]));
     // `.Run.ID` as the backend received it, in a header and in a path.
     let requests = backend.requests();
     assert_eq!(requests.len(), 2, "{requests:?}");
     assert_eq!(requests[0].headers.get("idempotency-key"), Some(&run.id), "{requests:?}");
     assert_eq!(requests[1].path, format!("/check/{}", run.id));
+    // An output a later step's header reads is sent, never recorded.
+    assert_eq!(requests[1].headers.get("x-job").map(String::as_str), Some("77"), "{requests:?}");
 
     // `run_id` on every line of the run, equal to the recorded id.
     let lines = log_lines();
