@@ -6,6 +6,7 @@
 
 pub mod echo;
 
+#[allow(unused_imports)]
 pub use kayra_testkit::{backend, eventually};
 
 use kayra_catalog::repo::{Repository, keys};
