@@ -521,6 +521,13 @@ async fn console_shows_run_history_with_step_details() {
         .await;
     assert_eq!(step[1], "POST");
     assert_eq!(step[4], "500");
+
+    // Runs go with their subscription: its /runs then answer 404.
+    let runs = format!("/namespaces/core/subscriptions/{NETWORK}/runs");
+    let listed = w.call(Method::GET, &runs, None, 200).await;
+    assert_eq!(listed["items"].as_array().map(Vec::len), Some(2), "an error run and its retry: {listed}");
+    w.call(Method::DELETE, &format!("/namespaces/core/subscriptions/{NETWORK}"), None, 204).await;
+    w.call(Method::GET, &runs, None, 404).await;
 }
 
 /// Run records as the reconciler stores them (§4.4), written here directly:
