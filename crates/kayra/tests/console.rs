@@ -464,9 +464,6 @@ async fn console_pages_ten_thousand_subscribers() {
 /// A subscription's page shows its run history, newest first, with every
 /// step of a pipeline that ran against the recording backend, and a new
 /// run appears without a reload.
-///
-/// Needs the reconciler to record runs (branch `queue`); the runs API is here.
-#[ignore = "needs run recording by the reconciler (branch queue)"]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn console_shows_run_history_with_step_details() {
     let w = World::start(true).await;
@@ -524,6 +521,13 @@ async fn console_shows_run_history_with_step_details() {
         .await;
     assert_eq!(step[1], "POST");
     assert_eq!(step[4], "500");
+
+    // Runs go with their subscription: its /runs then answer 404.
+    let runs = format!("/namespaces/core/subscriptions/{NETWORK}/runs");
+    let listed = w.call(Method::GET, &runs, None, 200).await;
+    assert_eq!(listed["items"].as_array().map(Vec::len), Some(2), "an error run and its retry: {listed}");
+    w.call(Method::DELETE, &format!("/namespaces/core/subscriptions/{NETWORK}"), None, 204).await;
+    w.call(Method::GET, &runs, None, 404).await;
 }
 
 /// Run records as the reconciler stores them (§4.4), written here directly:

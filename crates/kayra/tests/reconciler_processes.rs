@@ -227,6 +227,7 @@ async fn sigterm_finishes_the_in_flight_reconcile_and_exits_zero() {
         "kayra_work_queue_depth",
         "kayra_reconciler_job_panics_total",
         "kayra_subscriptions_behind",
+        "kayra_sync_lag_seconds",
     ] {
         assert!(metrics.contains(&format!("# HELP {name} ")), "{name} has no HELP:\n{metrics}");
         assert!(metrics.contains(&format!("# TYPE {name} ")), "{name} has no TYPE:\n{metrics}");

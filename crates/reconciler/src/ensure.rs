@@ -21,7 +21,7 @@ use tracing::Instrument;
 
 use kayra_catalog::repo::{Repository, Versioned};
 use kayra_config::ReconcilerConfig;
-use kayra_core::{ApiRegistration, Subscription};
+use kayra_core::{ApiRegistration, Run, RunResult, RunStep, RunTrigger, Subscription};
 use kayra_pipeline::Limits;
 use kayra_pipeline::{PipelineError, Pipelines, RunControl, SubscriptionContext};
 use kayra_store::{Compare, Op, Txn};
@@ -29,6 +29,7 @@ use kayra_store::{Compare, Op, Txn};
 use crate::decide::{self, Attempt, Decision, Observed, Outcome, Then, Write};
 use crate::locks::{Acquired, JobLocks};
 use crate::queue::{Cause, JobKey};
+use crate::runs::{self, Begun};
 use crate::view::View;
 
 /// A test-only fault injection: called with the job's key right before it
@@ -195,11 +196,12 @@ impl Worker {
     ) -> kayra_catalog::repo::Result<Option<std::time::Duration>> {
         let lock_id = run.lock_id;
         let mut failures = 0;
+        let mut next_trigger = Some(cause.trigger);
         loop {
             if self.cancel.is_cancelled() {
                 return Ok(None);
             }
-            let (sub, reg, given_up, read_at) = self.fresh(namespace, api).await?;
+            let (sub, reg, given_up, read_at, seq) = self.fresh(namespace, api).await?;
             let run = RunIds { fencing_token: run.fencing_token.or(Some(read_at)), ..run };
             let observed = Observed {
                 subscription: sub.as_ref().map(|s| (&s.value, s.revision)),
@@ -224,12 +226,20 @@ impl Worker {
             if let Some(fault) = &self.fault {
                 fault(key);
             }
+            // After a write to the subscription raced this job, the fresh
+            // record says what that write was.
+            let trigger = next_trigger.unwrap_or_else(|| written_trigger(&sub.value));
+            let begun = Begun::new(trigger);
             // One span per attempt, instrumenting (never entered across an
-            // await), so every line inside carries all four fields.
-            let span = tracing::info_span!("reconcile", namespace, api, lock_id, sync_id = %sync_id);
-            match self.attempt(sub, reg, failures, run).instrument(span).await? {
+            // await), so every line inside carries all five fields.
+            let span =
+                tracing::info_span!("reconcile", namespace, api, lock_id, sync_id = %sync_id, run_id = %begun.id);
+            match self.attempt(sub, reg, failures, run, &begun, seq).instrument(span).await? {
                 Step::Done => return Ok(None),
-                Step::Again { failures: f } => failures = f,
+                Step::Again { failures: f, trigger } => {
+                    failures = f;
+                    next_trigger = trigger;
+                }
             }
         }
     }
@@ -241,11 +251,13 @@ impl Worker {
         reg: &Versioned<ApiRegistration>,
         failures: u32,
         run: RunIds<'_>,
+        begun: &Begun,
+        seq: u64,
     ) -> kayra_catalog::repo::Result<Step> {
         let sync_id = &reg.value.sync_id;
         let started = Instant::now();
         metrics::gauge!(super::METRIC_IN_FLIGHT).increment(1.0);
-        let result = self.reconcile(&reg.value, &sub.value, run).await;
+        let (result, mode, steps) = self.reconcile(&reg.value, &sub.value, run, &begun.id).await;
         metrics::gauge!(super::METRIC_IN_FLIGHT).decrement(1.0);
         metrics::histogram!(super::METRIC_DURATION).record(started.elapsed().as_secs_f64());
         let outcome = match &result {
@@ -275,7 +287,28 @@ impl Worker {
             Ok(()) => {}
         }
         let (write, then) = decide::after(&sub.value, sync_id, outcome, failures);
-        let recorded = self.record(sub, &write, run.fence).await?;
+        let record = Run {
+            id: begun.id.clone(),
+            namespace: sub.value.namespace.clone(),
+            api: sub.value.api.clone(),
+            sync_id: sync_id.clone(),
+            mode,
+            trigger: begun.trigger,
+            result: match outcome {
+                Outcome::Succeeded => RunResult::Success,
+                Outcome::Failed => RunResult::Error,
+                Outcome::Cancelled => RunResult::Cancelled,
+                Outcome::Superseded => RunResult::Superseded,
+            },
+            error: result.as_ref().err().map(ToString::to_string).unwrap_or_default(),
+            started_at: begun.started_at.clone(),
+            finished_at: runs::now(),
+            lock_id: run.lock_id,
+            reconciler: runs::identity().to_string(),
+            steps,
+        };
+        let run_ops = runs::record_ops(&self.repo, self.config.run_history, seq, &record);
+        let recorded = self.record(sub, &write, run_ops, run.fence).await?;
         let after = match recorded {
             Recorded::Fenced => {
                 tracing::warn!("job lock lost during the reconcile (lease expired?); its result is not recorded");
@@ -283,7 +316,7 @@ impl Worker {
             }
             Recorded::Stale => {
                 tracing::info!("subscription changed during reconcile; deciding again");
-                return Ok(Step::Again { failures: 0 });
+                return Ok(Step::Again { failures: 0, trigger: None });
             }
             Recorded::Written(revision) => {
                 self.feed_back(sub, &write, revision);
@@ -292,6 +325,9 @@ impl Worker {
             Recorded::Unchanged => sub.revision,
         };
         if let Write::Success { .. } = write {
+            if let Some(lag) = runs::sync_lag(&reg.value) {
+                metrics::histogram!(super::METRIC_SYNC_LAG).record(lag);
+            }
             let what = if sub.value.active { "subscription reconciled" } else { "subscription activated" };
             tracing::info!(result = "success", "{what}");
         }
@@ -299,7 +335,7 @@ impl Worker {
             Then::Done => Ok(Step::Done),
             Then::RetryNow => {
                 tracing::info!("retrying once right away");
-                Ok(Step::Again { failures: failures + 1 })
+                Ok(Step::Again { failures: failures + 1, trigger: Some(RunTrigger::Retry) })
             }
             Then::GiveUp => {
                 let attempt = Attempt { subscription_revision: after, registration_revision: reg.revision };
@@ -310,34 +346,45 @@ impl Worker {
         }
     }
 
-    /// Writes the result in one transaction that commits only if the
-    /// subscription is still at the revision the decision was made on and,
-    /// on etcd, the job lock is still ours (fencing, platform contract §7).
+    /// Writes the result and its run record (`run_ops`) in one transaction
+    /// that commits only if the subscription is still at the revision the
+    /// decision was made on and, on etcd, the job lock is still ours
+    /// (fencing, platform contract §7). When only the run is new (a second
+    /// failure, a superseded run) the subscription is not rewritten, so its
+    /// watchers see no event.
     async fn record(
         &self,
         seen: &Versioned<Subscription>,
         write: &Write,
+        run_ops: Vec<Op>,
         fence: Option<&str>,
     ) -> kayra_catalog::repo::Result<Recorded> {
-        let Some(next) = written(&seen.value, write) else { return Ok(Recorded::Unchanged) };
-        if next == seen.value {
+        let next = written(&seen.value, write).filter(|next| *next != seen.value);
+        if next.is_none() && run_ops.is_empty() {
             return Ok(Recorded::Unchanged);
         }
-        let key = kayra_catalog::repo::keys::subscription(
-            self.repo.platform(),
-            self.repo.region(),
-            &seen.value.namespace,
-            &seen.value.api,
-        );
-        let value = serde_json::to_vec(&next)
-            .map_err(|e| kayra_catalog::repo::Error::Corrupt { key: key.clone(), message: e.to_string() })?;
-        let mut txn = Txn::new().when(Compare::ModRevision(key.clone(), seen.revision)).then(Op::Put { key, value });
+        let (p, r) = (self.repo.platform(), self.repo.region());
+        let (namespace, api) = (&seen.value.namespace, &seen.value.api);
+        let key = kayra_catalog::repo::keys::subscription(p, r, namespace, api);
+        let mut txn = Txn::new().when(Compare::ModRevision(key.clone(), seen.revision));
+        let rewrites = next.is_some();
+        if let Some(next) = next {
+            let value = serde_json::to_vec(&next)
+                .map_err(|e| kayra_catalog::repo::Error::Corrupt { key: key.clone(), message: e.to_string() })?;
+            txn = txn.then(Op::Put { key, value });
+            if self.config.run_history == 0 {
+                // run_history 0: older runs go at the next write.
+                txn = txn.then(Op::DeletePrefix { prefix: kayra_catalog::repo::keys::runs(p, r, namespace, api) });
+            }
+        }
+        txn = run_ops.into_iter().fold(txn, Txn::then);
         if let Some(fence) = fence {
             txn = txn.when(Compare::Exists(fence.to_string())).otherwise(Op::Get { key: fence.to_string() });
         }
         let resp = self.repo.store().txn(txn).await.map_err(kayra_catalog::repo::Error::from)?;
         Ok(match (resp.succeeded, fence, resp.gets.first()) {
-            (true, _, _) => Recorded::Written(resp.revision),
+            (true, _, _) if rewrites => Recorded::Written(resp.revision),
+            (true, _, _) => Recorded::Unchanged,
             (false, Some(_), Some(None)) => Recorded::Fenced,
             (false, _, _) => Recorded::Stale,
         })
@@ -357,13 +404,14 @@ impl Worker {
         reg: &ApiRegistration,
         sub: &Subscription,
         run: RunIds<'_>,
-    ) -> Result<(), ReconcileError> {
+        run_id: &str,
+    ) -> (Result<(), ReconcileError>, String, Vec<RunStep>) {
         let Some(mode) = self.config.resolve_mode(&reg.mode) else {
-            return Err(ReconcileError::NoMode(reg.name.clone()));
+            return (Err(ReconcileError::NoMode(reg.name.clone())), String::new(), Vec::new());
         };
         let Some(pipeline) = self.pipelines.get(mode) else {
             tracing::info!(mode, "mode has no steps configured: placeholder reconcile succeeds");
-            return Ok(());
+            return (Ok(()), mode.to_string(), Vec::new());
         };
         tracing::info!(mode, "running step pipeline");
         let ctx = SubscriptionContext {
@@ -375,7 +423,7 @@ impl Worker {
             current_sync_id: sub.current_sync_id.clone(),
             expected_sync_id: reg.sync_id.clone(),
             lock_id: run.lock_id,
-            run_id: String::new(),
+            run_id: run_id.to_string(),
             fencing_token: run.fencing_token.unwrap_or_default(),
         };
         let control = RunControl::new(self.cancel.clone());
@@ -392,8 +440,7 @@ impl Worker {
         {
             tracing::warn!(mode, error = %e, "could not record the backend's Retry-After");
         }
-        report.result?;
-        Ok(())
+        (report.result.map_err(ReconcileError::from), mode.to_string(), report.steps)
     }
 
     /// The one fresh read under the lock: subscription, registration and
@@ -404,11 +451,13 @@ impl Worker {
             kayra_catalog::repo::keys::subscription(p, r, namespace, api),
             kayra_catalog::repo::keys::registration(p, r, api),
             attempt_key(&self.repo, namespace, api),
+            runs::cursor_key(&self.repo, namespace, api),
         ];
         let txn = keys.iter().fold(Txn::new(), |txn, key| txn.then(Op::Get { key: key.clone() }));
         let resp = self.repo.store().txn(txn).await.map_err(kayra_catalog::repo::Error::from)?;
         let got = |i: usize| resp.gets.get(i).cloned().flatten();
-        Ok((decode(got(0))?, decode(got(1))?, decode::<Attempt>(got(2))?.map(|v| v.value), resp.revision))
+        let seq = decode::<runs::Cursor>(got(3))?.map_or(0, |c| c.value.next);
+        Ok((decode(got(0))?, decode(got(1))?, decode::<Attempt>(got(2))?.map(|v| v.value), resp.revision, seq))
     }
 
     async fn record_given_up(&self, namespace: &str, api: &str, attempt: &Attempt) -> kayra_catalog::repo::Result<()> {
@@ -455,8 +504,16 @@ pub async fn forget_given_up(repo: &Repository, namespace: &str, api: &str) {
     }
 }
 
+/// The fresh read: subscription, registration, given-up record, the read's
+/// store revision and the subscription's next run number.
 type Fresh =
-    (Option<Versioned<Subscription>>, Option<Versioned<ApiRegistration>>, Option<Attempt>, kayra_store::Revision);
+    (Option<Versioned<Subscription>>, Option<Versioned<ApiRegistration>>, Option<Attempt>, kayra_store::Revision, u64);
+
+/// The trigger of a run caused by a write to the subscription itself: the
+/// `/sync` reset (active with `current_sync_id` emptied) or any other write.
+fn written_trigger(sub: &Subscription) -> RunTrigger {
+    if sub.active && sub.current_sync_id.is_empty() { RunTrigger::Resync } else { RunTrigger::Initial }
+}
 
 fn decode<T: serde::de::DeserializeOwned>(
     kv: Option<kayra_store::KeyValue>,
@@ -498,8 +555,10 @@ enum Recorded {
 /// What [`Worker::attempt`] leaves to do.
 enum Step {
     Done,
-    /// Read the records fresh and decide again, with this many failures so far.
+    /// Read the records fresh and decide again, with this many failures so
+    /// far, as a run with this trigger (`None`: from the fresh record).
     Again {
         failures: u32,
+        trigger: Option<RunTrigger>,
     },
 }

@@ -28,6 +28,7 @@
 //! - [`queue`]: the work queue (coalescing, fair order).
 //! - [`pool`]: the numbered slots.
 //! - [`locks`]: cross-process job locks.
+//! - [`runs`]: the run records (§4.4).
 //! - [`view`]: the watch-fed view of this deployment.
 
 pub mod decide;
@@ -35,6 +36,7 @@ pub mod ensure;
 pub mod locks;
 pub mod pool;
 pub mod queue;
+pub mod runs;
 pub mod view;
 
 use std::collections::{HashMap, HashSet};
@@ -68,6 +70,7 @@ pub const METRIC_WATCH_EVENTS: &str = "kayra_reconciler_watch_events_total";
 pub const METRIC_QUEUE_DEPTH: &str = "kayra_work_queue_depth";
 pub const METRIC_PANICS: &str = "kayra_reconciler_job_panics_total";
 pub const METRIC_BEHIND: &str = "kayra_subscriptions_behind";
+pub const METRIC_SYNC_LAG: &str = "kayra_sync_lag_seconds";
 
 /// How often view-derived gauges (`kayra_subscriptions_behind`) are refreshed.
 const GAUGE_INTERVAL: Duration = Duration::from_secs(1);
@@ -494,6 +497,11 @@ fn describe_metrics() {
     describe_histogram!(METRIC_LOCK_WAIT, metrics::Unit::Seconds, "Time to take a free job lock.");
     describe_counter!(METRIC_WATCH_EVENTS, "Watch events seen, by resource.");
     describe_gauge!(METRIC_QUEUE_DEPTH, "Jobs waiting in the work queue.");
+    describe_histogram!(
+        METRIC_SYNC_LAG,
+        metrics::Unit::Seconds,
+        "A subscriber's sync time minus its registration's sync_id_updated_at."
+    );
     describe_counter!(METRIC_PANICS, "Reconcile jobs that panicked (their keys are queued again).");
     describe_gauge!(
         METRIC_BEHIND,
@@ -506,6 +514,8 @@ fn describe_metrics() {
         metrics::counter!(METRIC_WATCH_EVENTS, "resource" => resource).increment(0);
     }
     metrics::counter!(METRIC_PANICS).increment(0);
+    // Registered now, so the histogram is listed before the first sync.
+    let _ = metrics::histogram!(METRIC_SYNC_LAG);
     metrics::gauge!(METRIC_IN_FLIGHT).set(0.0);
     metrics::gauge!(METRIC_SLOTS_IN_USE).set(0.0);
     metrics::gauge!(METRIC_QUEUE_DEPTH).set(0.0);

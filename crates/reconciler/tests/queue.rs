@@ -12,7 +12,7 @@ use common::backend::TestBackend;
 use common::{Kind, Seed, eventually, one_step_mode, store};
 use kayra_catalog::repo::{Repository, keys};
 use kayra_config::ReconcilerConfig;
-use kayra_core::Subscription;
+use kayra_core::{Run, RunResult, RunTrigger, Subscription};
 use kayra_reconciler::Reconciler;
 use kayra_reconciler::queue::JobKey;
 use tokio_util::sync::CancellationToken;
@@ -339,6 +339,16 @@ async fn a_newer_sync_id_supersedes_a_running_wait(kind: Kind) {
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(w.backend.count("/ok/s1"), polls, "polling toward s1 stopped");
     running.stop().await;
+    // Both runs are recorded: the superseded one with its polls, then the
+    // run toward s2 (a run after superseded is `ongoing`).
+    let (records, _) = w.repo.list_all::<Run>(&keys::runs("dev", "local", "core", API)).await.unwrap();
+    let mut runs: Vec<Run> = records.into_iter().map(|r| r.value).collect();
+    runs.sort_by(|a, b| a.id.cmp(&b.id));
+    let summary: Vec<_> = runs.iter().map(|r| (r.sync_id.as_str(), r.result)).collect();
+    assert_eq!(summary, [("s1", RunResult::Superseded), ("s2", RunResult::Success)], "{runs:?}");
+    assert_eq!(runs[1].trigger, RunTrigger::Ongoing);
+    assert!(runs[0].steps.len() == 1 && runs[0].steps[0].attempts >= 3, "a wait step counts its polls: {runs:?}");
+    assert!(runs[1].steps.is_empty(), "placeholder: {runs:?}");
 }
 
 /// With `supersede: false` the seed's behaviour stays: the old run keeps

@@ -20,9 +20,9 @@ mod api {
     mod rbac;
     mod registrations;
     mod replicas;
-    mod store_outage;
-    mod slow_clients;
     mod runs;
+    mod slow_clients;
+    mod store_outage;
     mod subscriptions;
     mod watch;
 }

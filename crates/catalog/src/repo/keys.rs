@@ -107,3 +107,8 @@ pub fn all_runs(platform: &str, region: &str) -> String {
 pub fn runs(platform: &str, region: &str, namespace: &str, api: &str) -> String {
     format!("/runs/{platform}/{region}/{namespace}/{api}/")
 }
+/// The reconciler's run counter of one subscription (which ring slot under
+/// [`runs`] its next run takes); deleted with the subscription.
+pub fn run_cursor(platform: &str, region: &str, namespace: &str, api: &str) -> String {
+    format!("/runcursors/{platform}/{region}/{namespace}/{api}")
+}

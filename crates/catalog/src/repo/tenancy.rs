@@ -449,7 +449,7 @@ impl Repository {
     }
 
     /// Deletes a subscription with its index keys, its run records
-    /// (`/runs/<platform>/<region>/<namespace>/<api>/`) and its attempt
+    /// (`/runs/<platform>/<region>/<namespace>/<api>/`) and run cursor, and its attempt
     /// record, in one transaction.
     pub async fn delete_subscription(&self, namespace: &str, api: &str) -> Result<Revision> {
         let (p, r) = (self.platform.as_str(), self.region.as_str());
@@ -460,6 +460,7 @@ impl Repository {
             .then(Op::Delete { key: keys::subscriber(p, r, api, namespace) })
             .then(Op::Delete { key: keys::namespace_subscriber(namespace, p, r, api) })
             .then(Op::DeletePrefix { prefix: keys::runs(p, r, namespace, api) })
+            .then(Op::Delete { key: keys::run_cursor(p, r, namespace, api) })
             .then(Op::Delete { key: keys::attempt(p, r, namespace, api) });
         let resp = self.txn(txn).await?;
         if !resp.succeeded {

@@ -4,6 +4,9 @@
 
 #![allow(dead_code)]
 
+pub mod echo;
+
+#[allow(unused_imports)]
 pub use kayra_testkit::{backend, eventually};
 
 use kayra_catalog::repo::{Repository, keys};

@@ -1,0 +1,110 @@
+//! Run records (platform §4.4): one per reconcile attempt, written in the
+//! same store transaction as the attempt's result.
+//!
+//! Key layout: `keys::runs(p, r, ns, api)` + a ring slot `seq % run_history`,
+//! so each new run overwrites the oldest and a subscription never holds more
+//! than `run_history` runs, with no extra read or delete. `seq` is kept in a
+//! small cursor record (`keys::run_cursor`, outside `/runs/` so readers of
+//! run records never see it): read in the job's one fresh read under the
+//! lock, advanced in the result's transaction, deleted with the
+//! subscription (in the catalog's delete transaction).
+
+use std::sync::OnceLock;
+use std::time::SystemTime;
+
+use kayra_catalog::repo::{Repository, keys};
+use kayra_core::{ApiRegistration, Run, RunTrigger};
+use kayra_store::Op;
+use serde::{Deserialize, Serialize};
+
+/// The per-subscription run counter.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Cursor {
+    /// The sequence number of the next run.
+    pub next: u64,
+}
+
+/// A run as it started: what the record needs before the result is known.
+#[derive(Debug, Clone)]
+pub struct Begun {
+    pub id: String,
+    pub trigger: RunTrigger,
+    pub started_at: String,
+}
+
+impl Begun {
+    pub fn new(trigger: RunTrigger) -> Self {
+        Self { id: uuid::Uuid::now_v7().to_string(), trigger, started_at: now() }
+    }
+}
+
+/// RFC 3339 UTC with milliseconds.
+pub fn now() -> String {
+    humantime::format_rfc3339_millis(SystemTime::now()).to_string()
+}
+
+/// `<hostname>:<pid>` of this process.
+pub fn identity() -> &'static str {
+    static IDENTITY: OnceLock<String> = OnceLock::new();
+    IDENTITY.get_or_init(|| {
+        let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .ok()
+            .map(|h| h.trim().to_string())
+            .filter(|h| !h.is_empty())
+            .or_else(|| std::env::var("HOSTNAME").ok().filter(|h| !h.is_empty()))
+            .unwrap_or_else(|| "localhost".into());
+        format!("{host}:{}", std::process::id())
+    })
+}
+
+pub fn cursor_key(repo: &Repository, namespace: &str, api: &str) -> String {
+    keys::run_cursor(repo.platform(), repo.region(), namespace, api)
+}
+
+/// The ops that record `run` as run number `seq` of its subscription,
+/// keeping `history` runs. Empty when `history` is 0 (the caller clears the
+/// prefix when it writes the subscription anyway).
+pub fn record_ops(repo: &Repository, history: usize, seq: u64, run: &Run) -> Vec<Op> {
+    if history == 0 {
+        return Vec::new();
+    }
+    let prefix = keys::runs(repo.platform(), repo.region(), &run.namespace, &run.api);
+    let slot = seq % history as u64;
+    // Serializing these plain structs cannot fail.
+    let value = serde_json::to_vec(run).unwrap_or_default();
+    let cursor = serde_json::to_vec(&Cursor { next: seq + 1 }).unwrap_or_default();
+    vec![
+        Op::Put { key: format!("{prefix}{slot}"), value },
+        Op::Put { key: cursor_key(repo, &run.namespace, &run.api), value: cursor },
+    ]
+}
+
+/// `kayra_sync_lag_seconds` of a sync to `reg`'s SyncID finishing now:
+/// `None` when `sync_id_updated_at` is empty or unreadable.
+pub fn sync_lag(reg: &ApiRegistration) -> Option<f64> {
+    let at = humantime::parse_rfc3339_weak(reg.sync_id_updated_at.trim()).ok()?;
+    Some(SystemTime::now().duration_since(at).map(|d| d.as_secs_f64()).unwrap_or(0.0))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_sync_lag_needs_a_readable_timestamp() {
+        let mut reg = ApiRegistration::default();
+        assert_eq!(sync_lag(&reg), None);
+        reg.sync_id_updated_at = "not a time".into();
+        assert_eq!(sync_lag(&reg), None);
+        reg.sync_id_updated_at = humantime::format_rfc3339_millis(SystemTime::now()).to_string();
+        assert!(sync_lag(&reg).is_some_and(|lag| (0.0..60.0).contains(&lag)));
+    }
+
+    #[test]
+    fn run_ids_are_time_ordered_uuids() {
+        let (a, b) = (Begun::new(RunTrigger::Initial), Begun::new(RunTrigger::Initial));
+        assert!(a.id < b.id);
+        assert_eq!(uuid::Uuid::parse_str(&a.id).unwrap().get_version_num(), 7);
+        assert!(a.started_at.ends_with('Z') && a.started_at.len() == "2026-01-01T00:00:00.000Z".len());
+    }
+}

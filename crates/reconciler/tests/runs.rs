@@ -1,0 +1,346 @@
+//! Run records (platform §4.4) against a real store (both backends) and a
+//! real HTTP backend: each trigger from its cause, the two runs of a failed
+//! decision, exact step fields, placeholder runs, retention, removal with
+//! the subscription, and `run_id` / `.Run.ID` equal to the recorded id.
+
+mod common;
+
+use std::io::Write as _;
+use std::sync::{Mutex, OnceLock};
+use std::time::Duration;
+
+use common::backend::TestBackend;
+use common::echo::EchoBackend;
+use common::{Kind, Seed, eventually, one_step_mode, start_reconciler, store};
+use futures::StreamExt;
+use kayra_catalog::repo::{Repository, keys};
+use kayra_config::ReconcilerConfig;
+use kayra_core::{Run, RunResult, RunStep, RunTrigger, SubscriptionState};
+use kayra_store::Event;
+
+const API: &str = "compute.example.com";
+
+fn config() -> ReconcilerConfig {
+    ReconcilerConfig { wait_poll_interval: kayra_config::Duration::from_millis(20), ..Default::default() }
+}
+
+/// The subscription's runs, oldest first.
+async fn runs(repo: &Repository, ns: &str, api: &str) -> Vec<Run> {
+    let (records, _) = repo.list_all::<Run>(&keys::runs("dev", "local", ns, api)).await.unwrap();
+    let mut runs: Vec<Run> = records.into_iter().map(|r| r.value).collect();
+    runs.sort_by(|a, b| a.id.cmp(&b.id));
+    runs
+}
+
+async fn synced(seed: &Seed<'_>, ns: &str, api: &str, sync_id: &str) -> bool {
+    let sub = seed.get(ns, api).await;
+    sub.is_synced(sync_id) && sub.state == SubscriptionState::Success
+}
+
+/// Waits for `n` runs and returns them, oldest first.
+async fn wait_runs(repo: &Repository, ns: &str, api: &str, n: usize) -> Vec<Run> {
+    eventually(&format!("{n} runs of {ns}"), || async { runs(repo, ns, api).await.len() >= n }).await;
+    runs(repo, ns, api).await
+}
+
+/// Starts a reconciler and waits until it has listed (a subscription of
+/// its own, written before, is synced): writes from here on are watch
+/// events, not reconcileExisting.
+async fn start_listed(repo: &Repository, cfg: ReconcilerConfig) -> common::Running {
+    let seed = Seed(repo);
+    seed.registration(WARM, "placeholder", "w1").await;
+    seed.subscription("warm", WARM).await;
+    let running = start_reconciler(repo, cfg);
+    eventually("the reconciler listed", || synced(&seed, "warm", WARM, "w1")).await;
+    running
+}
+
+const WARM: &str = "warm.example.com";
+
+fn is_timestamp(s: &str) -> bool {
+    s.len() == "2026-02-01T00:00:03.200Z".len() && s.ends_with('Z') && humantime::parse_rfc3339(s).is_ok()
+}
+
+async fn each_trigger_comes_from_its_cause(kind: Kind) {
+    let store = store(kind).await;
+    let repo = Repository::new(store.store.clone(), "dev", "local");
+    let (seed, backend) = (Seed(&repo), TestBackend::start().await);
+    let mut cfg = config();
+    one_step_mode(&mut cfg, "api", &format!("{}/ok/{{{{ .Subscription.Namespace }}}}", backend.base));
+    seed.registration(API, "api", "s1").await;
+    let running = start_listed(&repo, cfg.clone()).await;
+    // A new subscription: initial.
+    seed.subscription("core", API).await;
+    wait_runs(&repo, "core", API, 1).await;
+    // A SyncID bump: ongoing.
+    eventually("synced s1", || synced(&seed, "core", API, "s1")).await;
+    seed.bump(API, "s2").await;
+    wait_runs(&repo, "core", API, 2).await;
+    // The /sync reset: resync.
+    eventually("synced s2", || synced(&seed, "core", API, "s2")).await;
+    seed.force_resync("core", API).await;
+    wait_runs(&repo, "core", API, 3).await;
+    eventually("synced s2 again", || synced(&seed, "core", API, "s2")).await;
+    running.stop().await;
+    // Written while no reconciler ran, then a restart: startup.
+    seed.bump(API, "s3").await;
+    let running = start_reconciler(&repo, cfg);
+    let all = wait_runs(&repo, "core", API, 4).await;
+    running.stop().await;
+
+    let triggers: Vec<RunTrigger> = all.iter().map(|r| r.trigger).collect();
+    assert_eq!(triggers, [RunTrigger::Initial, RunTrigger::Ongoing, RunTrigger::Resync, RunTrigger::Startup]);
+    let sync_ids: Vec<&str> = all.iter().map(|r| r.sync_id.as_str()).collect();
+    assert_eq!(sync_ids, ["s1", "s2", "s2", "s3"]);
+    let me = format!(":{}", std::process::id());
+    for run in &all {
+        assert_eq!((run.namespace.as_str(), run.api.as_str(), run.mode.as_str()), ("core", API, "api"), "{run:?}");
+        assert_eq!((run.result, run.error.as_str()), (RunResult::Success, ""), "{run:?}");
+        assert!(run.lock_id < cfg_slots(), "{run:?}");
+        assert!(run.reconciler.ends_with(&me) && run.reconciler.len() > me.len(), "{run:?}");
+        assert!(is_timestamp(&run.started_at) && is_timestamp(&run.finished_at), "{run:?}");
+        assert!(run.started_at <= run.finished_at, "{run:?}");
+        assert_eq!(run.steps.len(), 1, "{run:?}");
+        assert_eq!(uuid::Uuid::parse_str(&run.id).unwrap().get_version_num(), 7);
+    }
+}
+
+fn cfg_slots() -> usize {
+    ReconcilerConfig::default().max_concurrent_reconciles
+}
+
+async fn a_failed_decision_leaves_an_error_run_and_a_retry_run(kind: Kind) {
+    let store = store(kind).await;
+    let repo = Repository::new(store.store.clone(), "dev", "local");
+    let (seed, backend) = (Seed(&repo), TestBackend::start().await);
+    let mut cfg = config();
+    one_step_mode(&mut cfg, "api", &format!("{}/fail/x", backend.base));
+    seed.registration(API, "api", "s1").await;
+    let running = start_listed(&repo, cfg).await;
+    // Every change to the subscription from its creation on.
+    let sub_key = keys::subscription("dev", "local", "core", API);
+    let from = store.store.revision().await.unwrap() + 1;
+    let mut watch = store.store.watch(&sub_key, from).await.unwrap();
+    seed.subscription("core", API).await;
+    backend.wait_for("/fail/x", 2).await;
+    let all = wait_runs(&repo, "core", API, 2).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    running.stop().await;
+    let all_now = runs(&repo, "core", API).await;
+    assert_eq!(all_now, all, "exactly two runs for one decision");
+    let triggers: Vec<RunTrigger> = all.iter().map(|r| r.trigger).collect();
+    assert_eq!(triggers, [RunTrigger::Initial, RunTrigger::Retry]);
+    for run in &all {
+        assert_eq!(run.result, RunResult::Error, "{run:?}");
+        assert!(run.error.contains("500"), "the pipeline's error text: {run:?}");
+        let step = &run.steps[0];
+        assert_eq!((step.method.as_str(), step.status, step.attempts), ("POST", 500, 1), "{step:?}");
+    }
+    // `state: error` written once; the second run is no subscription event.
+    let mut puts = 0;
+    while let Ok(Some(event)) = tokio::time::timeout(Duration::from_millis(300), watch.next()).await {
+        if let Event::Put(kv) = event {
+            let sub: kayra_core::Subscription = serde_json::from_slice(&kv.value).unwrap();
+            puts += 1;
+            if puts > 1 {
+                assert_eq!(sub.state, SubscriptionState::Error);
+            }
+        }
+    }
+    assert_eq!(puts, 2, "the subscription is created, then written once (state error)");
+}
+
+async fn steps_are_recorded_exactly_and_carry_the_run_id(kind: Kind) {
+    let store = store(kind).await;
+    let repo = Repository::new(store.store.clone(), "dev", "local");
+    let (seed, backend) = (Seed(&repo), EchoBackend::start().await);
+    let base = &backend.base;
+    let yaml = format!(
+        "- method: post\n  endpoint: \"{base}/deploy/{{{{ .Subscription.Namespace }}}}\"\n  headers:\n    Idempotency-Key: \"{{{{ .Run.ID }}}}\"\n  outputs:\n    JobID: .id\n\
+         - method: get\n  endpoint: \"{base}/check/{{{{ .Run.ID }}}}\"\n  headers:\n    X-Job: \"{{{{ .Previous.Outputs.JobID }}}}\"\n"
+    );
+    let mut cfg = config();
+    cfg.mode.insert("api".into(), serde_norway::from_str(&yaml).unwrap());
+    seed.registration(API, "api", "s1").await;
+    // Its own namespace per backend: both share this binary's log.
+    let ns = format!("logged-{kind:?}").to_lowercase();
+    seed.subscription(&ns, API).await;
+    let running = start_reconciler(&repo, cfg);
+    let run = wait_runs(&repo, &ns, API, 1).await.remove(0);
+    eventually("synced", || synced(&seed, &ns, API, "s1")).await;
+    running.stop().await;
+
+    assert_eq!(run.result, RunResult::Success, "{run:?}");
+    let step = |index: usize, method: &str, endpoint: String, outputs: &[(&str, &str)], got: &RunStep| RunStep {
+        index,
+        method: method.into(),
+        endpoint,
+        is_async: false,
+        attempts: 1,
+        status: 200,
+        error: String::new(),
+        duration_ms: got.duration_ms,
+        outputs: outputs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+    };
+    assert_eq!(run.steps.len(), 2, "{run:?}");
+    assert_eq!(run.steps[0], step(0, "POST", format!("{base}/deploy/{ns}"), &[("JobID", "<redacted>")], &run.steps[0]));
+    assert_eq!(run.steps[1], step(1, "GET", format!("{base}/check/{}", run.id), &[], &run.steps[1]));
+    // `.Run.ID` as the backend received it, in a header and in a path.
+    let requests = backend.requests();
+    assert_eq!(requests.len(), 2, "{requests:?}");
+    assert_eq!(requests[0].headers.get("idempotency-key"), Some(&run.id), "{requests:?}");
+    assert_eq!(requests[1].path, format!("/check/{}", run.id));
+    // An output a later step's header reads is sent, never recorded.
+    assert_eq!(requests[1].headers.get("x-job").map(String::as_str), Some("77"), "{requests:?}");
+
+    // `run_id` on every line of the run, equal to the recorded id.
+    let lines = log_lines();
+    let of_run: Vec<&String> = lines.iter().filter(|l| l.contains(&format!("namespace=\"{ns}\""))).collect();
+    assert!(of_run.len() >= 3, "the run logged: {of_run:?}");
+    for line in &of_run {
+        assert!(line.contains(&format!("run_id={}", run.id)), "without the run's id: {line}");
+    }
+    assert!(of_run.iter().any(|l| l.contains("step=")), "step lines are on the run: {of_run:?}");
+}
+
+async fn placeholder_runs_have_no_steps_and_retention_holds(kind: Kind) {
+    let store = store(kind).await;
+    let repo = Repository::new(store.store.clone(), "dev", "local");
+    let seed = Seed(&repo);
+    let cfg = ReconcilerConfig { run_history: 2, ..config() };
+    seed.registration(API, "placeholder", "s0").await;
+    seed.subscription("core", API).await;
+    let running = start_reconciler(&repo, cfg);
+    eventually("synced s0", || synced(&seed, "core", API, "s0")).await;
+    for i in 1..=5 {
+        seed.bump(API, &format!("s{i}")).await;
+        let sync_id = format!("s{i}");
+        eventually("synced", || synced(&seed, "core", API, &sync_id)).await;
+    }
+    // Each run's record is in the result's transaction: synced means recorded.
+    let kept = runs(&repo, "core", API).await;
+    running.stop().await;
+    let sync_ids: Vec<&str> = kept.iter().map(|r| r.sync_id.as_str()).collect();
+    assert_eq!(sync_ids, ["s4", "s5"], "the two newest runs: {kept:?}");
+    for run in &kept {
+        assert_eq!(
+            (run.mode.as_str(), run.result, run.trigger),
+            ("placeholder", RunResult::Success, RunTrigger::Ongoing)
+        );
+        assert!(run.steps.is_empty(), "a placeholder run has no steps: {run:?}");
+    }
+
+    // Runs go with their subscription.
+    repo.delete_subscription("core", API).await.unwrap();
+    assert!(runs(&repo, "core", API).await.is_empty());
+    let (left, _) = repo.store().list_all(&keys::run_cursor("dev", "local", "core", API)).await.unwrap();
+    assert!(left.is_empty(), "the run cursor went too");
+}
+
+async fn run_history_zero_records_none_and_clears_older_ones(kind: Kind) {
+    let store = store(kind).await;
+    let repo = Repository::new(store.store.clone(), "dev", "local");
+    let seed = Seed(&repo);
+    seed.registration(API, "placeholder", "s1").await;
+    seed.subscription("core", API).await;
+    let running = start_reconciler(&repo, config());
+    wait_runs(&repo, "core", API, 1).await;
+    running.stop().await;
+
+    let running = start_reconciler(&repo, ReconcilerConfig { run_history: 0, ..config() });
+    seed.bump(API, "s2").await;
+    eventually("synced s2", || synced(&seed, "core", API, "s2")).await;
+    running.stop().await;
+    assert!(runs(&repo, "core", API).await.is_empty(), "older runs go at the next write");
+}
+
+/// A shutdown between steps: the run is recorded as `cancelled` with the
+/// steps it made, and the subscription is left as it was.
+async fn a_run_stopped_by_shutdown_is_recorded_as_cancelled(kind: Kind) {
+    let store = store(kind).await;
+    let repo = Repository::new(store.store.clone(), "dev", "local");
+    let (seed, backend) = (Seed(&repo), TestBackend::start().await);
+    let base = &backend.base;
+    let yaml = format!("- method: post\n  endpoint: \"{base}/hold/a\"\n- method: post\n  endpoint: \"{base}/ok/b\"\n");
+    let mut cfg = config();
+    cfg.mode.insert("api".into(), serde_norway::from_str(&yaml).unwrap());
+    seed.registration(API, "api", "s1").await;
+    seed.subscription("core", API).await;
+    let running = start_reconciler(&repo, cfg);
+    backend.wait_for("/hold/a", 1).await;
+    running.cancel.cancel();
+    backend.release(1);
+    running.stop().await;
+    let all = runs(&repo, "core", API).await;
+    assert_eq!(all.len(), 1, "{all:?}");
+    assert_eq!(
+        (all[0].result, all[0].trigger, all[0].steps.len()),
+        (RunResult::Cancelled, RunTrigger::Startup, 1),
+        "{all:?}"
+    );
+    assert_eq!(backend.count("/ok/b"), 0, "stopped between steps");
+    let sub = seed.get("core", API).await;
+    assert!(!sub.active && sub.state == SubscriptionState::Init, "{sub:?}");
+}
+
+/// Every log line of this test binary, as text (`key=value` span fields).
+fn log_lines() -> Vec<String> {
+    let buf = LOGS.get().expect("logging installed").lock().unwrap();
+    String::from_utf8_lossy(&buf).lines().map(str::to_string).collect()
+}
+
+static LOGS: OnceLock<Mutex<Vec<u8>>> = OnceLock::new();
+
+struct Capture;
+
+impl std::io::Write for Capture {
+    fn write(&mut self, data: &[u8]) -> std::io::Result<usize> {
+        LOGS.get_or_init(Mutex::default).lock().unwrap().extend_from_slice(data);
+        Ok(data.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Installs the capturing subscriber once per test binary.
+fn capture_logs() {
+    static ONCE: OnceLock<()> = OnceLock::new();
+    ONCE.get_or_init(|| {
+        LOGS.get_or_init(Mutex::default);
+        let _ = tracing_subscriber::fmt().with_ansi(false).with_writer(|| Capture).try_init();
+        let _ = Capture.flush();
+    });
+}
+
+macro_rules! runs_tests {
+    ($($name:ident),* $(,)?) => {
+        mod local {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    super::capture_logs();
+                    super::$name(super::common::Kind::Local).await
+                }
+            )*
+        }
+        mod etcd {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    super::capture_logs();
+                    super::$name(super::common::Kind::Etcd).await
+                }
+            )*
+        }
+    };
+}
+
+runs_tests!(
+    each_trigger_comes_from_its_cause,
+    a_failed_decision_leaves_an_error_run_and_a_retry_run,
+    steps_are_recorded_exactly_and_carry_the_run_id,
+    placeholder_runs_have_no_steps_and_retention_holds,
+    run_history_zero_records_none_and_clears_older_ones,
+    a_run_stopped_by_shutdown_is_recorded_as_cancelled,
+);
