@@ -354,11 +354,16 @@ impl Reconciler {
             (Kind::Registration, Event::Put(kv)) => match serde_json::from_slice::<ApiRegistration>(&kv.value) {
                 Ok(reg) => {
                     let (name, sync_id) = (reg.name.clone(), reg.sync_id.clone());
-                    let behind = {
+                    let (behind, waiting) = {
                         let mut view = self.view();
                         view.put_registration(reg, kv.mod_revision);
-                        view.behind(&name, &sync_id)
+                        (view.behind(&name, &sync_id), view.never_attempted(&name))
                     };
+                    // First syncs that arrived before their registration did.
+                    for namespace in waiting {
+                        let key = JobKey::subscription(namespace, name.clone());
+                        self.queue.add(key, Cause::new(RunTrigger::Initial), Class::Activation);
+                    }
                     // Supersede: running pipelines toward an older SyncID stop,
                     // and their jobs (first syncs included) run again toward this one.
                     for namespace in self.worker.supersede(&name, &sync_id) {

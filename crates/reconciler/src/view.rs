@@ -178,6 +178,30 @@ impl View {
         out
     }
 
+    /// Namespaces whose subscription to `api` was never attempted: inactive,
+    /// still `init`, nothing given up. Their subscription's own watch event
+    /// can arrive before the registration's (the prefixes are watched
+    /// separately), and was then decided without a registration; the
+    /// registration's arrival is what lets them activate. A failed
+    /// activation (`state: error`) is not among them: a registration write
+    /// alone never retries it (seed, "Ongoing action").
+    pub fn never_attempted(&self, api: &str) -> Vec<String> {
+        let mut out: Vec<String> = self
+            .subscribers
+            .get(api)
+            .into_iter()
+            .flatten()
+            .filter(|(ns, (s, _))| {
+                !s.active
+                    && s.state == kayra_core::SubscriptionState::Init
+                    && !self.given_up.contains_key(&((*ns).clone(), api.to_string()))
+            })
+            .map(|(ns, _)| ns.clone())
+            .collect();
+        out.sort();
+        out
+    }
+
     /// The ongoing action's fan-out: namespaces with an *active*
     /// subscription to `api` whose CurrentSyncID differs from `sync_id`.
     pub fn behind(&self, api: &str, sync_id: &str) -> Vec<String> {
@@ -218,6 +242,18 @@ mod tests {
         view.delete_subscription("a", "x.io");
         assert!(view.behind("x.io", "2").is_empty());
         assert!(view.behind("z.io", "1").is_empty());
+    }
+
+    #[test]
+    fn first_syncs_seen_before_their_registration_are_found_when_it_arrives() {
+        let mut view = View::default();
+        view.put_subscription(sub("new", "x.io", false, ""), 1);
+        view.put_subscription(sub("live", "x.io", true, "1"), 2);
+        let failed = Subscription { state: kayra_core::SubscriptionState::Error, ..sub("failed", "x.io", false, "") };
+        view.put_subscription(failed, 3);
+        view.put_subscription(sub("other", "y.io", false, ""), 4);
+        assert_eq!(view.never_attempted("x.io"), vec!["new"], "only the never-attempted inactive one");
+        assert!(view.never_attempted("z.io").is_empty());
     }
 
     #[test]
