@@ -356,10 +356,14 @@ impl Reconciler {
                     let (name, sync_id) = (reg.name.clone(), reg.sync_id.clone());
                     let (behind, waiting) = {
                         let mut view = self.view();
+                        let new = view.registration(&name).is_none();
                         view.put_registration(reg, kv.mod_revision);
-                        (view.behind(&name, &sync_id), view.never_attempted(&name))
+                        let waiting = if new { view.never_attempted(&name) } else { Vec::new() };
+                        (view.behind(&name, &sync_id), waiting)
                     };
-                    // First syncs that arrived before their registration did.
+                    // First syncs whose subscription event arrived before
+                    // their registration's (separate watches): decided then
+                    // without a registration, they are queued now.
                     for namespace in waiting {
                         let key = JobKey::subscription(namespace, name.clone());
                         self.queue.add(key, Cause::new(RunTrigger::Initial), Class::Activation);
