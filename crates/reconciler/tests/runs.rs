@@ -223,10 +223,11 @@ async fn placeholder_runs_have_no_steps_and_retention_holds(kind: Kind) {
     let sync_ids: Vec<&str> = kept.iter().map(|r| r.sync_id.as_str()).collect();
     assert_eq!(sync_ids, ["s4", "s5"], "the two newest runs: {kept:?}");
     for run in &kept {
-        assert_eq!(
-            (run.mode.as_str(), run.result, run.trigger),
-            ("placeholder", RunResult::Success, RunTrigger::Ongoing)
-        );
+        assert_eq!((run.mode.as_str(), run.result), ("placeholder", RunResult::Success));
+        // A bump is `ongoing`; the reconciler's own previous result write
+        // can land in the same coalesced entry and read as `initial`
+        // (triggers are checked one by one in each_trigger_comes_from_its_cause).
+        assert!(matches!(run.trigger, RunTrigger::Ongoing | RunTrigger::Initial), "{run:?}");
         assert!(run.steps.is_empty(), "a placeholder run has no steps: {run:?}");
     }
 
