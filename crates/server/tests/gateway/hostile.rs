@@ -242,6 +242,12 @@ async fn endpoint_user_info_never_reaches_the_log() {
     world.activate("a", api).await;
     let token = world.user("erin", json!([{"apis": [api], "resources": ["*"], "verbs": ["*"]}])).await;
 
+    // The rewrite went to the store behind the server's back, so its caches
+    // learn of it from their watch a moment later.
+    kayra_testkit::eventually("the gateway forwards to the rewritten endpoint", || async {
+        world.call(Method::GET, &gw(api, "a", "things"), Some(&token)).await.status != 503
+    })
+    .await;
     let reply = world.call(Method::GET, &gw(api, "a", "things"), Some(&token)).await;
     refused(reply, 502, &[]);
     kayra_testkit::eventually("the backend failure is logged", || async {
