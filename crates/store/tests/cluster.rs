@@ -220,14 +220,23 @@ async fn a_watch_resumes_on_another_member_without_losing_or_repeating_events() 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_watch_on_a_frozen_member_moves_within_a_few_seconds() {
     let mut cluster = EtcdCluster::start().await;
-    let watching = Store::new(connect(&cluster).await);
+    let etcd = connect(&cluster).await;
+    let endpoints = etcd.endpoints();
+    let watching = Store::new(etcd);
     let from = watching.revision().await.expect("revision") + 1;
     let mut watch = watching.watch("/w/", from).await.expect("watch");
     let mut config = cluster.config("/kayra", LOCK_TTL);
     config.endpoints.remove(0);
     let writer = Store::new(EtcdStore::connect_within(&config, REQUEST_TIMEOUT).await.expect("writer"));
+    assert_eq!(endpoints.in_use(), cluster.endpoint(0));
     cluster.freeze(0);
     let frozen = Instant::now();
+    // Nobody polls the watch while its member fails its health check: the
+    // stream must still move when it is polled afterwards.
+    kayra_testkit::eventually("the frozen member fails its health check", || async {
+        !endpoints.healthy().contains(&cluster.endpoint(0))
+    })
+    .await;
     let rev = write_until_done(&writer, "/w/during-freeze").await;
     // Well before HTTP/2 keep-alives (10s + 5s) would notice the dead connection.
     let event = tokio::time::timeout(Duration::from_secs(12), next_event(&mut watch)).await.expect("the event arrives");

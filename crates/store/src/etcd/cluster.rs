@@ -325,7 +325,7 @@ impl Cluster {
     }
 
     /// A keep-alive stream for lease `id` on the pinned member, and that
-    /// member's index for [`Cluster::unhealthy`].
+    /// member's index for [`Cluster::health`].
     pub(super) async fn lease_keep_alive(&self, id: i64) -> Result<(LeaseKeeper, LeaseKeepAliveStream, usize)> {
         let resp = self
             .run("lease keep-alive", |mut c| {
@@ -337,7 +337,7 @@ impl Cluster {
     }
 
     /// A watch stream on the pinned member, and that member's index for
-    /// [`Cluster::unhealthy`].
+    /// [`Cluster::health`].
     pub(super) async fn watch(&self, key: Vec<u8>, options: WatchOptions) -> Result<(WatchStream, usize)> {
         let resp = self
             .run("watch", |mut c| {
@@ -348,19 +348,12 @@ impl Cluster {
         Ok(resp.value)
     }
 
-    /// Completes when member `index` goes from healthy to unhealthy: a
-    /// stream open on it should move. A stream opened on a member already
-    /// unhealthy (no better one at the time) waits for it to recover first,
-    /// rather than being abandoned at once, again and again.
-    pub(super) async fn unhealthy(&self, index: usize) {
-        let mut healthy = self.inner.members[index].healthy.subscribe();
-        let went_bad = async {
-            healthy.wait_for(|h| *h).await?;
-            healthy.wait_for(|h| !*h).await.map(drop)
-        };
-        if went_bad.await.is_err() {
-            std::future::pending::<()>().await;
-        }
+    /// Follows member `index`'s health for a stream just opened on it (see
+    /// [`MemberHealth::went_bad`]).
+    pub(super) fn health(&self, index: usize) -> MemberHealth {
+        let receiver = self.inner.members[index].healthy.subscribe();
+        let seen_healthy = *receiver.borrow();
+        MemberHealth { receiver, seen_healthy }
     }
 
     /// Reports that a stream on member `index` failed.
@@ -467,6 +460,34 @@ async fn health_checks(inner: Weak<Inner>) {
             inner.leave(pinned);
         }
         inner.publish();
+    }
+}
+
+/// One member's health as seen by a stream open on it. Kept with the
+/// stream rather than asked afresh at each wait: a stream that nobody polled
+/// while its member went bad must still move when it is polled again.
+pub(super) struct MemberHealth {
+    receiver: tokio::sync::watch::Receiver<bool>,
+    /// Whether the member was healthy at any time since the stream opened.
+    seen_healthy: bool,
+}
+
+impl MemberHealth {
+    /// Completes once the member is unhealthy after having been healthy
+    /// since the stream opened (at once if that already happened). A stream
+    /// opened on a member already unhealthy (no better one at the time)
+    /// waits for it to recover first, rather than being abandoned at once,
+    /// again and again. Cancel-safe.
+    pub(super) async fn went_bad(&mut self) {
+        if !self.seen_healthy {
+            if self.receiver.wait_for(|h| *h).await.is_err() {
+                return std::future::pending().await;
+            }
+            self.seen_healthy = true;
+        }
+        if self.receiver.wait_for(|h| !*h).await.is_err() {
+            std::future::pending::<()>().await;
+        }
     }
 }
 

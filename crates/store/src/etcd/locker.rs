@@ -62,7 +62,7 @@ use etcd_client::{
 use tokio::sync::OwnedMutexGuard;
 use tokio_util::sync::CancellationToken;
 
-use super::cluster::Cluster;
+use super::cluster::{Cluster, MemberHealth};
 use super::{Keyspace, revision_of};
 use crate::{Error, JobLock, JobLocker, Result};
 
@@ -322,7 +322,8 @@ impl Session {
         let lost = CancellationToken::new();
         let cluster = self.cluster.clone();
         let renewal = Renewal { cluster, id, ttl: Duration::from_secs(ttl_secs.unsigned_abs()), lost: lost.clone() };
-        tokio::spawn(renewal.run(Stream { keeper, responses, member }, self.shutdown.clone()));
+        let health = self.cluster.health(member);
+        tokio::spawn(renewal.run(Stream { keeper, responses, member, health }, self.shutdown.clone()));
         tracing::debug!(lease = format!("{id:x}"), ttl_secs, "job lock session started");
         *current = Some(Lease { id, lost });
         Ok(id)
@@ -348,6 +349,7 @@ struct Stream {
     keeper: LeaseKeeper,
     responses: LeaseKeepAliveStream,
     member: usize,
+    health: MemberHealth,
 }
 
 impl Renewal {
@@ -355,7 +357,6 @@ impl Renewal {
         let period = self.ttl / 3;
         let mut renewed = Instant::now();
         loop {
-            let cluster = self.cluster.clone();
             let member_failed = tokio::select! {
                 () = shutdown.cancelled() => {
                     // Free this process's locks now rather than after the TTL.
@@ -363,7 +364,7 @@ impl Renewal {
                     return;
                 }
                 () = tokio::time::sleep(period) => false,
-                () = cluster.unhealthy(stream.member) => true,
+                () = stream.health.went_bad() => true,
             };
             let failure = if member_failed {
                 "the member of the keep-alive stream failed its health check".to_string()
@@ -385,7 +386,8 @@ impl Renewal {
             match self.cluster.lease_keep_alive(self.id).await {
                 // Opening the stream renews the lease once.
                 Ok((keeper, responses, member)) => {
-                    stream = Stream { keeper, responses, member };
+                    let health = self.cluster.health(member);
+                    stream = Stream { keeper, responses, member, health };
                     renewed = Instant::now();
                 }
                 Err(e) if e.to_string().contains("lease not found") => return self.give_up(&e.to_string()),

@@ -46,6 +46,7 @@ use etcd_client::{EventType, WatchOptions, WatchResponse};
 use futures::stream;
 use tokio_util::sync::CancellationToken;
 
+use super::cluster::MemberHealth;
 use super::{Keyspace, unavailable};
 use crate::{Change, ChangeStream, Error, Event, PROGRESS_INTERVAL, Result, Revision, WatchStream};
 
@@ -74,6 +75,7 @@ pub(super) async fn watch(
         next: from.max(1),
         stream: None,
         member: 0,
+        health: None,
         pending: VecDeque::new(),
         backoff: BACKOFF_MIN,
         shutdown,
@@ -94,8 +96,9 @@ struct Watcher {
     next: Revision,
     /// `None` while reconnecting.
     stream: Option<etcd_client::WatchStream>,
-    /// The cluster member `stream` is open on.
+    /// The cluster member `stream` is open on, and its health.
     member: usize,
+    health: Option<MemberHealth>,
     /// Events received but not yet handed to the consumer.
     pending: VecDeque<Event>,
     backoff: Duration,
@@ -106,7 +109,7 @@ impl Watcher {
     async fn open(&mut self) -> Result<()> {
         let options = WatchOptions::new().with_range(self.end.clone()).with_start_revision(self.next);
         let (stream, member) = self.keys.cluster.watch(self.start.clone(), options).await?;
-        (self.stream, self.member) = (Some(stream), member);
+        (self.stream, self.member, self.health) = (Some(stream), member, Some(self.keys.cluster.health(member)));
         Ok(())
     }
 
@@ -144,15 +147,14 @@ impl Watcher {
 
     /// One unit of progress: open a watch, or handle one response.
     async fn step(&mut self) -> Result<()> {
-        let Some(stream) = self.stream.as_mut() else {
+        let (Some(stream), Some(health)) = (self.stream.as_mut(), self.health.as_mut()) else {
             return self.open().await;
         };
-        let cluster = self.keys.cluster.clone();
         let response = tokio::select! {
             message = stream.message() => message
                 .map_err(unavailable)?
                 .ok_or_else(|| Error::Unavailable("etcd closed the watch stream".into()))?,
-            () = cluster.unhealthy(self.member) => {
+            () = health.went_bad() => {
                 return Err(Error::Unavailable("the etcd member of this watch failed its health check".into()));
             }
         };
@@ -215,9 +217,11 @@ pub(super) async fn changes(
     let (requests, responses) = stream.split();
     let mut ticker = tokio::time::interval(PROGRESS_INTERVAL);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let health = keys.cluster.health(member);
     let feed = Feed {
         keys,
         member,
+        health,
         requests,
         responses,
         ticker,
@@ -236,8 +240,9 @@ pub(super) async fn changes(
 
 struct Feed {
     keys: Keyspace,
-    /// The cluster member the watch is open on.
+    /// The cluster member the watch is open on, and its health.
     member: usize,
+    health: MemberHealth,
     requests: etcd_client::WatchRequestSender,
     responses: etcd_client::WatchResponseStream,
     ticker: tokio::time::Interval,
@@ -260,12 +265,12 @@ impl Feed {
             if self.done {
                 return None;
             }
-            let (shutdown, cluster) = (self.shutdown.clone(), self.keys.cluster.clone());
+            let shutdown = self.shutdown.clone();
             tokio::select! {
                 biased;
                 () = shutdown.cancelled() => return None,
                 message = self.responses.message() => self.on_message(message),
-                () = cluster.unhealthy(self.member) => {
+                () = self.health.went_bad() => {
                     self.fail(Error::Unavailable("the etcd member of this watch failed its health check".into()));
                 }
                 _ = self.ticker.tick() => {
