@@ -27,6 +27,8 @@ use tokio::sync::watch;
 const LOCK_TTL: Duration = Duration::from_secs(2);
 /// The backend's `Retry-After` on its first `/throttle/` call.
 const RETRY_AFTER: Duration = Duration::from_secs(3);
+/// Scheduling slack on a loaded 2-core machine.
+const SLACK: Duration = Duration::from_secs(3);
 const GAUGE: &str = "kayra_limit_in_flight{mode=\"api\"}";
 
 // ------------------------------------------------------------- backend
@@ -269,7 +271,8 @@ async fn a_killed_slot_holder_frees_its_slot_within_the_lock_ttl_and_the_gauge_i
     let killed_at = Instant::now();
     world.backend.wait_for(2).await;
     let freed = killed_at.elapsed();
-    assert!(freed < LOCK_TTL + Duration::from_secs(2), "the slot was freed {freed:?} after the kill");
+    // The lease expires at most LOCK_TTL after the holder's last keep-alive.
+    assert!(freed < LOCK_TTL + SLACK, "the slot was freed {freed:?} after the kill");
     world.gauge_reaches(other_port, 1.0, "the other process holds the slot now").await;
 
     world.backend.open();
