@@ -240,8 +240,8 @@ async fn max_in_flight_two_holds_across_three_reconcilers() {
     for ns in &namespaces {
         assert_eq!(world.backend.count(&format!("/second/{ns}")), 1, "{ns}: one call across three processes");
     }
-    for (port, proc) in procs.iter().map(|(proc, port)| (*port, proc)) {
-        world.gauge_reaches(port, 0.0, "every slot given back").await;
+    for (proc, port) in &procs {
+        world.gauge_reaches(*port, 0.0, "every slot given back").await;
         assert!(!proc.lines().iter().any(|l| l.contains("panicked")), "a reconciler panicked");
     }
 }
