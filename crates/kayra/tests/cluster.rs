@@ -9,23 +9,23 @@
 //! tests of this file run one at a time (each starts 3 etcd members and up
 //! to 3 kayra processes).
 
-use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+mod common;
+
+use std::path::PathBuf;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use kayra_catalog::repo::{Change, Repository, keys};
-use kayra_core::{ApiRegistration, Namespace, Subscription};
+use common::{API, Catalog, Proc, names, sample};
 use kayra_store::Store;
 use kayra_store::etcd::EtcdStore;
 use kayra_testkit::backend::TestBackend;
 use kayra_testkit::{EtcdCluster, eventually, free_port};
 use serde_json::json;
 
-const API: &str = "compute.example.com";
 const TOKEN: &str = "cluster-test-admin-token";
+/// The environment of every process here: the bootstrap token.
+const TOKEN_ENV: &[(&str, &str)] = &[("KAYRA_BOOTSTRAP_TOKEN", TOKEN)];
 /// `database.request_timeout` of every process here.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(3);
 /// Scheduling slack on a loaded 2-core machine.
@@ -35,54 +35,10 @@ const LOCK_TTL: Duration = Duration::from_secs(5);
 /// One test at a time: each starts a whole cluster and several processes.
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
-/// A kayra child process with its stderr collected.
-struct Proc {
-    child: Child,
-    lines: Arc<Mutex<Vec<String>>>,
-}
-
-impl Proc {
-    fn start(command: &str, config: &Path) -> Self {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_kayra"))
-            .args([command, "--config"])
-            .arg(config)
-            .env("KAYRA_LOG", "info")
-            .env("KAYRA_BOOTSTRAP_TOKEN", TOKEN)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("start kayra");
-        let lines = Arc::new(Mutex::new(Vec::new()));
-        let stderr = child.stderr.take().expect("stderr");
-        let sink = lines.clone();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                sink.lock().unwrap().push(line);
-            }
-        });
-        Self { child, lines }
-    }
-
-    /// Panics (with its log) if the process has exited.
-    fn assert_running(&mut self) {
-        if let Some(status) = self.child.try_wait().unwrap() {
-            panic!("kayra exited ({status}):\n{}", self.lines.lock().unwrap().join("\n"));
-        }
-    }
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 struct World {
     cluster: EtcdCluster,
     dir: tempfile::TempDir,
-    repo: Repository,
+    catalog: Catalog,
     backend: TestBackend,
     http: reqwest::Client,
 }
@@ -93,9 +49,14 @@ impl World {
         let cluster = if tls { EtcdCluster::start_tls().await } else { EtcdCluster::start().await };
         let config = cluster.config("/kayra", LOCK_TTL);
         let store = Store::new(EtcdStore::connect_within(&config, REQUEST_TIMEOUT).await.expect("connect"));
-        let repo = Repository::new(store, "dev", "local");
         let http = reqwest::Client::builder().timeout(Duration::from_secs(30)).build().unwrap();
-        Self { cluster, dir: tempfile::tempdir().unwrap(), repo, backend: TestBackend::start().await, http }
+        Self {
+            cluster,
+            dir: tempfile::tempdir().unwrap(),
+            catalog: Catalog::new(store),
+            backend: TestBackend::start().await,
+            http,
+        }
     }
 
     /// A config for every process: all members, `behaviour` picks the
@@ -145,12 +106,12 @@ reconciler:
 
     fn reconciler(&self, name: &str, behaviour: &str) -> (Proc, u16) {
         let admin = free_port();
-        (Proc::start("reconciler", &self.config(name, behaviour, free_port(), admin)), admin)
+        (Proc::start("reconciler", &self.config(name, behaviour, free_port(), admin), TOKEN_ENV), admin)
     }
 
     async fn serve(&self) -> (Proc, String) {
         let port = free_port();
-        let proc = Proc::start("serve", &self.config("serve", "ok", port, free_port()));
+        let proc = Proc::start("serve", &self.config("serve", "ok", port, free_port()), TOKEN_ENV);
         let base = format!("http://127.0.0.1:{port}");
         eventually("serve answers", || async {
             matches!(self.get(&format!("{base}/apis/catalog.example.com/v1/namespaces")).await, Ok(200))
@@ -164,40 +125,19 @@ reconciler:
     }
 
     async fn seed(&self, namespaces: &[String], sync_id: &str) {
-        let reg =
-            ApiRegistration { name: API.into(), mode: "api".into(), sync_id: sync_id.into(), ..Default::default() };
-        self.repo.create(&keys::registration("dev", "local", API), &reg, "registration").await.unwrap();
-        for ns in namespaces {
-            self.subscribe(ns).await;
-        }
+        self.catalog.seed("api", namespaces, sync_id).await;
     }
 
     async fn subscribe(&self, ns: &str) {
-        let n = Namespace { name: ns.to_string(), ..Default::default() };
-        self.repo.create(&keys::namespace(ns), &n, "namespace").await.unwrap();
-        let sub = Subscription::new(ns, API);
-        self.repo.create(&keys::subscription("dev", "local", ns, API), &sub, "subscription").await.unwrap();
+        self.catalog.subscribe(ns).await;
     }
 
     async fn bump(&self, sync_id: &str) {
-        let key = keys::registration("dev", "local", API);
-        self.repo
-            .modify::<ApiRegistration, _>(&key, "registration", |r| {
-                r.sync_id = sync_id.into();
-                Change::Write
-            })
-            .await
-            .unwrap();
+        self.catalog.bump(sync_id).await;
     }
 
     async fn all_synced(&self, namespaces: &[String], sync_id: &str) -> bool {
-        for ns in namespaces {
-            match self.repo.get_subscription(ns, API).await {
-                Ok(Some(s)) if s.value.is_synced(sync_id) => {}
-                _ => return false,
-            }
-        }
-        true
+        self.catalog.all_synced(namespaces, sync_id).await
     }
 }
 
@@ -279,10 +219,6 @@ fn check_requests(requests: &[Request], errors_end_by: Instant) -> Vec<String> {
     subscribed
 }
 
-fn names(prefix: &str, n: usize) -> Vec<String> {
-    (0..n).map(|i| format!("{prefix}{i:03}")).collect()
-}
-
 /// Kills the leader in the middle of a fan-out of `subscribers` with two
 /// reconcilers and serve taking creates.
 async fn leader_killed_during_a_fan_out(tls: bool, subscribers: usize) {
@@ -338,11 +274,6 @@ async fn killing_the_leader_during_a_fan_out_with_two_reconcilers() {
 async fn killing_the_leader_of_a_tls_cluster_with_client_certificates() {
     let _serial = SERIAL.lock().await;
     leader_killed_during_a_fan_out(true, 20).await;
-}
-
-/// The value of the sample `name{labels}` in Prometheus text, if present.
-fn sample(metrics: &str, name_and_labels: &str) -> Option<f64> {
-    metrics.lines().find_map(|l| l.strip_prefix(name_and_labels)?.trim().parse().ok())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

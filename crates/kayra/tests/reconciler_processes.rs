@@ -4,86 +4,26 @@
 //! exits 0, JSON log lines carry `lock_id` and `sync_id`, and a bad step
 //! stops the process with a message naming mode, step and field.
 
-use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex};
+mod common;
+
+use std::path::PathBuf;
+use std::process::Command;
 use std::time::{Duration, Instant};
 
-use kayra_catalog::repo::{Change, Repository, keys};
-use kayra_core::{ApiRegistration, Namespace, Subscription};
+use common::{Catalog, Proc};
 use kayra_store::Store;
 use kayra_testkit::backend::TestBackend;
 use kayra_testkit::{Etcd, eventually, free_port};
+use nix::sys::signal::Signal;
 
 fn http_setup() {
     let _ = rustls::crypto::ring::default_provider().install_default();
-}
-use nix::sys::signal::{Signal, kill};
-use nix::unistd::Pid;
-
-const API: &str = "compute.example.com";
-
-/// A `kayra reconciler` child process with its stderr collected.
-struct Reconciler {
-    child: Child,
-    lines: Arc<Mutex<Vec<String>>>,
-}
-
-impl Reconciler {
-    fn start(config: &Path) -> Self {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_kayra"))
-            .args(["reconciler", "--config"])
-            .arg(config)
-            .env("KAYRA_LOG", "info")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("start kayra reconciler");
-        let lines = Arc::new(Mutex::new(Vec::new()));
-        let stderr = child.stderr.take().unwrap();
-        let sink = lines.clone();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                sink.lock().unwrap().push(line);
-            }
-        });
-        Self { child, lines }
-    }
-
-    fn signal(&self, signal: Signal) {
-        kill(Pid::from_raw(self.child.id() as i32), signal).unwrap();
-    }
-
-    /// Waits (bounded) for the process to exit and returns its status.
-    fn wait(&mut self, limit: Duration) -> std::process::ExitStatus {
-        let deadline = Instant::now() + limit;
-        loop {
-            if let Some(status) = self.child.try_wait().unwrap() {
-                return status;
-            }
-            assert!(Instant::now() < deadline, "reconciler did not exit within {limit:?}");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-
-    fn lines(&self) -> Vec<String> {
-        self.lines.lock().unwrap().clone()
-    }
-}
-
-impl Drop for Reconciler {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 struct World {
     etcd: Etcd,
     dir: tempfile::TempDir,
-    repo: Repository,
+    catalog: Catalog,
     backend: TestBackend,
 }
 
@@ -91,8 +31,12 @@ impl World {
     async fn new() -> Self {
         let etcd = Etcd::start().await;
         let store = Store::new(kayra_store::etcd::EtcdStore::connect(&etcd.config("/kayra")).await.unwrap());
-        let repo = Repository::new(store, "dev", "local");
-        Self { etcd, dir: tempfile::tempdir().unwrap(), repo, backend: TestBackend::start().await }
+        Self {
+            etcd,
+            dir: tempfile::tempdir().unwrap(),
+            catalog: Catalog::new(store),
+            backend: TestBackend::start().await,
+        }
     }
 
     /// Writes a reconciler config whose mode `api` POSTs to `/<behaviour>/<namespace>`.
@@ -132,36 +76,16 @@ reconciler:
     }
 
     async fn seed(&self, namespaces: &[&str], sync_id: &str) {
-        let reg =
-            ApiRegistration { name: API.into(), mode: "api".into(), sync_id: sync_id.into(), ..Default::default() };
-        self.repo.create(&keys::registration("dev", "local", API), &reg, "registration").await.unwrap();
-        for ns in namespaces {
-            let n = Namespace { name: ns.to_string(), ..Default::default() };
-            self.repo.create(&keys::namespace(ns), &n, "namespace").await.unwrap();
-            let sub = Subscription::new(*ns, API);
-            self.repo.create(&keys::subscription("dev", "local", ns, API), &sub, "subscription").await.unwrap();
-        }
+        let namespaces: Vec<String> = namespaces.iter().map(|ns| ns.to_string()).collect();
+        self.catalog.seed("api", &namespaces, sync_id).await;
     }
 
     async fn bump(&self, sync_id: &str) {
-        let key = keys::registration("dev", "local", API);
-        self.repo
-            .modify::<ApiRegistration, _>(&key, "registration", |r| {
-                r.sync_id = sync_id.into();
-                Change::Write
-            })
-            .await
-            .unwrap();
+        self.catalog.bump(sync_id).await;
     }
 
     async fn all_synced(&self, namespaces: &[&str], sync_id: &str) -> bool {
-        for ns in namespaces {
-            match self.repo.get_subscription(ns, API).await.unwrap() {
-                Some(s) if s.value.is_synced(sync_id) => {}
-                _ => return false,
-            }
-        }
-        true
+        self.catalog.all_synced(namespaces, sync_id).await
     }
 }
 
@@ -171,7 +95,7 @@ async fn three_processes_run_each_job_once_per_sync_id() {
     let namespaces: Vec<String> = (0..12).map(|i| format!("t{i:02}")).collect();
     let namespaces: Vec<&str> = namespaces.iter().map(String::as_str).collect();
     world.seed(&namespaces, "s1").await;
-    let procs: Vec<Reconciler> = (0..3).map(|i| Reconciler::start(&world.config(&format!("r{i}"), "slow"))).collect();
+    let procs: Vec<Proc> = (0..3).map(|i| Proc::reconciler(&world.config(&format!("r{i}"), "slow"))).collect();
     eventually("all synced to s1", || world.all_synced(&namespaces, "s1")).await;
     world.bump("s2").await;
     eventually("all synced to s2", || world.all_synced(&namespaces, "s2")).await;
@@ -180,17 +104,17 @@ async fn three_processes_run_each_job_once_per_sync_id() {
     for ns in &namespaces {
         assert_eq!(world.backend.count(&format!("/slow/{ns}")), 2, "{ns}: one run per SyncID across three processes");
     }
-    assert_json_lines_carry_ids(procs.iter().flat_map(Reconciler::lines));
+    assert_json_lines_carry_ids(procs.iter().flat_map(Proc::lines));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killed_lock_holder_is_taken_over_after_the_lease_ttl() {
     let world = World::new().await;
     world.seed(&["core"], "s1").await;
-    let mut first = Reconciler::start(&world.config("first", "hold"));
+    let mut first = Proc::reconciler(&world.config("first", "hold"));
     world.backend.wait_for("/hold/core", 1).await;
     // The second process blocks on the job lock the first one holds.
-    let second = Reconciler::start(&world.config("second", "hold"));
+    let second = Proc::reconciler(&world.config("second", "hold"));
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert_eq!(world.backend.count("/hold/core"), 1, "the second process must wait for the lock");
     first.signal(Signal::SIGKILL);
@@ -210,7 +134,7 @@ async fn sigterm_finishes_the_in_flight_reconcile_and_exits_zero() {
     let world = World::new().await;
     world.seed(&["core"], "s1").await;
     let port = free_port();
-    let mut proc = Reconciler::start(&world.config_with("only", "hold", "text", port));
+    let mut proc = Proc::reconciler(&world.config_with("only", "hold", "text", port));
     world.backend.wait_for("/hold/core", 1).await;
     // The admin listener answers while the reconcile is in flight.
     let admin = format!("http://127.0.0.1:{port}");

@@ -313,13 +313,7 @@ impl Pipeline {
                 None
             };
             if let Some((error, why)) = stop {
-                tracing::info!(
-                    lock_id = ctx.lock_id,
-                    sync_id = %ctx.expected_sync_id,
-                    run_id = %ctx.run_id,
-                    step = step.index(),
-                    "{why}"
-                );
+                log_decision(ctx, step.index(), why);
                 report.result = Err(error);
                 return report;
             }
@@ -334,13 +328,7 @@ impl Pipeline {
                 Err(_) if step.is_async() => {
                     // The detail is on the step's own line; this one only
                     // records the decision (seed, "Logging").
-                    tracing::info!(
-                        lock_id = ctx.lock_id,
-                        sync_id = %ctx.expected_sync_id,
-                        run_id = %ctx.run_id,
-                        step = step.index(),
-                        "ignoring the failure of an async step"
-                    );
+                    log_decision(ctx, step.index(), "ignoring the failure of an async step");
                     previous_outputs = BTreeMap::new();
                 }
                 Err(error) => {
@@ -381,41 +369,41 @@ fn record(step: &CompiledStep, outcome: &Outcome, redactor: &Redactor) -> RunSte
     }
 }
 
-/// The step's one log line (see the module docs for its fields).
+/// A line about what the run does at step `step`, beside the step's own line.
+fn log_decision(ctx: &SubscriptionContext, step: usize, message: &str) {
+    tracing::info!(lock_id = ctx.lock_id, sync_id = %ctx.expected_sync_id, run_id = %ctx.run_id, step, "{message}");
+}
+
+/// The step's one log line (see the module docs for its fields). The two
+/// outcomes differ only in level, message and `error` (absent on success).
 fn log_step(ctx: &SubscriptionContext, record: &RunStep, succeeded: bool) {
     // A map of strings always serialises.
     let outputs = serde_json::to_string(&record.outputs).unwrap_or_default();
     let status = (record.status != 0).then_some(record.status);
+    let error = (!succeeded).then_some(record.error.as_str());
+    macro_rules! step_line {
+        ($level:expr, $message:literal) => {
+            tracing::event!(
+                $level,
+                lock_id = ctx.lock_id,
+                sync_id = %ctx.expected_sync_id,
+                run_id = %ctx.run_id,
+                step = record.index,
+                method = %record.method,
+                endpoint = %record.endpoint,
+                "async" = record.is_async,
+                attempts = record.attempts,
+                status,
+                duration_ms = record.duration_ms,
+                error,
+                outputs = %outputs,
+                $message
+            )
+        };
+    }
     if succeeded {
-        tracing::info!(
-            lock_id = ctx.lock_id,
-            sync_id = %ctx.expected_sync_id,
-            run_id = %ctx.run_id,
-            step = record.index,
-            method = %record.method,
-            endpoint = %record.endpoint,
-            "async" = record.is_async,
-            attempts = record.attempts,
-            status,
-            duration_ms = record.duration_ms,
-            outputs = %outputs,
-            "step succeeded"
-        );
+        step_line!(tracing::Level::INFO, "step succeeded");
     } else {
-        tracing::warn!(
-            lock_id = ctx.lock_id,
-            sync_id = %ctx.expected_sync_id,
-            run_id = %ctx.run_id,
-            step = record.index,
-            method = %record.method,
-            endpoint = %record.endpoint,
-            "async" = record.is_async,
-            attempts = record.attempts,
-            status,
-            duration_ms = record.duration_ms,
-            error = %record.error,
-            outputs = %outputs,
-            "step failed"
-        );
+        step_line!(tracing::Level::WARN, "step failed");
     }
 }

@@ -19,16 +19,23 @@
 //! included. Modes without limits cost no store call on the local store and
 //! one read (the backoff key) on etcd.
 //!
-//! `kayra_limit_in_flight{mode}` is this process's permits held per limited
-//! mode.
+//! `kayra_limit_in_flight{mode}` is the mode's pipelines running now. On
+//! etcd, for a mode with `max_in_flight`, it is the fleet's: the live slot
+//! keys, counted from a watch of the limiter's prefix ([`Limits::report_fleet`])
+//! so a scrape costs no store call and every process shows the same number,
+//! a killed process's slots included until its lease expires. Otherwise (the
+//! local store, or a mode with only `per_minute`, which has no slot keys) it
+//! is this process's permits.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use futures::StreamExt;
 use kayra_config::{ModeLimits, ReconcilerConfig};
-use kayra_store::{Leases, Store};
+use kayra_store::{Leases, Store, WatcherEvent};
 use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
 
 const GAUGE: &str = "kayra_limit_in_flight";
 /// How soon to ask again when every `max_in_flight` slot is taken.
@@ -99,7 +106,11 @@ fn unix_ms(at: SystemTime) -> u64 {
 impl Limits {
     /// Limits of `cfg.limits` over `store`, scoped to this deployment.
     pub fn new(cfg: &ReconcilerConfig, store: Store, platform: &str, region: &str) -> Self {
-        metrics::describe_gauge!(GAUGE, "Pipelines of a limited mode this process runs now (reconciler.limits)");
+        metrics::describe_gauge!(
+            GAUGE,
+            "Pipelines of a limited mode running now (reconciler.limits): on etcd, for a mode with max_in_flight, \
+             across the fleet (live slot keys); otherwise this process's"
+        );
         for mode in cfg.limits.keys() {
             metrics::gauge!(GAUGE, "mode" => mode.clone()).set(0.0);
         }
@@ -207,6 +218,47 @@ impl Limits {
         Ok(Ok(held))
     }
 
+    /// Keeps `kayra_limit_in_flight` of every mode with `max_in_flight`
+    /// at the fleet's count of live slot keys, from a watch of the
+    /// limiter's prefix (list, then watch, re-listing after a gap), until
+    /// `cancel`. Returns at once on the local store.
+    pub async fn report_fleet(self, cancel: CancellationToken) {
+        let inner = &self.inner;
+        if inner.leases.is_none() || !inner.modes.values().any(|l| l.max_in_flight.is_some()) {
+            return;
+        }
+        let prefix = format!("{}/", inner.root);
+        let mut watcher = inner.store.watcher(&prefix);
+        let mut slots = BTreeSet::new();
+        let mut listing = BTreeSet::new();
+        loop {
+            let event = tokio::select! {
+                event = watcher.next() => event,
+                () = cancel.cancelled() => return,
+            };
+            let Some(event) = event else { return };
+            match event {
+                WatcherEvent::Init => listing.clear(),
+                WatcherEvent::InitApply(kv) => {
+                    listing.insert(kv.key);
+                }
+                WatcherEvent::InitDone { .. } => {
+                    slots = std::mem::take(&mut listing);
+                    inner.publish_fleet(&slots);
+                }
+                WatcherEvent::Apply(kv) => {
+                    slots.insert(kv.key);
+                    inner.publish_fleet(&slots);
+                }
+                WatcherEvent::Delete { key, .. } => {
+                    slots.remove(&key);
+                    inner.publish_fleet(&slots);
+                }
+                WatcherEvent::Progress { .. } => {}
+            }
+        }
+    }
+
     /// A step of `mode` was answered 429 with `Retry-After`: no new start
     /// of the mode before it passes (fleet-wide on etcd).
     pub async fn backoff(&self, mode: &str, retry_after: Duration) -> Result<(), kayra_store::Error> {
@@ -246,6 +298,22 @@ fn remaining(value: &[u8]) -> Option<Duration> {
 }
 
 impl Inner {
+    /// Whether the gauge of `mode` shows the fleet's slot keys rather than
+    /// this process's permits.
+    fn fleet_counted(&self, mode: &str) -> bool {
+        self.leases.is_some() && self.modes.get(mode).is_some_and(|l| l.max_in_flight.is_some())
+    }
+
+    /// Sets the fleet-counted gauges from the keys under the limiter's
+    /// prefix (`<root>/<mode>/slot/<i>` are the slots).
+    fn publish_fleet(&self, keys: &BTreeSet<String>) {
+        for mode in self.modes.keys().filter(|mode| self.fleet_counted(mode)) {
+            let slots = format!("{}/{mode}/slot/", self.root);
+            let live = keys.iter().filter(|key| key.starts_with(&slots)).count();
+            metrics::gauge!(GAUGE, "mode" => mode.clone()).set(live as f64);
+        }
+    }
+
     fn held(&self, mode: &str, change: impl FnOnce(&mut usize)) {
         if !self.modes.contains_key(mode) {
             return;
@@ -253,7 +321,9 @@ impl Inner {
         let mut local = self.local.lock().unwrap_or_else(PoisonError::into_inner);
         let state = local.entry(mode.to_string()).or_default();
         change(&mut state.held);
-        metrics::gauge!(GAUGE, "mode" => mode.to_string()).set(state.held as f64);
+        if !self.fleet_counted(mode) {
+            metrics::gauge!(GAUGE, "mode" => mode.to_string()).set(state.held as f64);
+        }
     }
 
     fn local_backoff(&self, mode: &str, now: Instant) -> Option<Duration> {

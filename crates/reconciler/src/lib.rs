@@ -167,9 +167,12 @@ impl Reconciler {
             self.tracker.clone(),
             cancel.clone(),
         ));
+        // On etcd, `kayra_limit_in_flight` shows the fleet's slots.
+        let fleet = tokio::spawn(self.worker.limits.clone().report_fleet(cancel.clone()));
         self.watch(&cancel).await;
         self.queue.close();
         let _ = dispatcher.await;
+        let _ = fleet.await;
         self.pool.close();
         self.tracker.close();
         self.tracker.wait().await;
