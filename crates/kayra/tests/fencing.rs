@@ -4,12 +4,20 @@
 //! which took the job meanwhile, has its result and its run kept, and its
 //! call carries a higher `.Run.FencingToken` than any call A made.
 //!
+//! Two orders: A resumes after B has finished (the subscription's revision
+//! has moved, so A's write would be stale anyway), and A resumes while B
+//! is still inside its own step (the subscription is as A read it: only
+//! the compare on A's lock key keeps A's result out).
+//!
 //! The two processes get different step endpoints (`/hold/a/..` for A,
-//! `/ok/b/..` for B), so the backend can tell whose call it holds; every
-//! step sends its `.Run.FencingToken` in an `X-Fence` header.
+//! `/ok/b/..` or `/hold/b/..` for B), so the backend tells their calls
+//! apart and holds each until the test lets it answer; every step sends its
+//! `.Run.FencingToken` in an `X-Fence` header. The run history is read
+//! through a real `kayra serve`.
 
 mod common;
 
+use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -41,19 +49,19 @@ struct Call {
     fence: Option<i64>,
 }
 
-/// A recording backend on 127.0.0.1:0: `/hold/..` answers 200 once
-/// [`Backend::open`] is called, anything else 200 at once. Each call's
-/// `X-Fence` header is kept.
+/// A recording backend on 127.0.0.1:0: `/hold/<who>/..` answers 200 once
+/// [`Backend::open`]`(who)` is called, anything else 200 at once. Each
+/// call's `X-Fence` header is kept.
 struct Backend {
     base: String,
     calls: Arc<Mutex<Vec<Call>>>,
-    gate: watch::Sender<bool>,
+    gate: watch::Sender<BTreeSet<String>>,
 }
 
 impl Backend {
     async fn start() -> Self {
         let calls = Arc::new(Mutex::new(Vec::new()));
-        let (gate, _) = watch::channel(false);
+        let (gate, _) = watch::channel(BTreeSet::new());
         let app = Router::new().fallback({
             let (calls, gate) = (calls.clone(), gate.clone());
             move |uri: Uri, headers: HeaderMap| {
@@ -62,8 +70,8 @@ impl Backend {
                     let path = uri.path().to_string();
                     let fence = headers.get("x-fence").and_then(|v| v.to_str().ok()?.parse().ok());
                     calls.lock().unwrap().push(Call { path: path.clone(), fence });
-                    if path.starts_with("/hold/") {
-                        let _ = opened.wait_for(|open| *open).await;
+                    if let Some(who) = path.strip_prefix("/hold/").and_then(|rest| rest.split('/').next()) {
+                        let _ = opened.wait_for(|open| open.contains(who)).await;
                     }
                     StatusCode::OK
                 }
@@ -79,9 +87,11 @@ impl Backend {
         self.calls.lock().unwrap().iter().filter(|c| c.path.starts_with(prefix)).cloned().collect()
     }
 
-    /// Lets every held call, and every later one, answer.
-    fn open(&self) {
-        self.gate.send_replace(true);
+    /// Lets every held call to `/hold/<who>/`, and every later one, answer.
+    fn open(&self, who: &str) {
+        self.gate.send_modify(|open| {
+            open.insert(who.to_string());
+        });
     }
 
     async fn wait_for(&self, prefix: &str) -> Call {
@@ -176,10 +186,8 @@ reconciler:
     /// `GET .../subscriptions/API/runs` of [`NS`], newest first.
     async fn runs(&self, base: &str) -> Vec<Value> {
         let url = format!("{base}/namespaces/{NS}/subscriptions/{API}/runs");
-        match self.get(&url).await {
-            Some(list) => list["items"].as_array().cloned().unwrap_or_default(),
-            None => Vec::new(),
-        }
+        let list = self.get(&url).await.expect("the runs list answers 200");
+        list["items"].as_array().cloned().expect("runs have items")
     }
 
     /// The subscription's record and its revision in the store.
@@ -194,67 +202,117 @@ fn identity_of(proc: &Proc) -> String {
     format!(":{}", proc.child.id())
 }
 
-// ----------------------------------------------------------------- test
+/// The start both tests share: A takes the job and is held inside its
+/// step, then is SIGSTOPped; B, started after that, gets the job's lock
+/// only once A's lease has expired, and calls `/<b_path>/..` with a higher
+/// fencing token than A's.
+struct Paused {
+    world: World,
+    serve: Proc,
+    base: String,
+    a: Proc,
+    a_token: i64,
+    stopped_at: Instant,
+    b: Proc,
+    b_token: i64,
+}
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_reconciler_paused_past_its_lease_records_nothing_and_its_calls_carry_the_lower_token() {
+async fn paused(b_path: &str) -> Paused {
     let world = World::new().await;
     world.catalog.seed("api", &[NS.to_string()], "s1").await;
-    let (mut serve, base) = world.serve().await;
-
-    // A takes the job and is held inside its step.
-    let mut a = world.reconciler("a", "hold/a");
+    let (serve, base) = world.serve().await;
+    let a = world.reconciler("a", "hold/a");
     let a_call = world.backend.wait_for("/hold/a/").await;
     let a_token = a_call.fence.expect("A's call carries X-Fence");
     a.signal(Signal::SIGSTOP);
     let stopped_at = Instant::now();
-
-    // B can take the job only once A's lease has expired.
-    let mut b = world.reconciler("b", "ok/b");
-    let b_call = world.backend.wait_for("/ok/b/").await;
+    let b = world.reconciler("b", b_path);
+    let b_call = world.backend.wait_for(&format!("/{b_path}/")).await;
     let b_token = b_call.fence.expect("B's call carries X-Fence");
-    assert!(stopped_at.elapsed() >= LOCK_TTL, "B got the lock before A's lease could expire");
+    // A's last renewal may have come up to a third of the TTL before the
+    // stop; half the TTL is a bound no fresh lease could meet.
+    assert!(stopped_at.elapsed() >= LOCK_TTL / 2, "B got the lock while A's lease was fresh");
     assert!(b_token > a_token, "B's fencing token {b_token} is above A's {a_token}");
+    Paused { world, serve, base, a, a_token, stopped_at, b, b_token }
+}
+
+impl Paused {
+    /// Resumes A (stopped for at least its lease TTL) with its step's
+    /// answer waiting, waits until A has either logged that it was fenced
+    /// off or written the subscription, and asserts it wrote nothing.
+    async fn resume_a(&self) {
+        tokio::time::sleep_until((self.stopped_at + LOCK_TTL).into()).await;
+        let (before, revision) = self.world.subscription().await;
+        self.world.backend.open("a");
+        self.a.signal(Signal::SIGCONT);
+        eventually("A is fenced off (or writes)", || async {
+            self.a.lines().iter().any(|l| l.contains(FENCED_LINE)) || self.world.subscription().await.1 != revision
+        })
+        .await;
+        let (after, after_revision) = self.world.subscription().await;
+        assert_eq!((&after, after_revision), (&before, revision), "A wrote to the subscription after losing its lock");
+        let lines = self.a.lines();
+        let fenced = lines.iter().find(|l| l.contains(FENCED_LINE)).expect("A logs that it was fenced off");
+        assert!(fenced.contains(NS) && fenced.contains("\"lock_id\""), "the fenced line names its job: {fenced}");
+        assert!(
+            !lines.iter().any(|l| l.contains("subscription activated") || l.contains("subscription reconciled")),
+            "A claims a recorded result:\n{}",
+            lines.join("\n")
+        );
+    }
+
+    /// `(reconciler, result)` of each recorded run, newest first.
+    async fn runs(&self) -> Vec<(String, String)> {
+        let field = |r: &Value, name: &str| r[name].as_str().unwrap_or("").to_string();
+        self.world.runs(&self.base).await.iter().map(|r| (field(r, "reconciler"), field(r, "result"))).collect()
+    }
+
+    /// The history is B's one successful run; A made its one call, with
+    /// the lower token, and B its one call; every process still runs.
+    async fn assert_only_b_recorded(mut self) {
+        // Give a redundant run a moment to show up before counting.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let runs = self.runs().await;
+        assert_eq!(runs.len(), 1, "one run, B's: {runs:?}");
+        assert!(runs[0].0.ends_with(&identity_of(&self.b)), "the run is B's: {runs:?}");
+        assert_eq!(runs[0].1, "success", "{runs:?}");
+        let a_calls = self.world.backend.calls("/hold/a/");
+        assert_eq!(a_calls.len(), 1, "A called again: {a_calls:?}");
+        assert_eq!(a_calls[0].fence, Some(self.a_token));
+        assert!(self.a_token < self.b_token);
+        let b_calls = self.world.backend.calls("/").len() - a_calls.len();
+        assert_eq!(b_calls, 1, "B ran the job once: {:?}", self.world.backend.calls("/"));
+        self.a.assert_running();
+        self.b.assert_running();
+        self.serve.assert_running();
+    }
+}
+
+/// The order of the issue: B finishes the job while A is paused; A,
+/// resumed, completes its step and records nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reconciler_resumed_after_the_new_holder_finished_records_nothing() {
+    let paused = paused("ok/b").await;
+    let world = &paused.world;
     eventually("B's result is recorded", || world.catalog.all_synced(&[NS], "s1")).await;
-    eventually("B's run is in the history", || async { !world.runs(&base).await.is_empty() }).await;
-    let (by_b, b_revision) = world.subscription().await;
-    assert!(by_b.active && by_b.current_sync_id == "s1", "B's result: {by_b:?}");
+    eventually("B's run is in the history", || async { !paused.runs().await.is_empty() }).await;
+    paused.resume_a().await;
+    let (sub, _) = world.subscription().await;
+    assert!(sub.active && sub.current_sync_id == "s1", "B's result stays: {sub:?}");
+    paused.assert_only_b_recorded().await;
+}
 
-    // A's step completes the moment it runs again; its result must not land.
-    world.backend.open();
-    a.signal(Signal::SIGCONT);
-    eventually("A says its result was fenced off", || async {
-        a.lines().iter().any(|l| l.contains(FENCED_LINE) && l.contains(NS))
-    })
-    .await;
-    let (after, after_revision) = world.subscription().await;
-    assert_eq!((&after, after_revision), (&by_b, b_revision), "A wrote to the subscription after being fenced off");
-    assert!(
-        !a.lines().iter().any(|l| l.contains("subscription activated") || l.contains("subscription reconciled")),
-        "A claims a recorded result:\n{}",
-        a.lines().join("\n")
-    );
-
-    // The history holds B's successful run and nothing from A.
-    let runs = world.runs(&base).await;
-    let summary: Vec<(String, String)> = runs
-        .iter()
-        .map(|r| (r["reconciler"].as_str().unwrap_or("").to_string(), r["result"].as_str().unwrap_or("").to_string()))
-        .collect();
-    assert_eq!(runs.len(), 1, "one run, B's: {summary:?}");
-    assert!(summary[0].0.ends_with(&identity_of(&b)), "the run is B's: {summary:?}");
-    assert_eq!(summary[0].1, "success", "{summary:?}");
-    assert!(!summary.iter().any(|(who, _)| who.ends_with(&identity_of(&a))), "A recorded a run: {summary:?}");
-
-    // A has nothing left to do: any call it made carried the older token.
-    // Give a redundant run a moment to show up before counting.
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    let a_calls = world.backend.calls("/hold/a/");
-    assert_eq!(a_calls.len(), 1, "A called again: {a_calls:?}");
-    assert!(a_calls.iter().all(|c| c.fence.is_some_and(|t| t < b_token)), "{a_calls:?} vs B's {b_token}");
-    assert_eq!(world.backend.calls("/ok/b/").len(), 1, "B ran the job once");
-    assert_eq!(world.runs(&base).await.len(), 1, "no later run was recorded");
-    a.assert_running();
-    b.assert_running();
-    serve.assert_running();
+/// A resumes and completes its step while B still holds the job inside its
+/// own step: the subscription has not changed since A read it, so only the
+/// lock-key compare keeps A's result out. B's result lands afterwards.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reconciler_resumed_while_the_new_holder_runs_records_nothing() {
+    let paused = paused("hold/b").await;
+    paused.resume_a().await;
+    assert_eq!(paused.runs().await, Vec::<(String, String)>::new(), "A recorded a run");
+    paused.world.backend.open("b");
+    let world = &paused.world;
+    eventually("B's result is recorded", || world.catalog.all_synced(&[NS], "s1")).await;
+    eventually("B's run is in the history", || async { !paused.runs().await.is_empty() }).await;
+    paused.assert_only_b_recorded().await;
 }
