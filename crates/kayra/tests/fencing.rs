@@ -39,6 +39,8 @@ const TOKEN_ENV: &[(&str, &str)] = &[("KAYRA_BOOTSTRAP_TOKEN", TOKEN)];
 const NS: &str = "fenced";
 /// What A logs when its result write finds its lock key gone.
 const FENCED_LINE: &str = "job lock lost during the reconcile";
+/// What A logs when its result write finds the subscription changed.
+const STALE_LINE: &str = "subscription changed during reconcile";
 
 // ------------------------------------------------------------- backend
 
@@ -239,14 +241,16 @@ async fn paused(b_path: &str) -> Paused {
 impl Paused {
     /// Resumes A (stopped for at least its lease TTL) with its step's
     /// answer waiting, waits until A has either logged that it was fenced
-    /// off or written the subscription, and asserts it wrote nothing.
+    /// off or ended its attempt otherwise, and asserts it wrote nothing and
+    /// was fenced off.
     async fn resume_a(&self) {
         tokio::time::sleep_until((self.stopped_at + LOCK_TTL).into()).await;
         let (before, revision) = self.world.subscription().await;
         self.world.backend.open("a");
         self.a.signal(Signal::SIGCONT);
-        eventually("A is fenced off (or writes)", || async {
-            self.a.lines().iter().any(|l| l.contains(FENCED_LINE)) || self.world.subscription().await.1 != revision
+        eventually("A is fenced off (or writes, or finds its write stale)", || async {
+            self.a.lines().iter().any(|l| l.contains(FENCED_LINE) || l.contains(STALE_LINE))
+                || self.world.subscription().await.1 != revision
         })
         .await;
         let (after, after_revision) = self.world.subscription().await;
