@@ -560,6 +560,23 @@ impl Backend for LocalStore {
     }
 
     async fn txn(&self, txn: Txn) -> Result<TxnResponse> {
+        // A transaction that only reads (whichever branch runs) is one
+        // snapshot on a reader connection: it neither takes the file's
+        // write lock nor queues behind this process's writers, as etcd
+        // serves a read-only Txn without a raft proposal.
+        if txn.success.iter().chain(&txn.failure).all(|op| matches!(op, Op::Get { .. })) {
+            return self
+                .read(move |conn| {
+                    retry_busy(|| {
+                        let tx = conn.transaction()?;
+                        let resp = apply(&tx, &txn, i64::MAX)?;
+                        tx.finish()?;
+                        Ok(resp)
+                    })
+                    .map_err(unavailable)
+                })
+                .await;
+        }
         self.write(txn).await
     }
 
