@@ -134,7 +134,7 @@ impl Repository {
     /// linearizable, and as cheap, as one store read, and a missing one
     /// still says which 404 it is.
     pub async fn read_subscription(&self, namespace: &str, api: &str) -> Result<SubscriptionRead> {
-        let (p, r) = (self.platform.as_str(), self.region.as_str());
+        let (p, r) = (&*self.platform, &*self.region);
         let txn = Txn::new()
             .then(Op::Get { key: keys::subscription(p, r, namespace, api) })
             .then(Op::Get { key: keys::registration(p, r, api) })
@@ -457,7 +457,7 @@ impl Repository {
         namespace: &str,
         api: &str,
     ) -> Result<Result<(Versioned<Subscription>, String), CreateRefused>> {
-        let (p, r) = (self.platform.as_str(), self.region.as_str());
+        let (p, r) = (&*self.platform, &*self.region);
         let subscription = Subscription::new(namespace, api);
         let key = keys::subscription(p, r, namespace, api);
         let txn = Txn::new()
@@ -487,7 +487,7 @@ impl Repository {
     /// (`/runs/<platform>/<region>/<namespace>/<api>/`) and run cursor, and its attempt
     /// record, in one transaction.
     pub async fn delete_subscription(&self, namespace: &str, api: &str) -> Result<Revision> {
-        let (p, r) = (self.platform.as_str(), self.region.as_str());
+        let (p, r) = (&*self.platform, &*self.region);
         let key = keys::subscription(p, r, namespace, api);
         let txn = Txn::new()
             .when(Compare::Exists(key.clone()))
@@ -546,7 +546,7 @@ impl Repository {
         api: &str,
         current: &Versioned<Subscription>,
     ) -> Result<Option<(Versioned<Subscription>, String)>> {
-        let (p, r) = (self.platform.as_str(), self.region.as_str());
+        let (p, r) = (&*self.platform, &*self.region);
         let key = keys::subscription(p, r, namespace, api);
         let mut next = current.value.clone();
         next.current_sync_id.clear();
@@ -576,7 +576,7 @@ impl Repository {
     }
 
     fn describe(&self, s: &SubscriptionRef) -> String {
-        if s.platform == self.platform && s.region == self.region {
+        if *s.platform == *self.platform && *s.region == *self.region {
             s.api.clone()
         } else {
             format!("{} (platform {}, region {})", s.api, s.platform, s.region)
