@@ -24,6 +24,9 @@ async fn measured(
     (reply.status, trips.count() - before)
 }
 
+/// What a request is, and the (status, round trips) it must answer with.
+type Expectation = (&'static str, Method, String, Option<Value>, u16, usize);
+
 async fn case(backend: Backend) {
     let (server, trips) = Server::start_counted(backend).await;
     server.namespace("core").await;
@@ -38,7 +41,7 @@ async fn case(backend: Backend) {
     let subs = "/namespaces/core/subscriptions";
     let one = "/namespaces/core/subscriptions/compute.example.com";
     let body = || Some(json!({"api": "compute.example.com"}));
-    let expectations: Vec<(&str, Method, String, Option<Value>, u16, usize)> = vec![
+    let expectations: Vec<Expectation> = vec![
         ("create", Method::POST, subs.into(), body(), 201, 1),
         ("create again (409)", Method::POST, subs.into(), body(), 409, 1),
         ("create in a missing namespace", Method::POST, "/namespaces/nope/subscriptions".into(), body(), 404, 1),
