@@ -2,9 +2,11 @@
 //! [`Caller`] in the request's extensions, or 401 with
 //! `WWW-Authenticate: Bearer`.
 //!
-//! Nothing is cached: every request reads its token (by hash) and its user
-//! from the store, which is what makes revocation immediate. The token is
-//! never logged, and neither is the header that carries it.
+//! The token's hash and its user are looked up in the watch-fed auth
+//! caches (`kayra_catalog::cache`), which wait for this process's own
+//! writes first, so a revocation made here is enforced on the very next
+//! request; a token they do not know is confirmed against the store. The
+//! token is never logged, and neither is the header that carries it.
 
 use axum::extract::{Request, State};
 use axum::http::HeaderMap;

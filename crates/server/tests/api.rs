@@ -20,6 +20,7 @@ mod api {
     mod rbac;
     mod registrations;
     mod replicas;
+    mod round_trips;
     mod runs;
     mod slow_clients;
     mod store_outage;

@@ -345,7 +345,9 @@ fn delete_one(
 }
 
 fn get_in(conn: &Connection, key: &str) -> rusqlite::Result<Option<KeyValue>> {
-    conn.query_row("SELECT key, value, create_rev, mod_rev FROM kv WHERE key = ?1", params![key.as_bytes()], read_kv)
+    // Cached statements: the hot reads are parsed once per connection, not per call.
+    conn.prepare_cached("SELECT key, value, create_rev, mod_rev FROM kv WHERE key = ?1")?
+        .query_row(params![key.as_bytes()], read_kv)
         .optional()
 }
 
@@ -384,10 +386,9 @@ fn retry_busy<T>(mut f: impl FnMut() -> rusqlite::Result<T>) -> rusqlite::Result
 
 /// `(create_rev, mod_rev)` of `key`, when present.
 fn revisions_of(conn: &Connection, key: &str) -> rusqlite::Result<Option<(Revision, Revision)>> {
-    conn.query_row("SELECT create_rev, mod_rev FROM kv WHERE key = ?1", params![key.as_bytes()], |r| {
-        Ok((r.get(0)?, r.get(1)?))
-    })
-    .optional()
+    conn.prepare_cached("SELECT create_rev, mod_rev FROM kv WHERE key = ?1")?
+        .query_row(params![key.as_bytes()], |r| Ok((r.get(0)?, r.get(1)?)))
+        .optional()
 }
 
 fn read_kv(row: &rusqlite::Row<'_>) -> rusqlite::Result<KeyValue> {
@@ -421,7 +422,8 @@ fn bounds(prefix: &str) -> (Vec<u8>, Vec<u8>) {
 }
 
 fn read_revision(conn: &Connection) -> rusqlite::Result<(Revision, Revision)> {
-    conn.query_row("SELECT revision, compacted FROM meta WHERE id = 1", [], |r| Ok((r.get(0)?, r.get(1)?)))
+    conn.prepare_cached("SELECT revision, compacted FROM meta WHERE id = 1")?
+        .query_row([], |r| Ok((r.get(0)?, r.get(1)?)))
 }
 
 /// One page of keys under `prefix` after `start_after`, inside an open read transaction.
@@ -560,6 +562,23 @@ impl Backend for LocalStore {
     }
 
     async fn txn(&self, txn: Txn) -> Result<TxnResponse> {
+        // A transaction that only reads (whichever branch runs) is one
+        // snapshot on a reader connection: it neither takes the file's
+        // write lock nor queues behind this process's writers, as etcd
+        // serves a read-only Txn without a raft proposal.
+        if txn.success.iter().chain(&txn.failure).all(|op| matches!(op, Op::Get { .. })) {
+            return self
+                .read(move |conn| {
+                    retry_busy(|| {
+                        let tx = conn.transaction()?;
+                        let resp = apply(&tx, &txn, i64::MAX)?;
+                        tx.finish()?;
+                        Ok(resp)
+                    })
+                    .map_err(unavailable)
+                })
+                .await;
+        }
         self.write(txn).await
     }
 

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use kayra_store::local::LocalStore;
-use kayra_store::{Error, Event, Store};
+use kayra_store::{Compare, Error, Event, Op, Store, Txn};
 
 const CHILD_PATH: &str = "KAYRA_TEST_LOCAL_CHILD";
 const CHILD_ID: &str = "KAYRA_TEST_LOCAL_CHILD_ID";
@@ -218,6 +218,9 @@ async fn reads_never_wait_behind_a_write_waiting_for_the_lock() {
         assert!(store.get("/present").await.unwrap().0.is_some());
         assert_eq!(store.list("/", None, 0).await.unwrap().items.len(), 1);
         store.revision().await.expect("readiness does not wait for the write lock");
+        let read = Txn::new().when(Compare::Exists("/present".into())).then(Op::Get { key: "/present".into() });
+        let read = store.txn(read).await.expect("a read-only transaction does not wait for the write lock");
+        assert!(read.succeeded && read.gets[0].is_some());
         assert!(begun.elapsed() < Duration::from_millis(500), "a read took {:?}", begun.elapsed());
         assert!(!write.is_finished(), "the write waits for the lock");
     }

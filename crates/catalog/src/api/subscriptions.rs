@@ -25,7 +25,8 @@ use super::error::{ApiError, ErrorBody};
 use super::extract::{JsonBody, Path, Query, RequestBody};
 use super::list::{List, ListQuery, continue_token};
 use super::{ApiState, Empty, label, long_name, registration_not_found, shown};
-use crate::repo::keys;
+use crate::repo::tenancy::CreateRefused;
+use crate::repo::{Versioned, keys};
 
 /// The computed fields, and the response-only ones.
 const COMPUTED: &[&str] = &["active", "state", "current_sync_id", "expected_sync_id", "synced"];
@@ -61,20 +62,11 @@ fn what(namespace: &str, api: &str) -> String {
     format!("subscription of namespace {namespace:?} to {api:?}")
 }
 
-/// The registration's current SyncID, or "" when it is gone.
-async fn expected_sync_id(state: &ApiState, api: &str) -> Result<String, ApiError> {
-    Ok(state.repo.get_registration(api).await?.map(|r| r.value.sync_id).unwrap_or_default())
-}
-
-async fn view(state: &ApiState, subscription: &Subscription) -> Result<SubscriptionView, ApiError> {
-    Ok(subscription.view(&expected_sync_id(state, &subscription.api).await?))
-}
-
 /// Checks the path: a valid, existing namespace and a long API name.
 async fn check_path(state: &ApiState, namespace: &str, api: Option<&str>) -> Result<(), ApiError> {
     label("namespace", namespace)?;
     if state.repo.get_namespace(namespace).await?.is_none() {
-        return Err(ApiError::not_found(format!("namespace {namespace:?} not found")));
+        return Err(namespace_not_found(namespace));
     }
     match api {
         Some(api) => long_name(state, api).await,
@@ -82,10 +74,41 @@ async fn check_path(state: &ApiState, namespace: &str, api: Option<&str>) -> Res
     }
 }
 
-pub(crate) async fn existing(state: &ApiState, namespace: &str, api: &str) -> Result<Subscription, ApiError> {
-    check_path(state, namespace, Some(api)).await?;
-    let subscription = state.repo.get_subscription(namespace, api).await?;
-    subscription.map(|s| s.value).ok_or_else(|| ApiError::not_found(format!("{} not found", what(namespace, api))))
+fn namespace_not_found(namespace: &str) -> ApiError {
+    ApiError::not_found(format!("namespace {namespace:?} not found"))
+}
+
+/// Checks the path's names without a store read when they are valid: a
+/// bad API name is a 400, but a missing namespace is named first (the
+/// order of [`check_path`]), so only that failure path reads the store.
+async fn check_names(state: &ApiState, namespace: &str, api: &str) -> Result<(), ApiError> {
+    label("namespace", namespace)?;
+    if let Err(invalid) = long_name(state, api).await {
+        if state.repo.get_namespace(namespace).await?.is_none() {
+            return Err(namespace_not_found(namespace));
+        }
+        return Err(invalid);
+    }
+    Ok(())
+}
+
+/// The subscription of the path and its registration's SyncID, in one
+/// round trip (as [`check_path`] then a read would answer, 404s included).
+pub(crate) async fn existing(
+    state: &ApiState,
+    namespace: &str,
+    api: &str,
+) -> Result<(Versioned<Subscription>, String), ApiError> {
+    check_names(state, namespace, api).await?;
+    let read = state.repo.read_subscription(namespace, api).await?;
+    if !read.namespace_exists {
+        return Err(namespace_not_found(namespace));
+    }
+    let sync_id = read.sync_id().to_string();
+    match read.subscription {
+        Some(subscription) => Ok((subscription, sync_id)),
+        None => Err(ApiError::not_found(format!("{} not found", what(namespace, api)))),
+    }
 }
 
 #[utoipa::path(get, path = "/namespaces/{namespace}/subscriptions", tag = "subscriptions",
@@ -130,12 +153,16 @@ pub(crate) async fn create(
             shown(&namespace)
         )));
     }
-    check_path(&state, &namespace, Some(&body.api)).await?;
-    let Some(registration) = state.repo.get_registration(&body.api).await? else {
-        return Err(registration_not_found(&state, &body.api));
-    };
-    let created = state.repo.create_subscription(&namespace, &body.api).await?;
-    Ok((StatusCode::CREATED, Json(created.value.view(&registration.value.sync_id))))
+    check_names(&state, &namespace, &body.api).await?;
+    // One round trip: the transaction's compares answer the 404s and the 409.
+    match state.repo.create_subscription(&namespace, &body.api).await? {
+        Ok((created, sync_id)) => Ok((StatusCode::CREATED, Json(created.value.view(&sync_id)))),
+        Err(CreateRefused::NoNamespace) => Err(namespace_not_found(&namespace)),
+        Err(CreateRefused::NoRegistration) => Err(registration_not_found(&state, &body.api)),
+        Err(CreateRefused::Exists) => {
+            Err(ApiError::conflict(format!("{} already exists", what(&namespace, &body.api))))
+        }
+    }
 }
 
 #[utoipa::path(get, path = "/namespaces/{namespace}/subscriptions/{api}", tag = "subscriptions",
@@ -147,16 +174,12 @@ pub(crate) async fn get(
 ) -> Result<Json<SubscriptionView>, ApiError> {
     label("namespace", &namespace)?;
     long_name(&state, &api).await?;
-    match state.repo.get_subscription_and_registration(&namespace, &api).await? {
-        (Some(subscription), registration) => {
-            let sync_id = registration.map(|r| r.value.sync_id).unwrap_or_default();
-            Ok(Json(subscription.value.view(&sync_id)))
-        }
+    let read = state.repo.read_subscription(&namespace, &api).await?;
+    match (&read.subscription, read.namespace_exists) {
+        (Some(subscription), _) => Ok(Json(subscription.value.view(read.sync_id()))),
         // Which 404: a missing namespace is named as such.
-        (None, _) => Err(existing(&state, &namespace, &api)
-            .await
-            .err()
-            .unwrap_or_else(|| ApiError::not_found(format!("{} not found", what(&namespace, &api))))),
+        (None, false) => Err(namespace_not_found(&namespace)),
+        (None, true) => Err(ApiError::not_found(format!("{} not found", what(&namespace, &api)))),
     }
 }
 
@@ -168,14 +191,14 @@ async fn confirm(
     api: &str,
     body: SubscriptionConfirm,
 ) -> Result<Json<SubscriptionView>, ApiError> {
-    let subscription = existing(state, namespace, api).await?;
+    let (subscription, sync_id) = existing(state, namespace, api).await?;
     if let Some(given) = body.api.as_deref().filter(|given| *given != api) {
         return Err(ApiError::bad_request(format!(
             "field \"api\" is fixed by the path: {} does not match {api:?}; the body may only be {{}} or {{\"api\": {api:?}}}",
             shown(given)
         )));
     }
-    Ok(Json(view(state, &subscription).await?))
+    Ok(Json(subscription.value.view(&sync_id)))
 }
 
 #[utoipa::path(put, path = "/namespaces/{namespace}/subscriptions/{api}", tag = "subscriptions",
@@ -211,15 +234,13 @@ pub(crate) async fn sync(
     Path((namespace, api)): Path<(String, String)>,
     JsonBody(Empty {}): JsonBody<Empty>,
 ) -> Result<Json<SubscriptionView>, ApiError> {
-    existing(&state, &namespace, &api).await?;
-    let reset = match state.repo.reset_subscription_sync(&namespace, &api).await {
-        Ok(reset) => reset.value,
-        Err(crate::repo::Error::NotFound(_)) => {
-            return Err(ApiError::not_found(format!("{} not found", what(&namespace, &api))));
+    loop {
+        let (current, _) = existing(&state, &namespace, &api).await?;
+        // A concurrent write moved it: read again (a delete answers 404 then).
+        if let Some((reset, sync_id)) = state.repo.reset_subscription_sync(&namespace, &api, &current).await? {
+            return Ok(Json(reset.value.view(&sync_id)));
         }
-        Err(e) => return Err(e.into()),
-    };
-    Ok(Json(view(&state, &reset).await?))
+    }
 }
 
 #[utoipa::path(delete, path = "/namespaces/{namespace}/subscriptions/{api}", tag = "subscriptions",
@@ -229,7 +250,8 @@ pub(crate) async fn delete(
     State(state): State<ApiState>,
     Path((namespace, api)): Path<(String, String)>,
 ) -> Result<StatusCode, ApiError> {
-    existing(&state, &namespace, &api).await?;
+    check_names(&state, &namespace, &api).await?;
+    // One round trip: its failure branch tells which 404.
     state.repo.delete_subscription(&namespace, &api).await?;
     Ok(StatusCode::NO_CONTENT)
 }

@@ -74,8 +74,10 @@ pub enum Change<E> {
 #[derive(Debug, Clone)]
 pub struct Repository {
     store: Store,
-    platform: String,
-    region: String,
+    /// Shared, not owned: the repository is cloned into every request's
+    /// handler state, and a clone must not allocate.
+    platform: std::sync::Arc<str>,
+    region: std::sync::Arc<str>,
     /// `kayra serve`'s auth caches: authentication and RBAC read them, and
     /// every write here is reported to them (read-your-writes).
     cache: Option<AuthCache>,
@@ -83,6 +85,7 @@ pub struct Repository {
 
 impl Repository {
     pub fn new(store: Store, platform: impl Into<String>, region: impl Into<String>) -> Self {
+        let (platform, region): (String, String) = (platform.into(), region.into());
         Self { store, platform: platform.into(), region: region.into(), cache: None }
     }
 

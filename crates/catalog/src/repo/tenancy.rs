@@ -41,6 +41,31 @@ pub enum Recorded {
     Stale,
 }
 
+/// A subscription read with what its views and 404s need
+/// ([`Repository::read_subscription`]).
+#[derive(Debug, Clone)]
+pub struct SubscriptionRead {
+    pub subscription: Option<Versioned<Subscription>>,
+    pub registration: Option<Versioned<ApiRegistration>>,
+    pub namespace_exists: bool,
+}
+
+impl SubscriptionRead {
+    /// The registration's current SyncID, or "" when it is gone.
+    pub fn sync_id(&self) -> &str {
+        self.registration.as_ref().map(|r| r.value.sync_id.as_str()).unwrap_or_default()
+    }
+}
+
+/// Why [`Repository::create_subscription`] wrote nothing, told apart by the
+/// failure branch's reads of the same transaction.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CreateRefused {
+    NoNamespace,
+    NoRegistration,
+    Exists,
+}
+
 impl Repository {
     pub async fn get_namespace(&self, name: &str) -> Result<Option<Versioned<Namespace>>> {
         self.get(&keys::namespace(name)).await
@@ -103,21 +128,22 @@ impl Repository {
         Ok(self.get_namespace(name).await?.map(|ns| ns.value.active))
     }
 
-    /// A subscription and its registration, read together in one round
-    /// trip (one etcd Txn of two gets; one SQLite transaction), so a GET of
-    /// a subscription is as linearizable, and as cheap, as one store read.
-    pub async fn get_subscription_and_registration(
-        &self,
-        namespace: &str,
-        api: &str,
-    ) -> Result<(Option<Versioned<Subscription>>, Option<Versioned<ApiRegistration>>)> {
-        let txn = kayra_store::Txn::new()
-            .then(kayra_store::Op::Get { key: keys::subscription(&self.platform, &self.region, namespace, api) })
-            .then(kayra_store::Op::Get { key: keys::registration(&self.platform, &self.region, api) });
+    /// A subscription with its registration and whether its namespace
+    /// exists, read together in one round trip (one etcd Txn of three
+    /// gets; one SQLite transaction), so a GET of a subscription is as
+    /// linearizable, and as cheap, as one store read, and a missing one
+    /// still says which 404 it is.
+    pub async fn read_subscription(&self, namespace: &str, api: &str) -> Result<SubscriptionRead> {
+        let (p, r) = (&*self.platform, &*self.region);
+        let txn = Txn::new()
+            .then(Op::Get { key: keys::subscription(p, r, namespace, api) })
+            .then(Op::Get { key: keys::registration(p, r, api) })
+            .then(Op::Get { key: keys::namespace(namespace) });
         let mut gets = self.txn(txn).await?.gets.into_iter();
-        let subscription = gets.next().flatten().map(|kv| super::decode(&kv)).transpose()?;
-        let registration = gets.next().flatten().map(|kv| super::decode(&kv)).transpose()?;
-        Ok((subscription, registration))
+        let subscription = gets.next().flatten().map(|kv| decode(&kv)).transpose()?;
+        let registration = gets.next().flatten().map(|kv| decode(&kv)).transpose()?;
+        let namespace_exists = gets.next().flatten().is_some();
+        Ok(SubscriptionRead { subscription, registration, namespace_exists })
     }
 
     /// Every registration of this deployment.
@@ -420,12 +446,18 @@ impl Repository {
 
     /// Creates a brand-new subscription (inactive, `init`, never synced) in
     /// one transaction: the namespace and the registration exist and the
-    /// subscription does not (`NotFound` naming what is missing, `Conflict`
-    /// when it exists — answered from the same round trip). Its index keys
+    /// subscription does not, as its compares; the failure branch's reads
+    /// tell which one failed ([`CreateRefused`]), and the success branch
+    /// reads the registration for the view's `expected_sync_id` (returned
+    /// with the subscription). One round trip either way. Its index keys
     /// are written with it, so the namespace's and the registration's
     /// deletes see it atomically.
-    pub async fn create_subscription(&self, namespace: &str, api: &str) -> Result<Versioned<Subscription>> {
-        let (p, r) = (self.platform.as_str(), self.region.as_str());
+    pub async fn create_subscription(
+        &self,
+        namespace: &str,
+        api: &str,
+    ) -> Result<Result<(Versioned<Subscription>, String), CreateRefused>> {
+        let (p, r) = (&*self.platform, &*self.region);
         let subscription = Subscription::new(namespace, api);
         let key = keys::subscription(p, r, namespace, api);
         let txn = Txn::new()
@@ -435,28 +467,32 @@ impl Repository {
             .then(Op::Put { key: key.clone(), value: encode(&subscription) })
             .then(Op::Put { key: keys::subscriber(p, r, api, namespace), value: encode(&key) })
             .then(Op::Put { key: keys::namespace_subscriber(namespace, p, r, api), value: encode(&key) })
+            .then(Op::Get { key: keys::registration(p, r, api) })
             .otherwise(Op::Get { key: keys::namespace(namespace) })
             .otherwise(Op::Get { key: keys::registration(p, r, api) });
         let resp = self.txn(txn).await?;
         if resp.succeeded {
-            return Ok(Versioned { value: subscription, revision: resp.revision });
+            let registration = resp.gets.into_iter().next().flatten().map(|kv| decode::<ApiRegistration>(&kv));
+            let sync_id = registration.transpose()?.map(|r| r.value.sync_id).unwrap_or_default();
+            return Ok(Ok((Versioned { value: subscription, revision: resp.revision }, sync_id)));
         }
-        match (resp.gets.first(), resp.gets.get(1)) {
-            (Some(None), _) => Err(Error::NotFound(format!("namespace {namespace:?}"))),
-            (_, Some(None)) => Err(Error::NotFound(format!("api registration {api:?}"))),
-            _ => Err(Error::Conflict(format!("subscription of namespace {namespace:?} to {api:?} already exists"))),
-        }
+        Ok(Err(match (resp.gets.first(), resp.gets.get(1)) {
+            (Some(None), _) => CreateRefused::NoNamespace,
+            (_, Some(None)) => CreateRefused::NoRegistration,
+            _ => CreateRefused::Exists,
+        }))
     }
 
     /// Deletes a subscription with its index keys, its run records
     /// (`/runs/<platform>/<region>/<namespace>/<api>/`) and run cursor, and its attempt
     /// record, in one transaction.
     pub async fn delete_subscription(&self, namespace: &str, api: &str) -> Result<Revision> {
-        let (p, r) = (self.platform.as_str(), self.region.as_str());
+        let (p, r) = (&*self.platform, &*self.region);
         let key = keys::subscription(p, r, namespace, api);
         let txn = Txn::new()
             .when(Compare::Exists(key.clone()))
             .then(Op::Delete { key })
+            .otherwise(Op::Get { key: keys::namespace(namespace) })
             .then(Op::Delete { key: keys::subscriber(p, r, api, namespace) })
             .then(Op::Delete { key: keys::namespace_subscriber(namespace, p, r, api) })
             .then(Op::DeletePrefix { prefix: keys::runs(p, r, namespace, api) })
@@ -464,6 +500,11 @@ impl Repository {
             .then(Op::Delete { key: keys::attempt(p, r, namespace, api) });
         let resp = self.txn(txn).await?;
         if !resp.succeeded {
+            // Which 404, from the same round trip: the namespace is named
+            // when it is what is missing.
+            if resp.gets.first().is_some_and(Option::is_none) {
+                return Err(Error::NotFound(format!("namespace {namespace:?}")));
+            }
             return Err(Error::NotFound(format!("subscription of namespace {namespace:?} to {api:?}")));
         }
         Ok(resp.revision)
@@ -492,18 +533,34 @@ impl Repository {
         )))
     }
 
-    /// The subscription `/sync` shorthand: `current_sync_id` becomes empty
-    /// and nothing else changes. Always written, even when it already is
-    /// empty: the write itself is what the reconciler reacts to (seed,
-    /// "Forcing a re-sync").
-    pub async fn reset_subscription_sync(&self, namespace: &str, api: &str) -> Result<Versioned<Subscription>> {
-        let key = keys::subscription(&self.platform, &self.region, namespace, api);
-        let what = format!("subscription of namespace {namespace:?} to {api:?}");
-        self.modify::<Subscription, _>(&key, &what, |s| {
-            s.current_sync_id.clear();
-            Change::Write
-        })
-        .await
+    /// The subscription `/sync` shorthand on `current` (as read):
+    /// `current_sync_id` becomes empty and nothing else changes. Always
+    /// written, even when it already is empty: the write itself is what the
+    /// reconciler reacts to (seed, "Forcing a re-sync"). One transaction,
+    /// conditional on `current.revision`, whose success branch reads the
+    /// registration for the view's `expected_sync_id`; `Ok(None)` when the
+    /// subscription changed or vanished meanwhile: re-read and retry.
+    pub async fn reset_subscription_sync(
+        &self,
+        namespace: &str,
+        api: &str,
+        current: &Versioned<Subscription>,
+    ) -> Result<Option<(Versioned<Subscription>, String)>> {
+        let (p, r) = (&*self.platform, &*self.region);
+        let key = keys::subscription(p, r, namespace, api);
+        let mut next = current.value.clone();
+        next.current_sync_id.clear();
+        let txn = Txn::new()
+            .when(Compare::ModRevision(key.clone(), current.revision))
+            .then(Op::Put { key, value: encode(&next) })
+            .then(Op::Get { key: keys::registration(p, r, api) });
+        let resp = self.txn(txn).await?;
+        if !resp.succeeded {
+            return Ok(None);
+        }
+        let registration = resp.gets.into_iter().next().flatten().map(|kv| decode::<ApiRegistration>(&kv));
+        let sync_id = registration.transpose()?.map(|r| r.value.sync_id).unwrap_or_default();
+        Ok(Some((Versioned { value: next, revision: resp.revision }, sync_id)))
     }
 
     /// The registration `/sync` shorthand: a fresh SyncID, always different
@@ -519,7 +576,7 @@ impl Repository {
     }
 
     fn describe(&self, s: &SubscriptionRef) -> String {
-        if s.platform == self.platform && s.region == self.region {
+        if *s.platform == *self.platform && *s.region == *self.region {
             s.api.clone()
         } else {
             format!("{} (platform {}, region {})", s.api, s.platform, s.region)

@@ -8,6 +8,8 @@
 
 #![allow(dead_code)]
 
+pub mod counted;
+
 use std::sync::{Arc, Once};
 
 use kayra_catalog::repo::Repository;
@@ -120,6 +122,38 @@ impl Server {
         let mut config = Config { database, ..Config::default() };
         config.auth.bootstrap_token = "test-bootstrap-token-0123456789abcdef".into();
         Self::start_with(backend, config, Arc::new(keep)).await
+    }
+
+    /// A server whose store counts its round trips (watch feeds aside).
+    pub async fn start_counted(backend: Backend) -> (Server, counted::RoundTrips) {
+        let (database, keep) = match backend {
+            Backend::Local => {
+                let dir = tempfile::tempdir().expect("temp dir");
+                (DatabaseConfig::local(kayra_testkit::local_config(dir.path())), Keep::Dir(dir))
+            }
+            Backend::Etcd => {
+                let etcd = kayra_testkit::Etcd::start().await;
+                let database = DatabaseConfig::etcd(etcd.config("/kayra"));
+                (database, Keep::Etcd(Box::new(tokio::sync::Mutex::new(etcd))))
+            }
+        };
+        let mut config = Config { database, ..Config::default() };
+        config.auth.bootstrap_token = "test-bootstrap-token-0123456789abcdef".into();
+        let (store, trips) = match (&config.database.local, &config.database.etcd) {
+            (Some(local), _) => {
+                let inner = kayra_store::local::LocalStore::open(&local.path, local.poll_interval.0).expect("open");
+                let (counted, trips) = counted::Counted::new(inner);
+                (Store::new(counted), trips)
+            }
+            (_, Some(etcd)) => {
+                let inner = kayra_store::etcd::EtcdStore::connect(etcd).await.expect("connect to etcd");
+                let (counted, trips) = counted::Counted::new(inner);
+                (Store::new(counted), trips)
+            }
+            _ => unreachable!("one backend is configured"),
+        };
+        let store = store.with_request_timeout(config.database.request_timeout.0);
+        (Self::start_on(backend, config, Arc::new(keep), store).await, trips)
     }
 
     /// Another deployment on the same store, with its own platform/region.
