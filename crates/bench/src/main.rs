@@ -12,22 +12,20 @@
 //! - the catalog API over HTTP (authentication, RBAC, validation, JSON,
 //!   axum): `POST /namespaces` and `GET /namespaces/{name}`, 32 in flight,
 //!   against raw creates and gets at the same concurrency;
-//! - reconciler fan-out: after a SyncID bump, reconciles completed per
-//!   second (placeholder mode: the cost is kayra's, not a backend's),
-//!   against raw compare-and-swap updates of the same records.
+//! - the reconciler (`reconcile.rs`): fan-out, run recording, a 20 ms
+//!   step, scale-out, round trips per reconcile.
 
+mod reconcile;
 mod serve;
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use anyhow::Context;
 use clap::Parser;
 use futures::StreamExt;
-use kayra_catalog::repo::{Change, Repository, keys};
-use kayra_config::ReconcilerConfig;
-use kayra_core::{ApiRegistration, Subscription};
-use kayra_reconciler::Reconciler;
+use kayra_catalog::repo::{Repository, keys};
+use kayra_core::Subscription;
 use kayra_store::Store;
 use tokio_util::sync::CancellationToken;
 
@@ -36,9 +34,18 @@ struct Args {
     /// Operations per measurement.
     #[arg(long, default_value_t = 2000)]
     ops: usize,
-    /// Subscriptions in the fan-out measurement.
-    #[arg(long, default_value_t = 500)]
+    /// Subscriptions in the placeholder fan-out measurements.
+    #[arg(long, default_value_t = 2000)]
     subscribers: usize,
+    /// Subscriptions behind the 20 ms step.
+    #[arg(long, default_value_t = 3000)]
+    step_subscribers: usize,
+    /// Subscriptions in the scale-out measurement (100 ms step).
+    #[arg(long, default_value_t = 900)]
+    scale_subscribers: usize,
+    /// Only the reconciler's figures (`reconcile.rs`).
+    #[arg(long)]
+    reconciler_only: bool,
     /// Only the `kayra serve` figures (`serve.rs`).
     #[arg(long)]
     serve_only: bool,
@@ -57,11 +64,15 @@ async fn main() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
     let local = kayra_testkit::local_config(dir.path());
     let etcd = kayra_testkit::Etcd::start().await;
+    if args.reconciler_only {
+        return reconciler(&args, &local, &etcd).await;
+    }
     if !args.serve_only {
         let store = Store::new(kayra_store::local::LocalStore::open(&local.path, local.poll_interval.0)?);
         run("local", store, &args).await?;
         let store = Store::new(kayra_store::etcd::EtcdStore::connect(&etcd.config("/bench")).await?);
         run("etcd", store, &args).await?;
+        reconciler(&args, &local, &etcd).await?;
     }
     println!();
     println!("| backend | measurement | ops/s | p50 ms | p99 ms | ratio |");
@@ -98,8 +109,33 @@ async fn run(backend: &str, store: Store, args: &Args) -> anyhow::Result<()> {
         .await?;
         row(&format!("Repository create, {inflight} in flight"), typed, raw);
     }
-    api(backend, store.clone(), args).await?;
-    fan_out(backend, store, args).await
+    api(backend, store.clone(), args).await
+}
+
+/// The reconciler's table, both backends.
+async fn reconciler(args: &Args, local: &kayra_config::LocalConfig, etcd: &kayra_testkit::Etcd) -> anyhow::Result<()> {
+    println!();
+    println!("| backend | measurement | value | ratio |");
+    println!("|---|---|---:|---|");
+    let mut sizes = reconcile::Sizes {
+        fan_out: args.subscribers,
+        step: args.step_subscribers,
+        scale: args.scale_subscribers,
+        scale_out: false,
+    };
+    let (path, poll) = (local.path.clone(), local.poll_interval.0);
+    let connect: reconcile::Connect = Arc::new(move || {
+        let path = path.clone();
+        Box::pin(async move { Ok(Store::new(kayra_store::local::LocalStore::open(&path, poll)?)) })
+    });
+    reconcile::run("local", connect, &sizes).await?;
+    let config = etcd.config("/reconcile");
+    let connect: reconcile::Connect = Arc::new(move || {
+        let config = config.clone();
+        Box::pin(async move { Ok(Store::new(kayra_store::etcd::EtcdStore::connect(&config).await?)) })
+    });
+    sizes.scale_out = true;
+    reconcile::run("etcd", connect, &sizes).await
 }
 
 /// The catalog API on a real server on loopback, against the raw store.
@@ -164,61 +200,4 @@ where
         r.context("benchmark operation")?;
     }
     Ok(ops as f64 / started.elapsed().as_secs_f64())
-}
-
-async fn fan_out(backend: &str, store: Store, args: &Args) -> anyhow::Result<()> {
-    let repo = Repository::new(store.clone(), "dev", "local");
-    let reg =
-        ApiRegistration { name: API.into(), mode: "placeholder".into(), sync_id: "s1".into(), ..Default::default() };
-    repo.create(&keys::registration("dev", "local", API), &reg, "registration").await?;
-    for i in 0..args.subscribers {
-        let sub = Subscription::new(format!("t{i}"), API);
-        repo.create(&keys::subscription("dev", "local", &sub.namespace, API), &sub, "subscription").await?;
-    }
-    // Raw baseline: one CAS update of every subscription record, 30 in flight
-    // (the reconciler's default pool size).
-    let (subs, _) = repo.list_subscriptions().await?;
-    let subs = Arc::new(subs);
-    let raw = rate(subs.len(), 30, |i| {
-        let (store, subs) = (store.clone(), subs.clone());
-        async move {
-            let kv = &subs[i];
-            let key = keys::subscription("dev", "local", &kv.value.namespace, API);
-            let (current, _) = store.get(&key).await?;
-            let current = current.ok_or_else(|| kayra_store::Error::NotFound(key.clone()))?;
-            store.update(&key, current.value, current.mod_revision).await.map(|_| ())
-        }
-    })
-    .await?;
-    println!("| {backend} | raw CAS update (read + update), 30 in flight | {raw:.0} | 1.00 |");
-
-    let config = ReconcilerConfig { max_concurrent_reconciles: 30, ..Default::default() };
-    let cancel = CancellationToken::new();
-    let reconciler = Reconciler::new(repo.clone(), config, cancel.clone()).map_err(|e| anyhow::anyhow!("{e}"))?;
-    let handle = tokio::spawn(reconciler.run());
-    wait_synced(&repo, "s1", args.subscribers).await?;
-    let started = Instant::now();
-    repo.modify::<ApiRegistration, _>(&keys::registration("dev", "local", API), "registration", |r| {
-        r.sync_id = "s2".into();
-        Change::Write
-    })
-    .await?;
-    wait_synced(&repo, "s2", args.subscribers).await?;
-    let fan = args.subscribers as f64 / started.elapsed().as_secs_f64();
-    println!("| {backend} | reconciler fan-out after a SyncID bump, pool 30 | {fan:.0} | {:.2} |", fan / raw);
-    cancel.cancel();
-    handle.await??;
-    Ok(())
-}
-
-async fn wait_synced(repo: &Repository, sync_id: &str, n: usize) -> anyhow::Result<()> {
-    let deadline = Instant::now() + Duration::from_secs(300);
-    loop {
-        let (subs, _) = repo.list_subscriptions().await?;
-        if subs.iter().filter(|s| s.value.is_synced(sync_id)).count() >= n {
-            return Ok(());
-        }
-        anyhow::ensure!(Instant::now() < deadline, "fan-out did not converge");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
 }

@@ -16,8 +16,8 @@
 //! [`Limits::try_acquire`] never waits: it answers a permit or "ask again
 //! after", so a reconciler can park the job in its queue instead of holding
 //! a pool slot. A [`LimitPermit`] gives its slot back when dropped, panics
-//! included. Modes without limits cost no store call on the local store and
-//! one read (the backoff key) on etcd.
+//! included. Modes without limits cost no store call on the local store and,
+//! on etcd, one read of the backoff key per mode per 500 ms (not per start).
 //!
 //! `kayra_limit_in_flight{mode}` is the mode's pipelines running now. On
 //! etcd, for a mode with `max_in_flight`, it is the fleet's: the live slot
@@ -38,6 +38,10 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 const GAUGE: &str = "kayra_limit_in_flight";
+/// How long an unlimited mode's reading of the fleet's backoff key is
+/// reused: another process's 429 reaches this one within it, and a
+/// fan-out pays one read per mode per interval, not one per start.
+const FLEET_BACKOFF_REFRESH: Duration = Duration::from_millis(500);
 /// How soon to ask again when every `max_in_flight` slot is taken.
 const FULL_RETRY: Duration = Duration::from_millis(100);
 
@@ -64,6 +68,9 @@ struct ModeState {
     /// Start times in the current window (local store only).
     starts: VecDeque<Instant>,
     backoff_until: Option<Instant>,
+    /// An unlimited mode on etcd: when the fleet's backoff key was last
+    /// read, and the deadline it held.
+    fleet_backoff: Option<(Instant, Option<Instant>)>,
 }
 
 /// A running pipeline's share of its mode's limits; released on drop.
@@ -151,8 +158,7 @@ impl Limits {
         };
         let prefix = format!("{}/{mode}/", inner.root);
         if unlimited {
-            let (backoff, _) = inner.store.get(&format!("{prefix}backoff")).await?;
-            if let Some(wait) = backoff.and_then(|kv| remaining(&kv.value)) {
+            if let Some(wait) = inner.fleet_backoff(mode, &prefix, now).await? {
                 return Ok(Err(wait));
             }
             return Ok(Ok(LimitPermit { inner: None, mode: mode.to_string(), slot: None }));
@@ -324,6 +330,31 @@ impl Inner {
         if !self.fleet_counted(mode) {
             metrics::gauge!(GAUGE, "mode" => mode.to_string()).set(state.held as f64);
         }
+    }
+
+    /// The fleet's backoff of an unlimited `mode` (etcd), read at most
+    /// once per [`FLEET_BACKOFF_REFRESH`].
+    async fn fleet_backoff(
+        &self,
+        mode: &str,
+        prefix: &str,
+        now: Instant,
+    ) -> Result<Option<Duration>, kayra_store::Error> {
+        let cached = {
+            let local = self.local.lock().unwrap_or_else(PoisonError::into_inner);
+            local.get(mode).and_then(|state| state.fleet_backoff)
+        };
+        let until = match cached {
+            Some((read_at, until)) if now.duration_since(read_at) < FLEET_BACKOFF_REFRESH => until,
+            _ => {
+                let (backoff, _) = self.store.get(&format!("{prefix}backoff")).await?;
+                let until = backoff.and_then(|kv| remaining(&kv.value)).map(|wait| now + wait);
+                let mut local = self.local.lock().unwrap_or_else(PoisonError::into_inner);
+                local.entry(mode.to_string()).or_default().fleet_backoff = Some((now, until));
+                until
+            }
+        };
+        Ok(until.filter(|until| *until > now).map(|until| until - now))
     }
 
     fn local_backoff(&self, mode: &str, now: Instant) -> Option<Duration> {

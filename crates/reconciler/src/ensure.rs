@@ -13,6 +13,7 @@
 //! reconcile always causes one more.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::Instant;
 
@@ -168,12 +169,16 @@ impl Worker {
         if let Decision::Nothing(_) = self.view().decide(namespace, api, cause.startup) {
             return JobEnd::Done;
         }
-        let guard = match self.locks.try_lock(key).await {
+        // On etcd the fresh read rides in the lock's transaction.
+        let mut guard = match self.locks.try_lock_and_get(key, &self.fresh_keys(namespace, api)).await {
             Acquired::Held(guard) => guard,
             Acquired::Busy => return JobEnd::LockBusy,
         };
-        let run = RunIds { lock_id, fencing_token: guard.fencing_token(), fence: guard.fence_key() };
-        let end = match self.ensure_locked(key, namespace, api, cause, run, note).await {
+        let prefetched = guard.take_reads();
+        let unlocked = AtomicBool::new(false);
+        let run =
+            RunIds { lock_id, fencing_token: guard.fencing_token(), fence: guard.fence_key(), unlocked: &unlocked };
+        let end = match self.ensure_locked(key, (namespace, api), cause, run, note, prefetched).await {
             Ok(None) => JobEnd::Done,
             Ok(Some(wait)) => JobEnd::Limited(wait),
             Err(e) => {
@@ -181,18 +186,22 @@ impl Worker {
                 JobEnd::Done
             }
         };
-        guard.release().await;
+        if unlocked.load(Ordering::Relaxed) {
+            guard.released_by_txn().await;
+        } else {
+            guard.release().await;
+        }
         end
     }
 
     async fn ensure_locked(
         &self,
         key: &JobKey,
-        namespace: &str,
-        api: &str,
+        (namespace, api): (&str, &str),
         cause: Cause,
         run: RunIds<'_>,
         note: &SyncNote,
+        mut prefetched: Option<(Vec<Option<kayra_store::KeyValue>>, kayra_store::Revision)>,
     ) -> kayra_catalog::repo::Result<Option<std::time::Duration>> {
         let lock_id = run.lock_id;
         let mut failures = 0;
@@ -201,7 +210,10 @@ impl Worker {
             if self.cancel.is_cancelled() {
                 return Ok(None);
             }
-            let (sub, reg, given_up, read_at, seq) = self.fresh(namespace, api).await?;
+            let (sub, reg, given_up, read_at, seq) = match prefetched.take() {
+                Some((gets, revision)) => parse_fresh(&gets, revision)?,
+                None => self.fresh(namespace, api).await?,
+            };
             let run = RunIds { fencing_token: run.fencing_token.or(Some(read_at)), ..run };
             let observed = Observed {
                 subscription: sub.as_ref().map(|s| (&s.value, s.revision)),
@@ -308,7 +320,10 @@ impl Worker {
             steps,
         };
         let run_ops = runs::record_ops(&self.repo, self.config.run_history, seq, &record);
-        let recorded = self.record(sub, &write, run_ops, run.fence).await?;
+        // Nothing follows a final result under this lock: the result's
+        // transaction is also the unlock.
+        let unlock = matches!(then, Then::Done);
+        let recorded = self.record(sub, &write, run_ops, run, unlock).await?;
         let after = match recorded {
             Recorded::Fenced => {
                 tracing::warn!("job lock lost during the reconcile (lease expired?); its result is not recorded");
@@ -351,14 +366,17 @@ impl Worker {
     /// decision was made on and, on etcd, the job lock is still ours
     /// (fencing, platform contract §7). When only the run is new (a second
     /// failure, a superseded run) the subscription is not rewritten, so its
-    /// watchers see no event.
+    /// watchers see no event. With `unlock`, the transaction also deletes
+    /// the lock key (etcd), and `run.unlocked` says whether it did.
     async fn record(
         &self,
         seen: &Versioned<Subscription>,
         write: &Write,
         run_ops: Vec<Op>,
-        fence: Option<&str>,
+        run: RunIds<'_>,
+        unlock: bool,
     ) -> kayra_catalog::repo::Result<Recorded> {
+        let fence = run.fence;
         let next = written(&seen.value, write).filter(|next| *next != seen.value);
         if next.is_none() && run_ops.is_empty() {
             return Ok(Recorded::Unchanged);
@@ -380,8 +398,14 @@ impl Worker {
         txn = run_ops.into_iter().fold(txn, Txn::then);
         if let Some(fence) = fence {
             txn = txn.when(Compare::Exists(fence.to_string())).otherwise(Op::Get { key: fence.to_string() });
+            if unlock {
+                txn = txn.then(Op::Delete { key: fence.to_string() });
+            }
         }
         let resp = self.repo.store().txn(txn).await.map_err(kayra_catalog::repo::Error::from)?;
+        if resp.succeeded && unlock && fence.is_some() {
+            run.unlocked.store(true, Ordering::Relaxed);
+        }
         Ok(match (resp.succeeded, fence, resp.gets.first()) {
             (true, _, _) if rewrites => Recorded::Written(resp.revision),
             (true, _, _) => Recorded::Unchanged,
@@ -443,21 +467,25 @@ impl Worker {
         (report.result.map_err(ReconcileError::from), mode.to_string(), report.steps)
     }
 
-    /// The one fresh read under the lock: subscription, registration and
-    /// given-up record in one round trip (a transaction of three gets).
-    async fn fresh(&self, namespace: &str, api: &str) -> kayra_catalog::repo::Result<Fresh> {
+    /// What the fresh read under the lock reads: subscription,
+    /// registration, given-up record and run cursor.
+    fn fresh_keys(&self, namespace: &str, api: &str) -> Vec<String> {
         let (p, r) = (self.repo.platform(), self.repo.region());
-        let keys = [
+        vec![
             kayra_catalog::repo::keys::subscription(p, r, namespace, api),
             kayra_catalog::repo::keys::registration(p, r, api),
             attempt_key(&self.repo, namespace, api),
             runs::cursor_key(&self.repo, namespace, api),
-        ];
+        ]
+    }
+
+    /// The fresh read under the lock in one round trip (a transaction of
+    /// four gets), where the lock's own transaction did not carry it.
+    async fn fresh(&self, namespace: &str, api: &str) -> kayra_catalog::repo::Result<Fresh> {
+        let keys = self.fresh_keys(namespace, api);
         let txn = keys.iter().fold(Txn::new(), |txn, key| txn.then(Op::Get { key: key.clone() }));
         let resp = self.repo.store().txn(txn).await.map_err(kayra_catalog::repo::Error::from)?;
-        let got = |i: usize| resp.gets.get(i).cloned().flatten();
-        let seq = decode::<runs::Cursor>(got(3))?.map_or(0, |c| c.value.next);
-        Ok((decode(got(0))?, decode(got(1))?, decode::<Attempt>(got(2))?.map(|v| v.value), resp.revision, seq))
+        parse_fresh(&resp.gets, resp.revision)
     }
 
     async fn record_given_up(&self, namespace: &str, api: &str, attempt: &Attempt) -> kayra_catalog::repo::Result<()> {
@@ -504,6 +532,16 @@ pub async fn forget_given_up(repo: &Repository, namespace: &str, api: &str) {
     }
 }
 
+/// Decodes the gets of [`Worker::fresh_keys`], read at `revision`.
+fn parse_fresh(
+    gets: &[Option<kayra_store::KeyValue>],
+    revision: kayra_store::Revision,
+) -> kayra_catalog::repo::Result<Fresh> {
+    let got = |i: usize| gets.get(i).cloned().flatten();
+    let seq = decode::<runs::Cursor>(got(3))?.map_or(0, |c| c.value.next);
+    Ok((decode(got(0))?, decode(got(1))?, decode::<Attempt>(got(2))?.map(|v| v.value), revision, seq))
+}
+
 /// The fresh read: subscription, registration, given-up record, the read's
 /// store revision and the subscription's next run number.
 type Fresh =
@@ -539,6 +577,8 @@ struct RunIds<'a> {
     fencing_token: Option<kayra_store::Revision>,
     /// The lock's store key (etcd): results commit only while it exists.
     fence: Option<&'a str>,
+    /// Set when a result transaction also deleted the lock key.
+    unlocked: &'a AtomicBool,
 }
 
 /// What a fenced result write did.

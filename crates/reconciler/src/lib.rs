@@ -373,9 +373,12 @@ impl Reconciler {
                     }
                     // Supersede: running pipelines toward an older SyncID stop,
                     // and their jobs (first syncs included) run again toward this one.
+                    // A superseded first sync is still an activation.
                     for namespace in self.worker.supersede(&name, &sync_id) {
+                        let first = self.view().subscription(&namespace, &name).is_none_or(|(sub, _)| !sub.active);
+                        let class = if first { Class::Activation } else { Class::Ongoing };
                         let key = JobKey::subscription(namespace, name.clone());
-                        self.queue.add(key, Cause::new(RunTrigger::Ongoing), Class::Ongoing);
+                        self.queue.add(key, Cause::new(RunTrigger::Ongoing), class);
                     }
                     // The ongoing action: every active subscriber behind the new SyncID.
                     for namespace in behind {
@@ -424,18 +427,28 @@ impl Reconciler {
     }
 
     /// A write to a subscription: the initial action (or a force re-sync).
+    /// The echo of this reconciler's own result write (the job put it in
+    /// the view at its revision already) is no cause: when it finds the
+    /// subscription behind, what moved is the registration (`ongoing`),
+    /// and a trigger already queued for the key stays the run's.
     fn subscription_put(&mut self, sub: Subscription, revision: Revision) {
         let (namespace, api) = (sub.namespace.clone(), sub.api.clone());
         let resync = sub.active && sub.current_sync_id.is_empty();
-        let decision = {
+        let (decision, own_write) = {
             let mut view = self.view();
+            let own_write = view.subscription(&namespace, &api).is_some_and(|(_, seen)| *seen >= revision);
             view.put_subscription(sub, revision);
-            view.decide(&namespace, &api, false)
+            (view.decide(&namespace, &api, false), own_write)
         };
         if let Decision::Reconcile { activate, .. } = decision {
-            let trigger = if resync { RunTrigger::Resync } else { RunTrigger::Initial };
             let class = if activate { Class::Activation } else { Class::Ongoing };
-            self.queue.add(JobKey::subscription(namespace, api), Cause::new(trigger), class);
+            let cause = match (own_write, activate, resync) {
+                (true, false, _) => Cause::own_write(RunTrigger::Ongoing),
+                (true, true, _) => Cause::own_write(RunTrigger::Initial),
+                (false, _, true) => Cause::new(RunTrigger::Resync),
+                (false, _, false) => Cause::new(RunTrigger::Initial),
+            };
+            self.queue.add(JobKey::subscription(namespace, api), cause, class);
         }
     }
 }

@@ -15,7 +15,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use kayra_store::{JobLock, JobLocker, Revision};
+use kayra_store::{JobLock, JobLocker, KeyValue, LockedRead, Revision};
 
 use crate::queue::JobKey;
 
@@ -37,6 +37,8 @@ pub enum Acquired {
 /// A held job lock.
 pub struct JobGuard {
     held: Option<(Arc<dyn JobLocker>, JobLock)>,
+    /// What [`JobLocks::try_lock_and_get`] read with the lock, until taken.
+    reads: Option<(Vec<Option<KeyValue>>, Revision)>,
 }
 
 impl JobLocks {
@@ -47,13 +49,36 @@ impl JobLocks {
     /// One non-blocking try. The caller already holds `key` in-process (it
     /// is processing it in the work queue).
     pub async fn try_lock(&self, key: &JobKey) -> Acquired {
-        let Some(locker) = &self.distributed else { return Acquired::Held(JobGuard { held: None }) };
+        let Some(locker) = &self.distributed else { return Acquired::Held(JobGuard { held: None, reads: None }) };
         let job = key.lock_key(&self.platform, &self.region);
         let started = Instant::now();
         match locker.try_lock(&job).await {
             Ok(Some(lock)) => {
                 metrics::histogram!(super::METRIC_LOCK_WAIT).record(started.elapsed().as_secs_f64());
-                Acquired::Held(JobGuard { held: Some((locker.clone(), lock)) })
+                Acquired::Held(JobGuard { held: Some((locker.clone(), lock)), reads: None })
+            }
+            Ok(None) => Acquired::Busy,
+            Err(e) => {
+                tracing::warn!(job, error = %e, "job lock failed; retrying");
+                Acquired::Busy
+            }
+        }
+    }
+
+    /// [`JobLocks::try_lock`], reading `keys` in the same round trip where
+    /// the store can (etcd). The reads come back with the guard
+    /// ([`JobGuard::take_reads`]); without a distributed lock there are
+    /// none and the caller reads itself.
+    pub async fn try_lock_and_get(&self, key: &JobKey, keys: &[String]) -> Acquired {
+        let Some(locker) = &self.distributed else {
+            return Acquired::Held(JobGuard { held: None, reads: None });
+        };
+        let job = key.lock_key(&self.platform, &self.region);
+        let started = Instant::now();
+        match locker.try_lock_and_get(&job, keys).await {
+            Ok(Some(LockedRead { lock, gets, revision })) => {
+                metrics::histogram!(super::METRIC_LOCK_WAIT).record(started.elapsed().as_secs_f64());
+                Acquired::Held(JobGuard { held: Some((locker.clone(), lock)), reads: Some((gets, revision)) })
             }
             Ok(None) => Acquired::Busy,
             Err(e) => {
@@ -82,10 +107,26 @@ impl JobGuard {
         self.held.as_ref().map(|(_, lock)| lock.store_key.as_str())
     }
 
+    /// The records read with the lock and the read's revision, once.
+    pub fn take_reads(&mut self) -> Option<(Vec<Option<KeyValue>>, Revision)> {
+        self.reads.take()
+    }
+
     /// Releases the lock and waits for the store to confirm.
     pub async fn release(mut self) {
         if let Some((locker, lock)) = self.held.take() {
             unlock(locker, lock).await;
+        }
+    }
+
+    /// The caller's own transaction deleted the lock's store key (the
+    /// result write that is also the unlock): free the rest, no store call.
+    pub async fn released_by_txn(mut self) {
+        if let Some((locker, lock)) = self.held.take() {
+            let job = lock.job.clone();
+            if let Err(e) = locker.unlocked_by_txn(lock).await {
+                tracing::warn!(job, error = %e, "job unlock failed; the lock frees itself when its lease expires");
+            }
         }
     }
 }
@@ -132,6 +173,10 @@ mod tests {
             }
             held.push(job.to_string());
             Ok(Some(JobLock { job: job.into(), key: job.into(), create_revision: 7, store_key: job.into() }))
+        }
+        async fn try_lock_and_get(&self, job: &str, keys: &[String]) -> kayra_store::Result<Option<LockedRead>> {
+            let lock = self.try_lock(job).await?;
+            Ok(lock.map(|lock| LockedRead { lock, gets: vec![None; keys.len()], revision: 1 }))
         }
         async fn unlock(&self, lock: JobLock) -> kayra_store::Result<()> {
             self.held.lock().unwrap().retain(|j| *j != lock.job);

@@ -57,15 +57,26 @@ impl JobKey {
 pub struct Cause {
     pub trigger: RunTrigger,
     pub startup: bool,
+    /// Queued by the echo of this reconciler's own result write: not a
+    /// cause of its own, so it never replaces a merged entry's trigger.
+    pub own_write: bool,
 }
 
 impl Cause {
     pub fn new(trigger: RunTrigger) -> Self {
-        Self { trigger, startup: trigger == RunTrigger::Startup }
+        Self { trigger, startup: trigger == RunTrigger::Startup, own_write: false }
+    }
+
+    /// The echo of the reconciler's own write found the subscription
+    /// behind: whatever moved meanwhile (`trigger`, the registration's
+    /// SyncID) is the cause, unless a real one is merged with it.
+    pub fn own_write(trigger: RunTrigger) -> Self {
+        Self { own_write: true, ..Self::new(trigger) }
     }
 
     fn merge(self, newer: Cause) -> Cause {
-        Cause { trigger: newer.trigger, startup: self.startup || newer.startup }
+        let trigger = if newer.own_write { self.trigger } else { newer.trigger };
+        Cause { trigger, startup: self.startup || newer.startup, own_write: self.own_write && newer.own_write }
     }
 }
 
@@ -295,9 +306,30 @@ mod tests {
         let (key, cause, _) = q.next().await.unwrap();
         assert_eq!(key, sub("a", "x"));
         // The newest trigger is the run's; the startup pass's retry right stays.
-        assert_eq!(cause, Cause { trigger: RunTrigger::Resync, startup: true });
+        assert_eq!(cause, Cause { trigger: RunTrigger::Resync, startup: true, own_write: false });
         q.done(&key);
         assert!(q.is_empty());
+    }
+
+    #[tokio::test]
+    async fn the_echo_of_an_own_write_never_replaces_a_cause() {
+        let q = WorkQueue::new(1);
+        q.add(sub("a", "x"), ongoing(), Class::Ongoing);
+        q.add(sub("a", "x"), Cause::own_write(RunTrigger::Initial), Class::Ongoing);
+        let (key, cause, _) = q.next().await.unwrap();
+        assert_eq!(cause.trigger, RunTrigger::Ongoing, "the bump stays the cause");
+        assert!(!cause.own_write);
+        // Dirty while running: the same holds for the one more run.
+        q.add(key.clone(), Cause::new(RunTrigger::Resync), Class::Ongoing);
+        q.add(key.clone(), Cause::own_write(RunTrigger::Ongoing), Class::Ongoing);
+        q.done(&key);
+        let (_, cause, _) = q.next().await.unwrap();
+        assert_eq!(cause.trigger, RunTrigger::Resync);
+        // Alone, an echo's entry carries the trigger it was given.
+        q.done(&key);
+        q.add(key.clone(), Cause::own_write(RunTrigger::Ongoing), Class::Ongoing);
+        let (_, cause, _) = q.next().await.unwrap();
+        assert_eq!(cause.trigger, RunTrigger::Ongoing);
     }
 
     #[tokio::test]

@@ -480,6 +480,9 @@ impl Backend for EtcdStore {
         Some(Arc::new(lease::EtcdLeases { keys: self.keys.clone(), locker: self.locker.clone() }))
     }
 
+    fn round_trips(&self) -> Option<u64> {
+        Some(self.keys.cluster.calls())
+    }
     fn job_locker(&self) -> Option<Arc<dyn JobLocker>> {
         Some(self.locker.clone())
     }

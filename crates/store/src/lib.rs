@@ -176,6 +176,11 @@ pub trait Backend: Send + Sync + 'static {
     fn leases(&self) -> Option<Arc<dyn Leases>> {
         None
     }
+    /// Round trips to the store so far, where the backend counts them
+    /// itself (etcd: every call, the job locker's and leases' included).
+    fn round_trips(&self) -> Option<u64> {
+        None
+    }
 }
 
 /// Keys that vanish when their lease does (etcd): fleet-wide counters that a
@@ -206,6 +211,27 @@ pub trait JobLocker: Send + Sync + 'static {
     }
     /// Releases a lock taken by [`JobLocker::lock`].
     async fn unlock(&self, lock: JobLock) -> Result<()>;
+    /// [`JobLocker::try_lock`] and a read of `keys` (store keys) in the
+    /// same round trip (on etcd: one transaction that is Go's TryLock plus
+    /// the caller's gets), so a job that takes its lock also learns the
+    /// records it decides on. The reads are as of the lock's transaction.
+    async fn try_lock_and_get(&self, job: &str, keys: &[String]) -> Result<Option<LockedRead>>;
+    /// Forgets `lock` after the caller's own transaction deleted its
+    /// [`JobLock::store_key`] (the result write that is also the unlock):
+    /// frees what this process holds for it, with no store call.
+    async fn unlocked_by_txn(&self, lock: JobLock) -> Result<()> {
+        self.unlock(lock).await
+    }
+}
+
+/// A lock taken by [`JobLocker::try_lock_and_get`], and what was read with it.
+#[derive(Debug)]
+pub struct LockedRead {
+    pub lock: JobLock,
+    /// One entry per requested key, in order.
+    pub gets: Vec<Option<KeyValue>>,
+    /// The store revision of the lock's transaction.
+    pub revision: Revision,
 }
 
 /// A held job lock. Release it with [`JobLocker::unlock`]; if the process
@@ -236,6 +262,8 @@ pub const PROGRESS_INTERVAL: Duration = Duration::from_millis(400);
 pub struct Store {
     backend: Arc<dyn Backend>,
     request_timeout: Duration,
+    /// Calls through this handle and its clones (see [`Store::round_trips`]).
+    calls: Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl std::fmt::Debug for Store {
@@ -248,7 +276,11 @@ impl Store {
     /// A handle with the default request timeout
     /// ([`kayra_config::DEFAULT_REQUEST_TIMEOUT`]).
     pub fn new(backend: impl Backend) -> Self {
-        Self { backend: Arc::new(backend), request_timeout: kayra_config::DEFAULT_REQUEST_TIMEOUT }
+        Self {
+            backend: Arc::new(backend),
+            request_timeout: kayra_config::DEFAULT_REQUEST_TIMEOUT,
+            calls: Arc::default(),
+        }
     }
 
     /// The same store with every call bounded by `timeout`.
@@ -279,8 +311,17 @@ impl Store {
         Ok(store.with_request_timeout(timeout))
     }
 
+    /// Store round trips made so far: the backend's own count where it
+    /// keeps one (etcd), else the calls through this handle and its clones
+    /// (local: one SQLite statement or transaction each; the change-log
+    /// polls of watches are not counted). A cheap atomic, for benchmarks.
+    pub fn round_trips(&self) -> u64 {
+        self.backend.round_trips().unwrap_or_else(|| self.calls.load(std::sync::atomic::Ordering::Relaxed))
+    }
+
     /// Runs `call` within the request timeout.
     async fn bounded<T>(&self, what: &str, call: impl std::future::Future<Output = Result<T>>) -> Result<T> {
+        self.calls.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         match tokio::time::timeout(self.request_timeout, call).await {
             Ok(result) => result,
             Err(_) => Err(Error::Unavailable(format!(

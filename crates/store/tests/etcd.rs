@@ -176,6 +176,43 @@ async fn a_job_lock_excludes_other_clients_until_unlocked() {
     locker(&two).unlock(second).await.expect("unlock");
 }
 
+/// The reconciler's two round trips: the lock's transaction carries the
+/// caller's reads; the caller's result transaction, fenced on the lock key,
+/// deletes it (the unlock), and the next holder gets the job at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_carries_reads_and_a_fenced_txn_can_unlock_it() {
+    let etcd = Etcd::start().await;
+    let (one, two) = (store(&etcd).await, store(&etcd).await);
+    let job = "subscriptions/core/compute.example.com";
+    one.create("/records/a", b"A".to_vec()).await.expect("create");
+    let keys = ["/records/a".to_string(), "/records/missing".to_string()];
+    // The session lease is granted by the first lock.
+    let warm = locker(&one).try_lock("namespaces/core").await.expect("try").expect("free");
+    locker(&one).unlock(warm).await.expect("unlock");
+    let before = one.round_trips();
+    let read = locker(&one).try_lock_and_get(job, &keys).await.expect("try").expect("free");
+    assert_eq!(one.round_trips() - before, 1, "lock and reads in one transaction");
+    assert_eq!(read.gets.len(), 2);
+    assert_eq!(read.gets[0].as_ref().map(|kv| kv.value.as_slice()), Some(&b"A"[..]));
+    assert!(read.gets[1].is_none());
+    assert!(read.revision >= read.lock.create_revision);
+    assert!(locker(&two).try_lock_and_get(job, &keys).await.expect("try").is_none(), "held elsewhere");
+
+    let fence = read.lock.store_key.clone();
+    let txn = kayra_store::Txn::new()
+        .when(kayra_store::Compare::Exists(fence.clone()))
+        .then(kayra_store::Op::Put { key: "/records/a".into(), value: b"B".to_vec() })
+        .then(kayra_store::Op::Delete { key: fence });
+    assert!(one.txn(txn).await.expect("txn").succeeded);
+    locker(&one).unlocked_by_txn(read.lock).await.expect("forget");
+    let next = locker(&two).try_lock_and_get(job, &keys).await.expect("try").expect("free after the txn");
+    assert_eq!(next.gets[0].as_ref().map(|kv| kv.value.as_slice()), Some(&b"B"[..]));
+    // The first client's in-process lock was freed too.
+    locker(&two).unlock(next.lock).await.expect("unlock");
+    let again = locker(&one).try_lock(job).await.expect("try").expect("free in-process too");
+    locker(&one).unlock(again).await.expect("unlock");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_job_lock_excludes_other_tasks_of_the_same_process() {
     let etcd = Etcd::start().await;

@@ -1,7 +1,8 @@
 //! A recording HTTP backend for reconciler tests, on 127.0.0.1:0.
 //!
 //! The first path segment picks the behaviour: `/ok/..` answers 200,
-//! `/fail/..` 500, `/slow/..` 200 after 20ms, `/hold/..` waits for
+//! `/fail/..` 500, `/slow/..` 200 after 20ms, `/sleep/<ms>/..` 200 after
+//! `<ms>` milliseconds, `/hold/..` waits for
 //! [`TestBackend::release`] before answering 200. Every call is recorded,
 //! and the highest number of concurrent calls is tracked.
 
@@ -82,6 +83,11 @@ async fn answer(state: &State, uri: Uri) -> StatusCode {
         "fail" => StatusCode::INTERNAL_SERVER_ERROR,
         "slow" => {
             tokio::time::sleep(Duration::from_millis(20)).await;
+            StatusCode::OK
+        }
+        "sleep" => {
+            let ms = path.split('/').nth(2).and_then(|ms| ms.parse().ok()).unwrap_or(0);
+            tokio::time::sleep(Duration::from_millis(ms)).await;
             StatusCode::OK
         }
         "hold" => {

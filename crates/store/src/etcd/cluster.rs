@@ -35,7 +35,7 @@
 //! what they find instead of reporting a conflict with themselves.
 
 use std::future::Future;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
@@ -167,6 +167,9 @@ struct Inner {
     options: ConnectOptions,
     request_timeout: Duration,
     attempt_timeout: Duration,
+    /// Calls made through [`Cluster::run`] (each counted once, however many
+    /// attempts it took): the store round trips a benchmark reports.
+    calls: AtomicU64,
 }
 
 struct Member {
@@ -198,6 +201,7 @@ impl Cluster {
             options: options.with_require_leader(true),
             request_timeout,
             attempt_timeout,
+            calls: AtomicU64::new(0),
         });
         inner.publish();
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
@@ -230,6 +234,12 @@ impl Cluster {
         self.inner.members.iter().filter(|m| *m.healthy.borrow()).map(|m| m.label.clone()).collect()
     }
 
+    /// Request/response calls made so far by this client (watch and
+    /// keep-alive stream messages are not counted).
+    pub(super) fn calls(&self) -> u64 {
+        self.inner.calls.load(Ordering::Relaxed)
+    }
+
     /// Runs `call` on the pinned member until it succeeds, fails for good,
     /// or `database.request_timeout` has passed.
     pub(super) async fn run<T, F, Fut>(&self, what: &str, mut call: F) -> Result<Attempted<T>>
@@ -238,6 +248,7 @@ impl Cluster {
         Fut: Future<Output = Result<T, etcd_client::Error>>,
     {
         let inner = &self.inner;
+        inner.calls.fetch_add(1, Ordering::Relaxed);
         let deadline = Instant::now() + inner.request_timeout;
         let mut ambiguous = false;
         let mut pause = RETRY_MIN;

@@ -1,0 +1,278 @@
+//! The reconciler's figures (issue 12, issue 14), each against the raw
+//! store or the pool's ideal time measured in the same run:
+//! - placeholder fan-out after a SyncID bump, pool 30, with `run_history`
+//!   20 and 0, against raw single-key puts at 32 in flight (and raw
+//!   read + CAS updates at 30), with the store round trips per reconcile;
+//! - one 20 ms HTTP step (a real local HTTP backend), pool 30, against the
+//!   ideal N × 20 ms / 30;
+//! - scale-out on one etcd: 1, 2, 3 reconcilers (each its own `Reconciler`
+//!   and store client), a 100 ms step, pool 30, against N × 100 ms /
+//!   (30 × R), checking each subscriber's step ran exactly once per bump.
+//!
+//! Every measurement has its own deployment (platform `bench`, its own
+//! region), so none sees another's records. Progress is polled through a
+//! second store client (`probe`), so the reconciler's round-trip count is
+//! its own.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use kayra_catalog::repo::{Change, Repository, keys};
+use kayra_config::ReconcilerConfig;
+use kayra_core::{ApiRegistration, Subscription};
+use kayra_reconciler::Reconciler;
+use kayra_store::{Op, Store, Txn};
+use kayra_testkit::backend::TestBackend;
+use tokio_util::sync::CancellationToken;
+
+const API: &str = "compute.example.com";
+const PLATFORM: &str = "bench";
+
+/// A new client of the same store (another process's connection).
+pub type Connect = Arc<dyn Fn() -> Pin<Box<dyn Future<Output = anyhow::Result<Store>> + Send>> + Send + Sync>;
+
+/// Sizes of the measurements.
+pub struct Sizes {
+    pub fan_out: usize,
+    pub step: usize,
+    pub scale: usize,
+    /// Measure scale-out (etcd only).
+    pub scale_out: bool,
+}
+
+pub async fn run(backend: &str, connect: Connect, sizes: &Sizes) -> anyhow::Result<()> {
+    let store = connect().await?;
+    let probe = connect().await?;
+    let http = TestBackend::start().await;
+    let row = |what: &str, value: String, ratio: String| println!("| {backend} | {what} | {value} | {ratio} |");
+
+    let raw_put = rate(sizes.fan_out, 32, |i| {
+        let store = store.clone();
+        async move {
+            let txn = Txn::new().then(Op::Put { key: format!("/bench/rawput/{i:08}"), value: vec![b'x'; 256] });
+            store.txn(txn).await.map(|_| ())
+        }
+    })
+    .await?;
+    row("raw single-key put, 32 in flight", format!("{raw_put:.0}/s"), "1.00".into());
+    let raw_cas = raw_cas(&store, sizes.fan_out).await?;
+    row("raw read + CAS update, 30 in flight", format!("{raw_cas:.0}/s"), format!("{:.2} of puts", raw_cas / raw_put));
+
+    let mut rates = Vec::new();
+    for history in [20, 0] {
+        let region = format!("fan{history}");
+        let config = ReconcilerConfig { max_concurrent_reconciles: 30, run_history: history, ..Default::default() };
+        let deployment = Deployment::seed(&probe, &region, "placeholder", sizes.fan_out).await?;
+        let running = vec![start(&store, &region, config)?];
+        deployment.wait_synced("s1").await?;
+        settle(&store).await;
+        let before = store.round_trips();
+        let took = deployment.bump_and_wait("s2").await?;
+        let trips = (store.round_trips() - before) as f64 / sizes.fan_out as f64;
+        stop(running).await?;
+        let fan = sizes.fan_out as f64 / took.as_secs_f64();
+        rates.push(fan);
+        let what = format!("fan-out, placeholder, {} subscribers, pool 30, run_history {history}", sizes.fan_out);
+        row(&what, format!("{fan:.0}/s"), format!("{:.2} of puts, {:.2} of CAS", fan / raw_put, fan / raw_cas));
+        row(&format!("store round trips per reconcile, run_history {history}"), format!("{trips:.2}"), "-".into());
+    }
+    row(
+        "run recording cost (run_history 20 vs 0)",
+        format!("{:+.1} %", (rates[1] / rates[0] - 1.0) * 100.0),
+        "-".into(),
+    );
+
+    // One 20 ms step per reconcile.
+    let region = "step20";
+    let mut config = ReconcilerConfig { max_concurrent_reconciles: 30, ..Default::default() };
+    one_step(&mut config, &http, 20, region);
+    let deployment = Deployment::seed(&probe, region, "step", sizes.step).await?;
+    let running = vec![start(&store, region, config)?];
+    deployment.wait_synced("s1").await?;
+    let took = deployment.bump_and_wait("s2").await?;
+    stop(running).await?;
+    let ideal = sizes.step as f64 * 0.020 / 30.0;
+    let what = format!("one 20 ms step, {} subscribers, pool 30 (ideal {ideal:.2} s)", sizes.step);
+    row(&what, format!("{:.2} s", took.as_secs_f64()), format!("{:.2}x ideal", took.as_secs_f64() / ideal));
+
+    if sizes.scale_out {
+        for replicas in 1..=3 {
+            let region = format!("scale{replicas}");
+            let mut config = ReconcilerConfig { max_concurrent_reconciles: 30, ..Default::default() };
+            one_step(&mut config, &http, 100, &region);
+            let deployment = Deployment::seed(&probe, &region, "step", sizes.scale).await?;
+            let mut running = Vec::new();
+            for _ in 0..replicas {
+                running.push(start(&connect().await?, &region, config.clone())?);
+            }
+            deployment.wait_synced("s1").await?;
+            let took = deployment.bump_and_wait("s2").await?;
+            stop(running).await?;
+            let calls = calls_per_subscriber(&http, &region, "s2");
+            let once = calls.len() == sizes.scale && calls.values().all(|n| *n == 1);
+            let ideal = sizes.scale as f64 * 0.100 / (30.0 * replicas as f64);
+            let what = format!(
+                "scale-out, {replicas} reconciler(s), 100 ms step, {} subscribers, pool 30 (ideal {ideal:.2} s)",
+                sizes.scale
+            );
+            let ratio = format!("{:.2}x ideal, each step once: {once}", took.as_secs_f64() / ideal);
+            row(&what, format!("{:.2} s", took.as_secs_f64()), ratio);
+        }
+    }
+    Ok(())
+}
+
+/// Mode `step`: one POST to the backend sleeping `ms`, the path naming
+/// the deployment, SyncID and subscriber.
+fn one_step(config: &mut ReconcilerConfig, http: &TestBackend, ms: u64, region: &str) {
+    let endpoint = format!(
+        "{}/sleep/{ms}/{region}/{{{{ .Subscription.ExpectedSyncID }}}}/{{{{ .Subscription.Namespace }}}}",
+        http.base
+    );
+    let yaml = format!("- method: post\n  endpoint: \"{endpoint}\"\n  timeout: 30s\n");
+    config.mode.insert("step".into(), serde_norway::from_str(&yaml).expect("a valid step"));
+}
+
+fn calls_per_subscriber(http: &TestBackend, region: &str, sync_id: &str) -> HashMap<String, usize> {
+    let mut calls = HashMap::new();
+    for path in http.calls() {
+        let parts: Vec<&str> = path.split('/').collect();
+        if let [_, "sleep", _, r, s, ns] = parts.as_slice()
+            && *r == region
+            && *s == sync_id
+        {
+            *calls.entry((*ns).to_string()).or_default() += 1;
+        }
+    }
+    calls
+}
+
+fn start(store: &Store, region: &str, config: ReconcilerConfig) -> anyhow::Result<(CancellationToken, Running)> {
+    let repo = Repository::new(store.clone(), PLATFORM, region);
+    let cancel = CancellationToken::new();
+    let reconciler = Reconciler::new(repo, config, cancel.clone()).map_err(|e| anyhow::anyhow!("{e}"))?;
+    Ok((cancel, tokio::spawn(reconciler.run())))
+}
+
+type Running = tokio::task::JoinHandle<Result<(), kayra_catalog::repo::Error>>;
+
+async fn stop(running: Vec<(CancellationToken, Running)>) -> anyhow::Result<()> {
+    for (cancel, _) in &running {
+        cancel.cancel();
+    }
+    for (_, handle) in running {
+        handle.await??;
+    }
+    Ok(())
+}
+
+/// Waits until `store`'s round-trip count stops moving (the reconciler has
+/// seen its own writes' echoes and is idle).
+async fn settle(store: &Store) {
+    let mut last = store.round_trips();
+    for _ in 0..50 {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let now = store.round_trips();
+        if now == last {
+            return;
+        }
+        last = now;
+    }
+}
+
+/// One deployment's registration and subscribers, written through `probe`.
+struct Deployment {
+    repo: Repository,
+    region: String,
+    n: usize,
+}
+
+impl Deployment {
+    async fn seed(probe: &Store, region: &str, mode: &str, n: usize) -> anyhow::Result<Self> {
+        let repo = Repository::new(probe.clone(), PLATFORM, region);
+        let reg = ApiRegistration {
+            name: API.into(),
+            mode: mode.into(),
+            sync_id: "s1".into(),
+            platform: PLATFORM.into(),
+            region: region.into(),
+            ..Default::default()
+        };
+        repo.create(&keys::registration(PLATFORM, region, API), &reg, "registration").await?;
+        let created: Vec<kayra_catalog::repo::Result<_>> = futures::stream::iter(0..n)
+            .map(|i| {
+                let repo = repo.clone();
+                async move {
+                    let sub = Subscription::new(format!("t{i}"), API);
+                    repo.create(&keys::subscription(PLATFORM, region, &sub.namespace, API), &sub, "subscription").await
+                }
+            })
+            .buffer_unordered(32)
+            .collect()
+            .await;
+        for c in created {
+            c?;
+        }
+        Ok(Self { repo, region: region.into(), n })
+    }
+
+    async fn bump_and_wait(&self, sync_id: &str) -> anyhow::Result<Duration> {
+        let started = Instant::now();
+        self.repo
+            .modify::<ApiRegistration, _>(&keys::registration(PLATFORM, &self.region, API), "registration", |r| {
+                r.sync_id = sync_id.into();
+                Change::Write
+            })
+            .await?;
+        self.wait_synced(sync_id).await?;
+        Ok(started.elapsed())
+    }
+
+    async fn wait_synced(&self, sync_id: &str) -> anyhow::Result<()> {
+        let deadline = Instant::now() + Duration::from_secs(300);
+        loop {
+            let (subs, _) = self.repo.list_subscriptions().await?;
+            if subs.iter().filter(|s| s.value.is_synced(sync_id)).count() >= self.n {
+                return Ok(());
+            }
+            anyhow::ensure!(Instant::now() < deadline, "{}: fan-out to {sync_id} did not converge", self.region);
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+}
+
+/// Raw baseline: one read + CAS update of each of `n` records, 30 in flight
+/// (the reconciler's default pool).
+async fn raw_cas(store: &Store, n: usize) -> anyhow::Result<f64> {
+    for i in 0..n {
+        store.create(&format!("/bench/rawcas/{i:08}"), vec![b'x'; 256]).await?;
+    }
+    rate(n, 30, |i| {
+        let store = store.clone();
+        async move {
+            let key = format!("/bench/rawcas/{i:08}");
+            let (current, _) = store.get(&key).await?;
+            let current = current.ok_or_else(|| kayra_store::Error::NotFound(key.clone()))?;
+            store.update(&key, current.value, current.mod_revision).await.map(|_| ())
+        }
+    })
+    .await
+}
+
+/// Ops per second of `ops` calls of `op`, `inflight` at a time.
+async fn rate<F, Fut>(ops: usize, inflight: usize, op: F) -> anyhow::Result<f64>
+where
+    F: Fn(usize) -> Fut,
+    Fut: Future<Output = Result<(), kayra_store::Error>>,
+{
+    let started = Instant::now();
+    let results: Vec<_> = futures::stream::iter(0..ops).map(op).buffer_unordered(inflight).collect().await;
+    for r in results {
+        r?;
+    }
+    Ok(ops as f64 / started.elapsed().as_secs_f64())
+}
