@@ -22,6 +22,7 @@ mod api {
     mod replicas;
     mod runs;
     mod slow_clients;
+    mod status;
     mod store_outage;
     mod subscriptions;
     mod watch;
