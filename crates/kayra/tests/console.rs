@@ -142,7 +142,9 @@ async fn fan_out(backend: Backend) {
     assert_eq!(progress_of(&b, COMPUTE).await, ("5".into(), "5".into()));
 
     // Bump the SyncID through the API: the bar drops, then climbs as the
-    // backend lets subscribers through, without a reload.
+    // backend lets subscribers through, without a reload, following the
+    // status stream rather than polling.
+    let mut requests = b.requests().await;
     let bumped = w.call(Method::PUT, &format!("/apiregistrations/{COMPUTE}/sync"), Some(json!({})), 200).await;
     let sync_id = bumped["sync_id"].as_str().unwrap().to_string();
     b.until(
@@ -165,6 +167,15 @@ async fn fan_out(backend: Backend) {
     }
     w.backend.release(3);
     b.until("all synced", &counts_are(COMPUTE, "5/5 synced, 0 failed, 0 pending")).await;
+    let during = b.requests().await;
+    let status_path = format!("/apiregistrations/{COMPUTE}/status");
+    let urls: Vec<&str> = during.iter().map(|(url, _)| url.as_str()).collect();
+    assert!(urls.iter().any(|u| u.ends_with(&format!("{status_path}?watch=true"))), "no status stream: {urls:?}");
+    // At most the poll that may have been under way at the bump, and the
+    // one that takes over when the fan-out has settled.
+    let polls = urls.iter().filter(|u| u.ends_with(&status_path)).count();
+    assert!(polls <= 2, "the fan-out's status was polled {polls} times: {urls:?}");
+    requests.extend(during);
     assert_eq!(b.js("return window.__samePage").await, "yes", "the page was reloaded");
 
     // Keyboard only: Tab walks the navigation, the sort buttons and every
@@ -267,7 +278,7 @@ async fn fan_out(backend: Backend) {
     assert_eq!(b.js("return sessionStorage.getItem('kayra.token')").await, ADMIN);
     assert_eq!(b.js("return localStorage.length").await, 0);
     assert_eq!(b.js("return document.cookie").await, "");
-    let requests = b.requests().await;
+    requests.extend(b.requests().await);
     assert!(requests.iter().any(|(url, _)| url.contains("/apis/catalog.example.com/v1/")), "no API call was logged");
     for (url, headers) in &requests {
         assert!(!url.contains(ADMIN), "the token is in a request URL: {url}");
