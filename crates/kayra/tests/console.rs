@@ -437,6 +437,25 @@ async fn console_pages_ten_thousand_subscribers() {
     submit_token(&b, ADMIN).await;
     b.until("the counts", &counts_are(COMPUTE, "1000/10000 synced, 0 failed, 9000 pending")).await;
 
+    // What the server spends: the report, and its stream's first document.
+    let url = format!("{}{}/apiregistrations/{COMPUTE}/status", w.base, world::CATALOG);
+    for _ in 0..3 {
+        let started = std::time::Instant::now();
+        let body = w.http.get(&url).bearer_auth(ADMIN).send().await.unwrap().bytes().await.unwrap();
+        let get = started.elapsed();
+        let started = std::time::Instant::now();
+        let mut stream = w.http.get(format!("{url}?watch=true")).bearer_auth(ADMIN).send().await.unwrap();
+        let mut first = Vec::new();
+        while !first.contains(&b'\n') {
+            first.extend_from_slice(&stream.chunk().await.unwrap().expect("a first document"));
+        }
+        let watch = started.elapsed();
+        eprintln!(
+            "10,000 subscribers: GET /status {get:?} ({} bytes), its stream's first document {watch:?}",
+            body.len()
+        );
+    }
+
     // A fresh load of the API's page, timed by the page's own clock: from
     // navigation start to the first render with data.
     let mut best = f64::MAX;
