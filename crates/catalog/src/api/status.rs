@@ -13,11 +13,11 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::Json;
 use axum::body::{Body, Bytes};
 use axum::extract::State;
 use axum::http::{HeaderValue, StatusCode, header};
-use axum::response::Response;
+use axum::response::{IntoResponse, Response};
+use axum::{Extension, Json};
 use kayra_core::{ApiRegistration, SubscriptionState};
 use serde::{Deserialize, Serialize};
 use tokio::sync::broadcast::error::RecvError;
@@ -26,6 +26,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use utoipa::ToSchema;
 
+use super::authz::WatchCheck;
 use super::error::{ApiError, ErrorBody};
 use super::extract::Path;
 use super::hub::{Feed, Hub, KeyRange, WatchOptions};
@@ -115,8 +116,9 @@ async fn caught_up(index: &SubscriberIndex, repo: &Repository, revision: i64) ->
         (status = 503, body = ErrorBody, description = "the subscriber index could not show it is current")))]
 pub(crate) async fn status(
     State(state): State<ApiState>,
+    check: Option<Extension<WatchCheck>>,
     Path(name): Path<String>,
-) -> Result<Json<RegistrationStatus>, ApiError> {
+) -> Result<Response, ApiError> {
     long_name(&state, &name).await?;
     let index = index_of(&state.hub, &state.repo);
     // One round trip: the registration, and the store's revision now.
@@ -125,8 +127,12 @@ pub(crate) async fn status(
     let kv = kv.ok_or_else(|| registration_not_found(&state, &name))?;
     let registration: ApiRegistration = serde_json::from_slice(&kv.value)
         .map_err(|e| ApiError::from(crate::repo::Error::Corrupt { key: key.clone(), message: e.to_string() }))?;
+    if check.is_some() {
+        // A stream's validation: it renders (and waits) itself.
+        return Ok(StatusCode::OK.into_response());
+    }
     caught_up(&index, &state.repo, revision).await?;
-    Ok(Json(RegistrationStatus::of(registration, &index)))
+    Ok(Json(RegistrationStatus::of(registration, &index)).into_response())
 }
 
 /// Opens the `?watch=true` stream of `name`'s status for `watcher` (whose
