@@ -473,7 +473,12 @@ async fn console_pages_ten_thousand_subscribers() {
             .js("return performance.getEntriesByType('resource').filter(e => e.name.includes('/apis/')).map(e => `${e.name.replace(location.origin, '')} at ${Math.round(e.startTime)} ms took ${Math.round(e.duration)} ms`).join('; ')")
             .await;
         let calls = calls.as_str().unwrap_or("");
-        eprintln!("10,000 subscribers: data rendered {ms:.0} ms after navigation start; API calls: {calls}");
+        let ready = b.js("return performance.getEntriesByType('navigation')[0].domContentLoadedEventEnd").await;
+        let ready = ready.as_f64().unwrap_or(0.0);
+        eprintln!(
+            "10,000 subscribers: data rendered {ms:.0} ms after navigation start, the page and its modules ready at \
+             {ready:.0} ms; API calls: {calls}"
+        );
     }
     // The contract's budget is 200 ms on loopback; a shared, loaded CI
     // machine gets slack, a table rendering all 10,000 rows would not fit.

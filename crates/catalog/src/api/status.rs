@@ -13,11 +13,11 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 
+use axum::Extension;
 use axum::body::{Body, Bytes};
 use axum::extract::State;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use axum::{Extension, Json};
 use kayra_core::{ApiRegistration, SubscriptionState};
 use serde::{Deserialize, Serialize};
 use tokio::sync::broadcast::error::RecvError;
@@ -132,7 +132,12 @@ pub(crate) async fn status(
         return Ok(StatusCode::OK.into_response());
     }
     caught_up(&index, &state.repo, revision).await?;
-    Ok(Json(RegistrationStatus::of(registration, &index)).into_response())
+    // Encoded in one piece: ~1 MB for 10,000 subscribers.
+    let body = serde_json::to_vec(&RegistrationStatus::of(registration, &index)).map_err(|e| {
+        tracing::error!(error = %e, "encode a status report");
+        ApiError::internal()
+    })?;
+    Ok(([(header::CONTENT_TYPE, HeaderValue::from_static("application/json"))], body).into_response())
 }
 
 /// Opens the `?watch=true` stream of `name`'s status for `watcher` (whose

@@ -87,9 +87,11 @@ export function render(view, { name }, signal) {
     draw();
   }, { signal });
   followObject(`/apiregistrations/${seg(name)}/status`, (s, error) => {
+    const first = s && !status;
     status = s;
     errorOf = { ...errorOf, status: error };
-    draw();
+    if (first) draw.now(); // the counts and first rows at once, then throttled
+    else draw();
   }, {
     signal,
     wake, // polling only: a SyncID bump fetches at once
