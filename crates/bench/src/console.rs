@@ -11,7 +11,7 @@ use anyhow::Context;
 use futures::StreamExt;
 use kayra_catalog::api::registrations::{RegistrationStatus, Subscriber};
 use kayra_catalog::repo::{Repository, keys};
-use kayra_core::{ApiRegistration, Subscription, SubscriptionState};
+use kayra_core::{ApiRegistration, Subscription};
 use kayra_store::Store;
 
 use crate::serve::{ADMIN, CATALOG, ok, serve};
@@ -51,18 +51,7 @@ async fn from_store(repo: &Repository) -> anyhow::Result<Vec<u8>> {
             current_sync_id: s.value.current_sync_id,
         })
         .collect();
-    let synced = subscribers.iter().filter(|s| s.synced).count();
-    let failed = subscribers.iter().filter(|s| !s.synced && s.state == SubscriptionState::Error).count();
-    let status = RegistrationStatus {
-        api: registration.name,
-        sync_id: registration.sync_id,
-        sync_id_updated_at: registration.sync_id_updated_at,
-        total: subscribers.len(),
-        synced,
-        failed,
-        pending: subscribers.len() - synced - failed,
-        subscribers,
-    };
+    let status = RegistrationStatus::new(registration, subscribers);
     Ok(serde_json::to_vec(&status)?)
 }
 

@@ -30,7 +30,7 @@ use super::authz::WatchCheck;
 use super::error::{ApiError, ErrorBody};
 use super::extract::Path;
 use super::hub::{Feed, Hub, KeyRange, WatchOptions};
-use super::watch::{Framing, Watcher, frame};
+use super::watch::{Framing, Watcher, frame, streaming};
 use super::{ApiState, long_name, registration_not_found};
 use crate::cache::subscribers::SubscriberIndex;
 use crate::repo::{Repository, keys};
@@ -70,6 +70,22 @@ pub struct Subscriber {
 }
 
 impl RegistrationStatus {
+    /// The report of `registration` with these subscribers, counted.
+    pub fn new(registration: ApiRegistration, subscribers: Vec<Subscriber>) -> Self {
+        let synced = subscribers.iter().filter(|s| s.synced).count();
+        let failed = subscribers.iter().filter(|s| !s.synced && s.state == SubscriptionState::Error).count();
+        Self {
+            api: registration.name,
+            sync_id: registration.sync_id,
+            sync_id_updated_at: registration.sync_id_updated_at,
+            total: subscribers.len(),
+            synced,
+            failed,
+            pending: subscribers.len() - synced - failed,
+            subscribers,
+        }
+    }
+
     /// The report of `registration` from the index as it is now.
     fn of(registration: ApiRegistration, index: &SubscriberIndex) -> Self {
         let subscribers: Vec<Subscriber> = index.subscribers(&registration.name, |entries| {
@@ -83,18 +99,7 @@ impl RegistrationStatus {
                 })
                 .collect()
         });
-        let synced = subscribers.iter().filter(|s| s.synced).count();
-        let failed = subscribers.iter().filter(|s| !s.synced && s.state == SubscriptionState::Error).count();
-        Self {
-            api: registration.name,
-            sync_id: registration.sync_id,
-            sync_id_updated_at: registration.sync_id_updated_at,
-            total: subscribers.len(),
-            synced,
-            failed,
-            pending: subscribers.len() - synced - failed,
-            subscribers,
-        }
+        Self::new(registration, subscribers)
     }
 }
 
@@ -186,17 +191,7 @@ pub(crate) async fn open(
         let chunk = stream.next_chunk().await?;
         Some((Ok::<Bytes, std::convert::Infallible>(chunk), stream))
     }));
-    let content_type = match framing {
-        Framing::Ndjson => "application/x-ndjson",
-        Framing::Sse => "text/event-stream",
-    };
-    let mut response = Response::new(body);
-    *response.status_mut() = StatusCode::OK;
-    let headers = response.headers_mut();
-    headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
-    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
-    headers.insert("x-accel-buffering", HeaderValue::from_static("no"));
-    Ok(response)
+    Ok(streaming(framing, body))
 }
 
 /// One open status stream.

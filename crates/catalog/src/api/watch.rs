@@ -295,6 +295,11 @@ pub(crate) async fn open(
         let chunk = stream.next_chunk().await?;
         Some((Ok::<Bytes, std::convert::Infallible>(chunk), stream))
     }));
+    Ok(streaming(framing, body))
+}
+
+/// The 200 answer of a watch stream whose events `body` carries.
+pub(crate) fn streaming(framing: Framing, body: Body) -> Response {
     let content_type = match framing {
         Framing::Ndjson => "application/x-ndjson",
         Framing::Sse => "text/event-stream",
@@ -306,7 +311,7 @@ pub(crate) async fn open(
     headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
     // Proxies such as nginx would otherwise buffer the events.
     headers.insert("x-accel-buffering", HeaderValue::from_static("no"));
-    Ok(response)
+    response
 }
 
 /// One open watch stream.
