@@ -56,6 +56,7 @@ async fn from_store(repo: &Repository) -> anyhow::Result<Vec<u8>> {
 }
 
 pub async fn run(backend: &str, database: kayra_config::DatabaseConfig) -> anyhow::Result<()> {
+    let _ = rustls::crypto::ring::default_provider().install_default();
     let store = Store::open(&database).await?;
     let mut config = kayra_config::Config { database, ..Default::default() };
     config.auth.bootstrap_token = ADMIN.into();
