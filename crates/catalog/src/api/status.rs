@@ -116,6 +116,11 @@ async fn caught_up(index: &SubscriberIndex, repo: &Repository, revision: i64) ->
     })
 }
 
+/// Every subscriber of the registration and the fan-out's counts.
+///
+/// With `?watch=true`: an `ADDED` event with this document, then a
+/// `MODIFIED` with the whole new document whenever it changes, at most
+/// every 250 ms; `DELETED` when the registration is deleted.
 #[utoipa::path(get, path = "/apiregistrations/{name}/status", tag = "apiregistrations", params(("name" = String, Path)),
     responses((status = 200, body = RegistrationStatus), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody),
         (status = 503, body = ErrorBody, description = "the subscriber index could not show it is current")))]
