@@ -15,6 +15,7 @@
 //! - the reconciler (`reconcile.rs`): fan-out, run recording, a 20 ms
 //!   step, scale-out, round trips per reconcile.
 
+mod console;
 mod reconcile;
 mod serve;
 
@@ -49,6 +50,9 @@ struct Args {
     /// Only the `kayra serve` figures (`serve.rs`).
     #[arg(long)]
     serve_only: bool,
+    /// Only the console's `/status` figures (`console.rs`).
+    #[arg(long)]
+    console_only: bool,
     /// Also measure a real `kayra serve`'s RSS over a large store, running this binary.
     #[arg(long)]
     memory: Option<std::path::PathBuf>,
@@ -67,13 +71,29 @@ async fn main() -> anyhow::Result<()> {
     if args.reconciler_only {
         return reconciler(&args, &local, &etcd).await;
     }
-    if !args.serve_only {
+    if !args.serve_only && !args.console_only {
         let store = Store::new(kayra_store::local::LocalStore::open(&local.path, local.poll_interval.0)?);
         run("local", store, &args).await?;
         let store = Store::new(kayra_store::etcd::EtcdStore::connect(&etcd.config("/bench")).await?);
         run("etcd", store, &args).await?;
         reconciler(&args, &local, &etcd).await?;
     }
+    if !args.console_only {
+        serve_figures(&args, &etcd).await?;
+    }
+    println!();
+    println!("| backend | measurement | p50 ms | p99 ms | ratio |");
+    println!("|---|---|---:|---:|---|");
+    let console_dir = tempfile::tempdir()?;
+    console::run("local", kayra_config::DatabaseConfig::local(kayra_testkit::local_config(console_dir.path()))).await?;
+    console::run("etcd", kayra_config::DatabaseConfig::etcd(etcd.config("/console"))).await?;
+    if let Some(binary) = &args.memory {
+        serve::memory(&kayra_config::DatabaseConfig::etcd(etcd.config("/memory")), binary).await?;
+    }
+    Ok(())
+}
+
+async fn serve_figures(args: &Args, etcd: &kayra_testkit::Etcd) -> anyhow::Result<()> {
     println!();
     println!("| backend | measurement | ops/s | p50 ms | p99 ms | ratio |");
     println!("|---|---|---:|---:|---:|---|");
@@ -81,11 +101,7 @@ async fn main() -> anyhow::Result<()> {
     let database = kayra_config::DatabaseConfig::local(kayra_testkit::local_config(serve_dir.path()));
     serve::run("local", database, None, args.ops).await?;
     let database = kayra_config::DatabaseConfig::etcd(etcd.config("/serve"));
-    serve::run("etcd", database, Some(etcd.endpoint()), args.ops).await?;
-    if let Some(binary) = &args.memory {
-        serve::memory(&kayra_config::DatabaseConfig::etcd(etcd.config("/memory")), binary).await?;
-    }
-    Ok(())
+    serve::run("etcd", database, Some(etcd.endpoint()), args.ops).await
 }
 
 async fn run(backend: &str, store: Store, args: &Args) -> anyhow::Result<()> {

@@ -11,7 +11,8 @@
 //!   100 revocations): from the DELETE's answer on one replica to the
 //!   first 401 on the other;
 //! - with `--memory`, the RSS of a real `kayra serve` process over a store
-//!   of 100,000 subscriptions, 10,000 namespaces and 1,000 users.
+//!   of 100,000 subscriptions (its subscriber index listed and answering a
+//!   `/status`), 10,000 namespaces and 1,000 users.
 
 use std::time::{Duration, Instant};
 
@@ -25,8 +26,8 @@ use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
 const API: &str = "compute.example.com";
-const ADMIN: &str = "bench-admin-token-0123456789abcdef0123456789";
-const CATALOG: &str = "/apis/catalog.example.com/v1";
+pub(crate) const ADMIN: &str = "bench-admin-token-0123456789abcdef0123456789";
+pub(crate) const CATALOG: &str = "/apis/catalog.example.com/v1";
 const INFLIGHT: usize = 32;
 
 /// Throughput and latency of one measurement.
@@ -77,7 +78,7 @@ fn percentile(sorted: &[Duration], q: f64) -> Duration {
 }
 
 /// A `kayra serve` on `store`, in this process; stopped with the token.
-async fn serve(store: Store, config: &kayra_config::Config) -> anyhow::Result<(String, CancellationToken)> {
+pub(crate) async fn serve(store: Store, config: &kayra_config::Config) -> anyhow::Result<(String, CancellationToken)> {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let base = format!("http://{}", listener.local_addr()?);
     let cancel = CancellationToken::new();
@@ -90,7 +91,7 @@ async fn serve(store: Store, config: &kayra_config::Config) -> anyhow::Result<(S
     Ok((base, cancel))
 }
 
-async fn ok(response: reqwest::Response) -> anyhow::Result<reqwest::Response> {
+pub(crate) async fn ok(response: reqwest::Response) -> anyhow::Result<reqwest::Response> {
     let status = response.status();
     anyhow::ensure!(status.is_success(), "HTTP {status}: {}", response.text().await.unwrap_or_default());
     Ok(response)
@@ -330,6 +331,13 @@ pub async fn memory(database: &kayra_config::DatabaseConfig, binary: &std::path:
         http.get(format!("http://{listen}/readyz")).send().await.is_ok_and(|r| r.status().is_success())
     })
     .await;
+    // The console's report of one API (10,000 of the subscribers) comes from
+    // the serve's subscriber index: the figure includes it, fully listed.
+    let registration = ApiRegistration { name: "api0.example.com".into(), ..Default::default() };
+    repo.create(&keys::registration("dev", "local", &registration.name), &registration, "registration").await?;
+    let url = format!("http://{listen}{CATALOG}/apiregistrations/api0.example.com/status");
+    let status: serde_json::Value = ok(http.get(url).bearer_auth(ADMIN).send().await?).await?.json().await?;
+    anyhow::ensure!(status["total"] == 10_000, "the report counts {}", status["total"]);
     // Some traffic, so the figure includes a serving process, not an idle one.
     for i in 0..200 {
         let url = format!("http://{listen}{CATALOG}/namespaces/m{}", i % 10_000);

@@ -142,7 +142,9 @@ async fn fan_out(backend: Backend) {
     assert_eq!(progress_of(&b, COMPUTE).await, ("5".into(), "5".into()));
 
     // Bump the SyncID through the API: the bar drops, then climbs as the
-    // backend lets subscribers through, without a reload.
+    // backend lets subscribers through, without a reload, following the
+    // status stream rather than polling.
+    let mut requests = b.requests().await;
     let bumped = w.call(Method::PUT, &format!("/apiregistrations/{COMPUTE}/sync"), Some(json!({})), 200).await;
     let sync_id = bumped["sync_id"].as_str().unwrap().to_string();
     b.until(
@@ -165,6 +167,15 @@ async fn fan_out(backend: Backend) {
     }
     w.backend.release(3);
     b.until("all synced", &counts_are(COMPUTE, "5/5 synced, 0 failed, 0 pending")).await;
+    let during = b.requests().await;
+    let status_path = format!("/apiregistrations/{COMPUTE}/status");
+    let urls: Vec<&str> = during.iter().map(|(url, _)| url.as_str()).collect();
+    assert!(urls.iter().any(|u| u.ends_with(&format!("{status_path}?watch=true"))), "no status stream: {urls:?}");
+    // At most the poll that may have been under way at the bump, and the
+    // one that takes over when the fan-out has settled.
+    let polls = urls.iter().filter(|u| u.ends_with(&status_path)).count();
+    assert!(polls <= 2, "the fan-out's status was polled {polls} times: {urls:?}");
+    requests.extend(during);
     assert_eq!(b.js("return window.__samePage").await, "yes", "the page was reloaded");
 
     // Keyboard only: Tab walks the navigation, the sort buttons and every
@@ -267,7 +278,7 @@ async fn fan_out(backend: Backend) {
     assert_eq!(b.js("return sessionStorage.getItem('kayra.token')").await, ADMIN);
     assert_eq!(b.js("return localStorage.length").await, 0);
     assert_eq!(b.js("return document.cookie").await, "");
-    let requests = b.requests().await;
+    requests.extend(b.requests().await);
     assert!(requests.iter().any(|(url, _)| url.contains("/apis/catalog.example.com/v1/")), "no API call was logged");
     for (url, headers) in &requests {
         assert!(!url.contains(ADMIN), "the token is in a request URL: {url}");
@@ -426,6 +437,25 @@ async fn console_pages_ten_thousand_subscribers() {
     submit_token(&b, ADMIN).await;
     b.until("the counts", &counts_are(COMPUTE, "1000/10000 synced, 0 failed, 9000 pending")).await;
 
+    // What the server spends: the report, and its stream's first document.
+    let url = format!("{}{}/apiregistrations/{COMPUTE}/status", w.base, world::CATALOG);
+    for _ in 0..3 {
+        let started = std::time::Instant::now();
+        let body = w.http.get(&url).bearer_auth(ADMIN).send().await.unwrap().bytes().await.unwrap();
+        let get = started.elapsed();
+        let started = std::time::Instant::now();
+        let mut stream = w.http.get(format!("{url}?watch=true")).bearer_auth(ADMIN).send().await.unwrap();
+        let mut first = Vec::new();
+        while !first.contains(&b'\n') {
+            first.extend_from_slice(&stream.chunk().await.unwrap().expect("a first document"));
+        }
+        let watch = started.elapsed();
+        eprintln!(
+            "10,000 subscribers: GET /status {get:?} ({} bytes), its stream's first document {watch:?}",
+            body.len()
+        );
+    }
+
     // A fresh load of the API's page, timed by the page's own clock: from
     // navigation start to the first render with data.
     let mut best = f64::MAX;
@@ -443,7 +473,12 @@ async fn console_pages_ten_thousand_subscribers() {
             .js("return performance.getEntriesByType('resource').filter(e => e.name.includes('/apis/')).map(e => `${e.name.replace(location.origin, '')} at ${Math.round(e.startTime)} ms took ${Math.round(e.duration)} ms`).join('; ')")
             .await;
         let calls = calls.as_str().unwrap_or("");
-        eprintln!("10,000 subscribers: data rendered {ms:.0} ms after navigation start; API calls: {calls}");
+        let ready = b.js("return performance.getEntriesByType('navigation')[0].domContentLoadedEventEnd").await;
+        let ready = ready.as_f64().unwrap_or(0.0);
+        eprintln!(
+            "10,000 subscribers: data rendered {ms:.0} ms after navigation start, the page and its modules ready at \
+             {ready:.0} ms; API calls: {calls}"
+        );
     }
     // The contract's budget is 200 ms on loopback; a shared, loaded CI
     // machine gets slack, a table rendering all 10,000 rows would not fit.

@@ -23,6 +23,7 @@ mod api {
     mod round_trips;
     mod runs;
     mod slow_clients;
+    mod status;
     mod store_outage;
     mod subscriptions;
     mod watch;

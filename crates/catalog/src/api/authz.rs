@@ -161,6 +161,11 @@ fn watch_requested(method: &Method, uri: &Uri) -> Result<bool, ApiError> {
     Ok(watching)
 }
 
+/// Marks the GET a watch runs first to validate its route: a handler whose
+/// answer is costly may skip the body (only the status matters).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct WatchCheck;
+
 /// `?watch=true`: authorize verb `watch` on the route's resource, run the
 /// route's own GET (so a missing namespace, a short name or a missing
 /// object answer exactly as a GET does), then stream.
@@ -199,6 +204,7 @@ async fn serve_watch(
     if let Ok(uri) = format!("{}?limit=1", parts.uri.path()).parse::<Uri>() {
         parts.uri = uri;
     }
+    parts.extensions.insert(WatchCheck);
     let checked = next.run(Request::from_parts(parts, body)).await;
     if checked.status() != StatusCode::OK {
         return Err(checked);

@@ -28,6 +28,8 @@ use kayra_store::{KeyValue, Revision, Store, WatcherEvent};
 use tokio::sync::{broadcast, watch};
 use tokio_util::sync::CancellationToken;
 
+use crate::cache::subscribers::SubscriberIndex;
+
 /// Tunables of the watch streams; shortened by tests.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct WatchOptions {
@@ -63,6 +65,8 @@ struct Inner {
     store: Store,
     options: WatchOptions,
     feeds: Mutex<HashMap<String, Arc<Feed>>>,
+    /// The `/status` reports' subscriber indexes, by subscriptions prefix.
+    subscribers: Mutex<HashMap<String, SubscriberIndex>>,
     shutdown: CancellationToken,
 }
 
@@ -79,6 +83,7 @@ impl Hub {
                 store,
                 options,
                 feeds: Mutex::new(HashMap::new()),
+                subscribers: Mutex::new(HashMap::new()),
                 shutdown: CancellationToken::new(),
             }),
         }
@@ -116,6 +121,17 @@ impl Hub {
         let events = self.inner.store.watcher(prefix);
         tokio::spawn(feed.clone().run(events, self.inner.shutdown.clone(), prefix.to_string()));
         feed
+    }
+}
+
+impl Hub {
+    /// The subscriber index of the deployment whose subscriptions live
+    /// under `prefix`, started on first use (`kayra serve` starts it at
+    /// startup) and kept until [`Hub::shutdown`].
+    pub fn subscribers(&self, prefix: &str) -> SubscriberIndex {
+        let mut indexes = self.inner.subscribers.lock().unwrap_or_else(|p| p.into_inner());
+        let start = || SubscriberIndex::start(self.inner.store.watcher(prefix), prefix, self.inner.shutdown.clone());
+        indexes.entry(prefix.to_string()).or_insert_with(start).clone()
     }
 }
 

@@ -21,7 +21,7 @@
 //!   [`subscriptions`] (with their [`runs`]), [`users`] (with tokens and `/whoami`), [`roles`],
 //!   [`bindings`] (cluster and namespace role bindings).
 //! - [`watch`], [`hub`]: `?watch=true` streams, fanned out from one store
-//!   watch per prefix.
+//!   watch per prefix; [`status`]: the `/status` report and its stream.
 //! - [`openapi`]: the OpenAPI 3 document, derived from the handlers' types.
 
 pub mod authz;
@@ -35,6 +35,7 @@ pub mod openapi;
 pub mod registrations;
 pub mod roles;
 pub mod runs;
+pub mod status;
 pub mod subscriptions;
 pub mod users;
 pub mod watch;
@@ -136,7 +137,10 @@ fn declarations() -> Vec<(&'static str, Vec<Endpoint>)> {
             ],
         ),
         ("/apiregistrations/{name}/sync", vec![Endpoint::put(cluster("apiregistrations/sync", Patch), reg::sync)]),
-        ("/apiregistrations/{name}/status", vec![Endpoint::get(cluster("apiregistrations/status", Get), reg::status)]),
+        (
+            "/apiregistrations/{name}/status",
+            vec![Endpoint::get(cluster("apiregistrations/status", Get), status::status).watch(W::Status)],
+        ),
         (
             "/namespaces/{namespace}/subscriptions",
             vec![

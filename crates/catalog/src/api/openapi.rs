@@ -19,7 +19,9 @@ use utoipa::openapi::{ContentBuilder, Ref, RefOr, Required, Response, ResponseBu
 
 use super::error::ErrorBody;
 use super::watch::WatchEvent;
-use super::{Access, BASE_PATH, bindings, namespaces, registrations, roles, routes, runs, subscriptions, users};
+use super::{
+    Access, BASE_PATH, bindings, namespaces, registrations, roles, routes, runs, status, subscriptions, users,
+};
 
 #[derive(OpenApi)]
 #[openapi(
@@ -42,7 +44,7 @@ use super::{Access, BASE_PATH, bindings, namespaces, registrations, roles, route
         registrations::patch,
         registrations::delete,
         registrations::sync,
-        registrations::status,
+        status::status,
         subscriptions::list,
         subscriptions::create,
         subscriptions::get,

@@ -1,6 +1,6 @@
 //! `/apiregistrations`: the APIs this deployment serves (§4.2), with the
-//! `/sync` shorthand that starts the ongoing action and the `/status`
-//! report of every subscriber.
+//! `/sync` shorthand that starts the ongoing action; the `/status` report
+//! of every subscriber is [`super::status`].
 //!
 //! Registrations are scoped to this deployment's platform/region: the
 //! repository reads and writes only under its own key prefix, so another
@@ -9,15 +9,16 @@
 use axum::Json;
 use axum::extract::State;
 use axum::http::StatusCode;
+use kayra_core::ApiRegistration;
 use kayra_core::validation as rules;
-use kayra_core::{ApiRegistration, SubscriptionState};
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 use serde_json::json;
 use utoipa::ToSchema;
 
 use super::error::{ApiError, ErrorBody};
 use super::extract::{JsonBody, JsonObject, Path, Query, RequestBody, merged, reject_computed};
 use super::list::{List, ListQuery, page};
+pub use super::status::{RegistrationStatus, Subscriber};
 use super::{ApiState, Empty, check_body_name, label, long_name, registration_not_found};
 use crate::repo::keys;
 use crate::repo::tenancy::{new_sync_id, sync_id_updated_now};
@@ -72,37 +73,6 @@ pub struct RegistrationUpdate {
 
 impl RequestBody for RegistrationUpdate {
     const COMPUTED: &'static [&'static str] = COMPUTED;
-}
-
-/// `GET /apiregistrations/{name}/status`.
-#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
-pub struct RegistrationStatus {
-    pub api: String,
-    /// The registration's current SyncID: every subscriber's expected one.
-    pub sync_id: String,
-    /// When `sync_id` last changed (RFC 3339 UTC, milliseconds).
-    pub sync_id_updated_at: String,
-    /// Sorted by namespace.
-    pub subscribers: Vec<Subscriber>,
-    /// `synced + failed + pending`.
-    pub total: usize,
-    /// How many subscribers are synced.
-    pub synced: usize,
-    /// Not synced, and the last sync failed (`state: error`).
-    pub failed: usize,
-    /// Not synced, and not failed: the reconciler has yet to get to them.
-    pub pending: usize,
-}
-
-/// One subscriber in a [`RegistrationStatus`].
-#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
-pub struct Subscriber {
-    pub namespace: String,
-    pub active: bool,
-    pub state: SubscriptionState,
-    pub current_sync_id: String,
-    /// `active && current_sync_id == sync_id`, as on the subscription.
-    pub synced: bool,
 }
 
 /// A refused value as the caller is told (§4.2: naming the field).
@@ -300,40 +270,4 @@ pub(crate) async fn sync(
         Err(crate::repo::Error::NotFound(_)) => Err(registration_not_found(&state, &name)),
         Err(e) => Err(e.into()),
     }
-}
-
-#[utoipa::path(get, path = "/apiregistrations/{name}/status", tag = "apiregistrations", params(("name" = String, Path)),
-    responses((status = 200, body = RegistrationStatus), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)))]
-pub(crate) async fn status(
-    State(state): State<ApiState>,
-    Path(name): Path<String>,
-) -> Result<Json<RegistrationStatus>, ApiError> {
-    long_name(&state, &name).await?;
-    let registration =
-        state.repo.get_registration(&name).await?.ok_or_else(|| registration_not_found(&state, &name))?.value;
-    let subscribers: Vec<Subscriber> = state
-        .repo
-        .registration_subscribers(&name)
-        .await?
-        .into_iter()
-        .map(|s| Subscriber {
-            synced: s.value.is_synced(&registration.sync_id),
-            namespace: s.value.namespace,
-            active: s.value.active,
-            state: s.value.state,
-            current_sync_id: s.value.current_sync_id,
-        })
-        .collect();
-    let synced = subscribers.iter().filter(|s| s.synced).count();
-    let failed = subscribers.iter().filter(|s| !s.synced && s.state == SubscriptionState::Error).count();
-    Ok(Json(RegistrationStatus {
-        api: registration.name,
-        sync_id: registration.sync_id,
-        sync_id_updated_at: registration.sync_id_updated_at,
-        total: subscribers.len(),
-        synced,
-        failed,
-        pending: subscribers.len() - synced - failed,
-        subscribers,
-    }))
 }

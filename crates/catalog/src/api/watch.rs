@@ -70,6 +70,8 @@ pub(crate) enum Watched {
     Roles,
     ClusterRoleBindings,
     RoleBindings,
+    /// A registration's `/status` report (see [`super::status`]).
+    Status,
 }
 
 /// How a record becomes the object a GET answers.
@@ -118,7 +120,8 @@ impl Target {
                 range: one(keys::NAMESPACES.into(), params.get("namespace").cloned()),
                 view: View::Namespace,
             },
-            Watched::Registrations => Target {
+            // A status stream follows its registration's record too.
+            Watched::Registrations | Watched::Status => Target {
                 feed: keys::registrations(platform, region),
                 range: one(keys::registrations(platform, region), params.get("name").cloned()),
                 view: View::Registration,
@@ -234,7 +237,7 @@ pub(crate) struct Watcher {
 
 /// How the events are framed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Framing {
+pub(crate) enum Framing {
     Ndjson,
     Sse,
 }
@@ -248,6 +251,10 @@ pub(crate) async fn open(
     watcher: Watcher,
     event_stream: bool,
 ) -> Result<Response, ApiError> {
+    let framing = if event_stream { Framing::Sse } else { Framing::Ndjson };
+    if kind == Watched::Status {
+        return super::status::open(hub, repo, params, watcher, framing).await;
+    }
     let target = Target::new(kind, params, repo);
     let options = hub.options();
     let primary = hub.feed(&target.feed);
@@ -264,7 +271,6 @@ pub(crate) async fn open(
         (feed, rx)
     });
     let (rx, present) = primary.subscribe(&target.range);
-    let framing = if event_stream { Framing::Sse } else { Framing::Ndjson };
     let now = Instant::now();
     let mut stream = Stream {
         target,
@@ -289,6 +295,11 @@ pub(crate) async fn open(
         let chunk = stream.next_chunk().await?;
         Some((Ok::<Bytes, std::convert::Infallible>(chunk), stream))
     }));
+    Ok(streaming(framing, body))
+}
+
+/// The 200 answer of a watch stream whose events `body` carries.
+pub(crate) fn streaming(framing: Framing, body: Body) -> Response {
     let content_type = match framing {
         Framing::Ndjson => "application/x-ndjson",
         Framing::Sse => "text/event-stream",
@@ -300,7 +311,7 @@ pub(crate) async fn open(
     headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
     // Proxies such as nginx would otherwise buffer the events.
     headers.insert("x-accel-buffering", HeaderValue::from_static("no"));
-    Ok(response)
+    response
 }
 
 /// One open watch stream.
@@ -366,7 +377,7 @@ impl Stream {
                     Err(RecvError::Closed) => return None,
                 },
                 () = tokio::time::sleep_until(self.next_check) => {
-                    if !self.still_allowed().await {
+                    if !self.watcher.still_allowed(&self.repo).await {
                         tracing::info!(user = %self.watcher.user, resource = self.watcher.resource,
                             "watch stream closed: the caller may no longer watch");
                         return None;
@@ -414,23 +425,30 @@ impl Stream {
     }
 
     fn frame(&self, kind: &str, object: &str) -> Bytes {
-        let line = format!("{{\"type\":\"{kind}\",\"object\":{object}}}");
-        Bytes::from(match self.framing {
-            Framing::Ndjson => format!("{line}\n"),
-            Framing::Sse => format!("event: {kind}\ndata: {line}\n\n"),
-        })
+        frame(self.framing, kind, object)
     }
+}
 
+/// One event, `object` being its JSON text, framed as `framing` says.
+pub(crate) fn frame(framing: Framing, kind: &str, object: &str) -> Bytes {
+    let line = format!("{{\"type\":\"{kind}\",\"object\":{object}}}");
+    Bytes::from(match framing {
+        Framing::Ndjson => format!("{line}\n"),
+        Framing::Sse => format!("event: {kind}\ndata: {line}\n\n"),
+    })
+}
+
+impl Watcher {
     /// Whether the token still authenticates the same user and that user
     /// may still watch. A store failure is not a revocation: the stream
     /// stays open and the next check decides.
-    async fn still_allowed(&self) -> bool {
-        match self.repo.authenticate(&self.watcher.token).await {
-            Ok(Some(user)) if user == self.watcher.user => {}
+    pub(crate) async fn still_allowed(&self, repo: &Repository) -> bool {
+        match repo.authenticate(&self.token).await {
+            Ok(Some(user)) if user == self.user => {}
             Ok(_) => return false,
             Err(_) => return true,
         }
-        match require_cluster_rbac(&self.repo, &self.watcher.user, self.watcher.resource, Verb::Watch).await {
+        match require_cluster_rbac(repo, &self.user, self.resource, Verb::Watch).await {
             Ok(()) => true,
             Err(e) => e.status() != StatusCode::FORBIDDEN,
         }

@@ -309,5 +309,7 @@ impl AuthCache {
     }
 }
 
+pub mod subscribers;
+
 #[cfg(test)]
 mod tests;

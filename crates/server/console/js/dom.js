@@ -146,17 +146,23 @@ export function pager(label, size, onChange) {
   };
 }
 
-/** Calls `fn` at most every `ms`, always once after the last call. */
+/**
+ * Calls `fn` at most every `ms`, always once after the last call;
+ * `.now()` calls it at once (a page's first data should not wait).
+ */
 export function throttle(fn, ms) {
   let timer = null;
   let last = 0;
-  return () => {
-    if (timer) return;
-    const wait = Math.max(0, last + ms - performance.now());
-    timer = setTimeout(() => {
-      timer = null;
-      last = performance.now();
-      fn();
-    }, wait);
+  const run = () => {
+    clearTimeout(timer);
+    timer = null;
+    last = performance.now();
+    fn();
   };
+  const throttled = () => {
+    if (timer) return;
+    timer = setTimeout(run, Math.max(0, last + ms - performance.now()));
+  };
+  throttled.now = run;
+  return throttled;
 }

@@ -1,14 +1,20 @@
 // The fleet: every API registration of this deployment with its fan-out
 // status (§4.2 `/status`). Shared by the APIs and Namespaces pages.
 //
-// Registrations come from their watch stream. Each registration's /status
-// is polled rather than streamed: a browser holds at most six connections
-// to a server, and a page with many APIs must not spend them all on
-// streams. A registration event (a SyncID bump) makes its status poll at
-// once, and a fan-out in progress is polled every second.
+// Registrations come from their watch stream. A registration's /status is
+// streamed (`?watch=true`: the server sends the document again, coalesced,
+// whenever it changes) while its fan-out has pending subscribers, and
+// polled every 5 s otherwise. A browser holds at most six connections to a
+// server, so at most MAX_STREAMS statuses are streamed at once; a fan-out
+// beyond that is polled every second until a stream is free. A
+// registration event (a SyncID bump) starts its stream at once.
 
 import { seg } from './api.js';
+import { el, link, setText, yesNo } from './dom.js';
 import { followCollection, followObject, poker } from './live.js';
+
+/** Status streams a page may hold besides its registrations stream. */
+const MAX_STREAMS = 3;
 
 /** The §4.2 counts; computed from the subscribers when the server omits them. */
 export function counts(status) {
@@ -31,6 +37,38 @@ export function category(subscriber) {
   return subscriber.state === 'error' ? 'failed' : 'pending';
 }
 
+/** The columns of a subscription row, the first one labelled `first`. */
+export function subscriptionColumns(first) {
+  return [first, 'Active', 'State', 'Current sync ID', 'Expected sync ID', 'Synced'].map((label) => ({ label }));
+}
+
+/**
+ * Rows of subscriptions, as an API's subscribers and a namespace's
+ * subscriptions show them: `{create, update}` for `keyed`. The first cell
+ * links to `href(s)` with the text `label(s)`; `expected(s)` is the SyncID
+ * the row is measured against.
+ */
+export function subscriptionRows({ href, label, expected }) {
+  function update(row, s) {
+    const [, active, state, current, want, synced] = row.cells_;
+    setText(active, yesNo(s.active));
+    setText(state, s.state);
+    setText(current, s.current_sync_id);
+    setText(want, expected(s));
+    setText(synced, yesNo(s.synced));
+    row.className = category(s);
+  }
+  function create(s) {
+    const cells = [el('td', {}, link(href(s), label(s))), el('td'), el('td'),
+      el('td', { class: 'mono' }), el('td', { class: 'mono' }), el('td')];
+    const row = el('tr', {}, cells);
+    row.cells_ = cells;
+    update(row, s);
+    return row;
+  }
+  return { create, update };
+}
+
 /**
  * Follows the fleet until `signal` aborts: `onChange({registrations,
  * statuses, statusErrors, error})`, registrations a Map name →
@@ -41,27 +79,30 @@ export function category(subscriber) {
 export function followFleet(signal, onChange) {
   const statuses = new Map();
   const statusErrors = new Map();
-  const pollers = new Map(); // name → {controller, wake, syncId}
+  const followers = new Map(); // name → {controller, wake, syncId, streaming}
   let registrations = new Map();
   let error = null;
   const changed = () => onChange({ registrations, statuses, statusErrors, error });
+  const streams = () => [...followers.values()].filter((f) => f.streaming).length;
+  const pending = (name) => counts(statuses.get(name)).pending > 0;
 
   followCollection('/apiregistrations', (r) => r.name, (map, e) => {
     registrations = map;
     error = e;
     for (const [name, registration] of map) {
-      const known = pollers.get(name);
+      const known = followers.get(name);
       if (!known) {
-        startPoller(name, registration.sync_id);
+        follow(name, registration.sync_id, streams() < MAX_STREAMS);
       } else if (known.syncId !== registration.sync_id) {
         known.syncId = registration.sync_id;
-        known.wake.poke();
+        if (!known.streaming && streams() < MAX_STREAMS) follow(name, known.syncId, true);
+        else known.wake.poke();
       }
     }
-    for (const [name, poller] of pollers) {
+    for (const [name, follower] of followers) {
       if (!map.has(name)) {
-        poller.controller.abort();
-        pollers.delete(name);
+        follower.controller.abort();
+        followers.delete(name);
         statuses.delete(name);
         statusErrors.delete(name);
       }
@@ -69,20 +110,24 @@ export function followFleet(signal, onChange) {
     changed();
   }, { signal });
 
-  function startPoller(name, syncId) {
+  /** (Re)starts following `name`'s status, as a stream or by polling. */
+  function follow(name, syncId, streaming) {
+    followers.get(name)?.controller.abort();
     const controller = new AbortController();
     signal.addEventListener('abort', () => controller.abort(), { once: true });
     const wake = poker();
-    pollers.set(name, { controller, wake, syncId });
-    const interval = () => {
-      const c = counts(statuses.get(name));
-      return c.pending > 0 ? 1000 : 5000;
-    };
+    const follower = { controller, wake, syncId, streaming };
+    followers.set(name, follower);
+    const interval = () => (pending(name) ? 1000 : 5000);
     followObject(`/apiregistrations/${seg(name)}/status`, (status, e) => {
+      if (controller.signal.aborted) return;
       if (status) statuses.set(name, status);
       if (e) statusErrors.set(name, e);
       else statusErrors.delete(name);
+      // A settled fan-out frees its stream; a moving one takes a free one.
+      if (follower.streaming && status && !pending(name)) follow(name, follower.syncId, false);
+      else if (!follower.streaming && pending(name) && streams() < MAX_STREAMS) follow(name, follower.syncId, true);
       changed();
-    }, { signal: controller.signal, stream: false, interval, wake });
+    }, { signal: controller.signal, stream: streaming, interval, wake });
   }
 }

@@ -234,7 +234,7 @@ both_backends! {
         server.call(Method::GET, "/namespaces", Some(&watcher), None).await.error(403, &["list"]);
         server.get("/namespaces?watch=maybe").await.error(400, &["watch"]);
         server.registration(API, json!({})).await;
-        server.get(&format!("/apiregistrations/{API}/status?watch=true")).await.error(400, &["watch"]);
+        server.get("/whoami?watch=true").await.error(400, &["watch"]);
         // Errors of the GET come first: a missing object is a 404.
         server.get("/namespaces/missing?watch=true").await.error(404, &["missing"]);
         server.get("/namespaces/missing/subscriptions?watch=true").await.error(404, &["missing"]);

@@ -1,9 +1,12 @@
 // #/apis/NAME: one registration, its fan-out progress, and its subscribers,
 // filterable by state and paged (10,000 subscribers render as 100 rows).
+// The status document is streamed (`/status?watch=true`, coalesced by the
+// server), and polled only where the server or the caller's rights allow
+// no stream.
 
 import { seg } from '../api.js';
-import { el, fields, fill, keyed, link, notice, pager, setText, table, throttle, time, yesNo } from '../dom.js';
-import { category } from '../fleet.js';
+import { el, fields, fill, keyed, notice, pager, table, throttle, time } from '../dom.js';
+import { category, subscriptionColumns, subscriptionRows } from '../fleet.js';
 import { followObject, poker } from '../live.js';
 import { progress } from './apis.js';
 
@@ -37,7 +40,7 @@ export function render(view, { name }, signal) {
   const t = table({
     caption: 'Subscribers',
     id: 'subscribers',
-    columns: ['Namespace', 'Active', 'State', 'Current sync ID', 'Expected sync ID', 'Synced'].map((label) => ({ label })),
+    columns: subscriptionColumns('Namespace'),
   });
   fill(view,
     el('h1', {}, name), head,
@@ -46,24 +49,11 @@ export function render(view, { name }, signal) {
     el('p', { class: 'filter' }, el('label', { for: 'state-filter' }, 'State'), ' ', select),
     errors, empty, pages.nav, t.region);
 
-  function create(s) {
-    const cells = [el('td'), el('td'), el('td'), el('td', { class: 'mono' }), el('td', { class: 'mono' }), el('td')];
-    cells[0].append(link(`#/namespaces/${seg(s.namespace)}/subscriptions/${seg(name)}`, s.namespace));
-    const row = el('tr', {}, cells);
-    row.cells_ = cells;
-    update(row, s);
-    return row;
-  }
-
-  function update(row, s) {
-    const [, active, state, current, expected, synced] = row.cells_;
-    setText(active, yesNo(s.active));
-    setText(state, s.state);
-    setText(current, s.current_sync_id);
-    setText(expected, status?.sync_id ?? registration?.sync_id ?? '');
-    setText(synced, yesNo(s.synced));
-    row.className = category(s);
-  }
+  const { create, update } = subscriptionRows({
+    href: (s) => `#/namespaces/${seg(s.namespace)}/subscriptions/${seg(name)}`,
+    label: (s) => s.namespace,
+    expected: () => status?.sync_id ?? registration?.sync_id ?? '',
+  });
 
   const draw = throttle(() => {
     const shown = JSON.stringify(registration);
@@ -97,13 +87,14 @@ export function render(view, { name }, signal) {
     draw();
   }, { signal });
   followObject(`/apiregistrations/${seg(name)}/status`, (s, error) => {
+    const first = s && !status;
     status = s;
     errorOf = { ...errorOf, status: error };
-    draw();
+    if (first) draw.now(); // the counts and first rows at once, then throttled
+    else draw();
   }, {
     signal,
-    stream: false, // /status is a computed document with no watch stream (§4.5)
-    wake,
+    wake, // polling only: a SyncID bump fetches at once
     interval: () => (status && status.subscribers.some((s) => !s.synced && s.state !== 'error') ? 1000 : 3000),
   });
 }

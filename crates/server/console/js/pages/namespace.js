@@ -1,8 +1,8 @@
 // #/namespaces/NS: one namespace and its subscriptions.
 
 import { seg } from '../api.js';
-import { el, fields, fill, keyed, link, notice, setText, table, throttle, yesNo } from '../dom.js';
-import { category } from '../fleet.js';
+import { el, fields, fill, keyed, notice, table, throttle, yesNo } from '../dom.js';
+import { subscriptionColumns, subscriptionRows } from '../fleet.js';
 import { followCollection, followObject } from '../live.js';
 
 export function render(view, { namespace }, signal) {
@@ -16,28 +16,15 @@ export function render(view, { namespace }, signal) {
   const t = table({
     caption: 'Subscriptions',
     id: 'subscriptions',
-    columns: ['API', 'Active', 'State', 'Current sync ID', 'Expected sync ID', 'Synced'].map((label) => ({ label })),
+    columns: subscriptionColumns('API'),
   });
   fill(view, el('h1', {}, namespace), errors, head, el('h2', {}, 'Subscriptions'), empty, t.region);
 
-  function create(s) {
-    const cells = [el('td', {}, link(`#/namespaces/${seg(namespace)}/subscriptions/${seg(s.api)}`, s.api)),
-      el('td'), el('td'), el('td', { class: 'mono' }), el('td', { class: 'mono' }), el('td')];
-    const row = el('tr', {}, cells);
-    row.cells_ = cells;
-    update(row, s);
-    return row;
-  }
-
-  function update(row, s) {
-    const [, active, state, current, expected, synced] = row.cells_;
-    setText(active, yesNo(s.active));
-    setText(state, s.state);
-    setText(current, s.current_sync_id);
-    setText(expected, s.expected_sync_id);
-    setText(synced, yesNo(s.synced));
-    row.className = category(s);
-  }
+  const { create, update } = subscriptionRows({
+    href: (s) => `#/namespaces/${seg(namespace)}/subscriptions/${seg(s.api)}`,
+    label: (s) => s.api,
+    expected: (s) => s.expected_sync_id,
+  });
 
   const draw = throttle(() => {
     const messages = new Set(Object.values(errorOf).filter(Boolean).map((e) => e.message));

@@ -1,0 +1,172 @@
+//! `/apiregistrations/:name/status` (§4.2) answered from the serve's
+//! watch-fed subscriber index: consistent with writes made behind the
+//! server's back, fail closed while the index cannot show it is current,
+//! and streamed with `?watch=true` (coalesced `MODIFIED` events of the
+//! same document, RBAC `apiregistrations/status` + `watch`). The reconciler
+//! is played by writing subscription states through the repository.
+
+use std::time::Duration;
+
+use reqwest::Method;
+use serde_json::{Value, json};
+
+use super::watch::Events;
+use crate::both_backends;
+use crate::common::Server;
+
+const API: &str = "compute.example.com";
+
+fn status_path() -> String {
+    format!("/apiregistrations/{API}/status")
+}
+
+fn rule(resources: &[&str], verbs: &[&str]) -> Value {
+    json!([{"apis": ["catalog.example.com"], "resources": resources, "verbs": verbs}])
+}
+
+/// Namespaces `names`, each subscribed to [`API`].
+async fn subscribers(server: &Server, names: &[&str]) {
+    for ns in names {
+        server.namespace(ns).await;
+        server.subscribe(ns, API).await;
+    }
+}
+
+/// What a reconciler's success writes, made directly to the store.
+async fn succeed(server: &Server, ns: &str, sync_id: &str) {
+    let seen = server.repo.get_subscription(ns, API).await.unwrap().unwrap();
+    server.repo.set_subscription_sync_id(&seen, sync_id).await.unwrap();
+}
+
+fn counts(status: &Value) -> [u64; 4] {
+    ["total", "synced", "failed", "pending"].map(|k| status[k].as_u64().unwrap_or_else(|| panic!("{k}: {status}")))
+}
+
+both_backends! {
+    async fn a_report_shows_writes_made_behind_the_servers_back_at_once(server: Server) {
+        server.registration(API, json!({"sync_id": "s1"})).await;
+        let names: Vec<String> = (0..12).map(|i| format!("t{i:02}")).collect();
+        let names: Vec<&str> = names.iter().map(String::as_str).collect();
+        subscribers(&server, &names).await;
+        // No waiting: each report after a write, made by "another process"
+        // (the test's own repository), must already show it.
+        for (i, ns) in names.iter().enumerate() {
+            succeed(&server, ns, "s1").await;
+            let status = server.get(&status_path()).await.expect(200);
+            assert_eq!(counts(&status), [12, i as u64 + 1, 0, 11 - i as u64], "after {ns}: {status}");
+        }
+        let status = server.get(&status_path()).await.expect(200);
+        let first = &status["subscribers"][0];
+        assert_eq!(
+            *first,
+            json!({"namespace": "t00", "active": true, "state": "success", "current_sync_id": "s1", "synced": true})
+        );
+        let order: Vec<&str> = status["subscribers"].as_array().unwrap().iter().map(|s| s["namespace"].as_str().unwrap()).collect();
+        assert_eq!(order, names, "sorted by namespace");
+        // A deleted subscription is gone from the next report.
+        server.delete(&format!("/namespaces/t05/subscriptions/{API}")).await.expect(204);
+        let status = server.get(&status_path()).await.expect(200);
+        assert_eq!(counts(&status), [11, 11, 0, 0], "{status}");
+        // Another API's subscribers are not counted.
+        server.registration("storage.example.com", json!({})).await;
+        server.subscribe("t00", "storage.example.com").await;
+        assert_eq!(counts(&server.get(&status_path()).await.expect(200))[0], 11);
+        assert_eq!(counts(&server.get("/apiregistrations/storage.example.com/status").await.expect(200))[0], 1);
+    }
+
+    async fn the_status_stream_follows_a_fan_out_in_coalesced_documents(server: Server) {
+        server.registration(API, json!({"sync_id": "s1"})).await;
+        let names: Vec<String> = (0..20).map(|i| format!("t{i:02}")).collect();
+        let names: Vec<&str> = names.iter().map(String::as_str).collect();
+        subscribers(&server, &names).await;
+        let mut events = Events::open(&server, &status_path(), &server.admin, false).await;
+        let (kind, first) = events.next().await;
+        assert_eq!(kind, "ADDED");
+        // Exactly the document a GET answers.
+        assert_eq!(first, server.get(&status_path()).await.expect(200));
+        assert_eq!(counts(&first), [20, 0, 0, 20]);
+
+        // A SyncID bump is a MODIFIED with the new expected SyncID.
+        let bumped = server.put(&format!("/apiregistrations/{API}/sync"), json!({})).await.expect(200);
+        let sync_id = bumped["sync_id"].as_str().unwrap().to_string();
+        let (kind, moved) = events.next().await;
+        assert_eq!((kind.as_str(), &moved["sync_id"]), ("MODIFIED", &bumped["sync_id"]), "{moved}");
+        assert_eq!(moved["sync_id_updated_at"], bumped["sync_id_updated_at"]);
+
+        // Twenty results in quick succession come as a few documents, the
+        // last one the settled state.
+        for ns in &names {
+            succeed(&server, ns, &sync_id).await;
+        }
+        let mut documents = 0;
+        let last = loop {
+            let (kind, status) = events.next().await;
+            assert_eq!(kind, "MODIFIED");
+            documents += 1;
+            let [total, synced, failed, pending] = counts(&status);
+            assert_eq!(total, synced + failed + pending, "{status}");
+            if synced == 20 {
+                break status;
+            }
+        };
+        assert!(documents < 10, "{documents} documents for 20 results: not coalesced");
+        assert_eq!(last, server.get(&status_path()).await.expect(200));
+
+        // A write that changes nothing the report shows sends nothing; the
+        // next visible change is the next event.
+        server.put(&format!("/apiregistrations/{API}"), json!({"description": "d"})).await.expect(200);
+        server.namespace("zz").await;
+        server.subscribe("zz", API).await;
+        let (kind, grown) = events.next().await;
+        assert_eq!((kind.as_str(), counts(&grown)), ("MODIFIED", [21, 20, 0, 1]), "{grown}");
+
+        // SSE framing carries the same document.
+        let mut sse = Events::open(&server, &status_path(), &server.admin, true).await;
+        let (kind, same) = sse.next().await;
+        assert_eq!((kind.as_str(), &same), ("ADDED", &grown));
+    }
+
+    async fn watching_a_status_needs_the_watch_verb_on_status(server: Server) {
+        server.registration(API, json!({"short_name": "compute"})).await;
+        let reader = server.user_with_rules("reader", rule(&["apiregistrations/status"], &["get"])).await;
+        server.call(Method::GET, &status_path(), Some(&reader), None).await.expect(200);
+        let url = format!("{}?watch=true", status_path());
+        server.call(Method::GET, &url, Some(&reader), None).await
+            .error(403, &["reader", "apiregistrations/status", "watch"]);
+        // `watch` on the registrations grants no watch of their status.
+        let other = server.user_with_rules("other", rule(&["apiregistrations"], &["watch", "get"])).await;
+        server.call(Method::GET, &url, Some(&other), None).await.error(403, &["apiregistrations/status"]);
+        let watcher =
+            server.user_with_rules("watcher", rule(&["apiregistrations/status"], &["get", "watch"])).await;
+        let mut events = Events::open(&server, &status_path(), &watcher, false).await;
+        assert_eq!(events.next().await.0, "ADDED");
+        // The GET's own answers come first.
+        server.get("/apiregistrations/missing.example.com/status?watch=true").await.error(404, &["missing.example.com"]);
+        server.get("/apiregistrations/compute/status?watch=true").await.error(400, &["compute.example.com"]);
+        server.get(&format!("{}?watch=maybe", status_path())).await.error(400, &["watch"]);
+        // A revoked right closes the stream.
+        server.delete("/clusterrolebindings/watcher-binding").await.expect(204);
+        assert!(events.ended(Duration::from_secs(10)).await < Duration::from_secs(10));
+    }
+}
+
+/// An index whose feed is cut cannot show it has reached the store's
+/// revision: `/status` answers 503 rather than an old report, and is right
+/// again once the feed is back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_status_fails_closed_while_its_index_cannot_catch_up() {
+    let (server, switch, _etcd) = Server::start_switched().await;
+    server.registration(API, json!({"sync_id": "s1"})).await;
+    subscribers(&server, &["core"]).await;
+    assert_eq!(counts(&server.get(&status_path()).await.expect(200)), [1, 0, 0, 1]);
+    switch.cut();
+    succeed(&server, "core", "s1").await;
+    let message = server.get(&status_path()).await.error(503, &["subscriber index"]);
+    assert!(message.contains("retry"), "{message}");
+    switch.restore();
+    kayra_testkit::eventually("the report after the feed is back", || async {
+        let reply = server.get(&status_path()).await;
+        reply.status == 200 && counts(&reply.json) == [1, 1, 0, 0]
+    })
+    .await;
+}
