@@ -176,8 +176,11 @@ pub async fn run(
             .await?;
     let token = issued["token"].as_str().context("token")?.to_string();
     for i in 0..PRESENT {
-        ok(admin(http.post(format!("{base}{CATALOG}/namespaces"))).json(&json!({"name": format!("b{i}")})).send().await?)
-            .await?;
+        ok(admin(http.post(format!("{base}{CATALOG}/namespaces")))
+            .json(&json!({"name": format!("b{i}")}))
+            .send()
+            .await?)
+        .await?;
     }
     // The caches have seen the role, binding and token once a GET passes.
     kayra_testkit::eventually("the watcher may get", || async {
@@ -268,8 +271,14 @@ pub async fn run(
         ms(percentile(&last, 0.99))
     );
     println!("| {backend} | API GET namespace, no streams | {get_before:.0}/s | 1.00 |");
-    println!("| {backend} | API GET namespace, {streams} idle streams open | {get_with:.0}/s | {:.2} |", get_with / get_before);
-    println!("| {backend} | API GET namespace, streams closed again | {get_after:.0}/s | {:.2} |", get_after / get_before);
+    println!(
+        "| {backend} | API GET namespace, {streams} idle streams open | {get_with:.0}/s | {:.2} |",
+        get_with / get_before
+    );
+    println!(
+        "| {backend} | API GET namespace, streams closed again | {get_after:.0}/s | {:.2} |",
+        get_after / get_before
+    );
     println!(
         "| {backend} | serve RSS: {rss_before} KiB without, {rss_streams} KiB with {streams} streams | {per_stream:.1} KiB per stream | |"
     );
