@@ -526,21 +526,35 @@ mod tests {
 
     use super::*;
 
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn streams_share_one_rendering_of_each_event() {
+    /// A hub over a fresh local store (kept while the `TempDir` lives),
+    /// its re-checks far apart: the empty token of these tests would fail them.
+    async fn local_hub(options: WatchOptions) -> (tempfile::TempDir, Repository, Hub) {
         let dir = tempfile::tempdir().unwrap();
         let config = kayra_config::DatabaseConfig::local(kayra_testkit::local_config(dir.path()));
         let store = Store::open(&config).await.unwrap();
         let repo = Repository::new(store.clone(), "dev", "local");
-        let options = WatchOptions { recheck: Duration::from_secs(600), ..WatchOptions::default() };
-        let hub = Hub::new(store, options);
-        let namespace = |name: &str| Namespace { name: name.into(), ..Namespace::default() };
+        let hub = Hub::new(store, WatchOptions { recheck: Duration::from_secs(600), ..options });
+        (dir, repo, hub)
+    }
+
+    fn namespace(name: &str) -> Namespace {
+        Namespace { name: name.into(), ..Namespace::default() }
+    }
+
+    /// A stream of every namespace, as the admin.
+    async fn watch_namespaces(hub: &Hub, repo: &Repository) -> axum::body::BodyDataStream {
+        let watcher = Watcher { user: "admin".into(), token: String::new(), resource: "namespaces" };
+        let response = open(hub, repo, Watched::Namespaces, &HashMap::new(), watcher, false).await.unwrap();
+        response.into_body().into_data_stream()
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn streams_share_one_rendering_of_each_event() {
+        let (_dir, repo, hub) = local_hub(WatchOptions::default()).await;
         repo.create(&keys::namespace("a"), &namespace("a"), "namespace").await.unwrap();
         let mut bodies = Vec::new();
         for _ in 0..2 {
-            let watcher = Watcher { user: "admin".into(), token: String::new(), resource: "namespaces" };
-            let response = open(&hub, &repo, Watched::Namespaces, &HashMap::new(), watcher, false).await.unwrap();
-            bodies.push(response.into_body().into_data_stream());
+            bodies.push(watch_namespaces(&hub, &repo).await);
         }
         let mut firsts = Vec::new();
         for body in &mut bodies {
@@ -561,18 +575,9 @@ mod tests {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_stream_that_falls_behind_is_closed() {
-        let dir = tempfile::tempdir().unwrap();
-        let config = kayra_config::DatabaseConfig::local(kayra_testkit::local_config(dir.path()));
-        let store = Store::open(&config).await.unwrap();
-        let repo = Repository::new(store.clone(), "dev", "local");
-        // Re-checks far apart: the empty token would fail them.
-        let options = WatchOptions { capacity: 4, recheck: Duration::from_secs(600), ..WatchOptions::default() };
-        let hub = Hub::new(store, options);
-        let namespace = |name: &str| Namespace { name: name.into(), ..Namespace::default() };
+        let (_dir, repo, hub) = local_hub(WatchOptions { capacity: 4, ..WatchOptions::default() }).await;
         repo.create(&keys::namespace("a"), &namespace("a"), "namespace").await.unwrap();
-        let watcher = Watcher { user: "admin".into(), token: String::new(), resource: "namespaces" };
-        let response = open(&hub, &repo, Watched::Namespaces, &HashMap::new(), watcher, false).await.unwrap();
-        let mut body = response.into_body().into_data_stream();
+        let mut body = watch_namespaces(&hub, &repo).await;
         let first = body.next().await.unwrap().unwrap();
         assert!(std::str::from_utf8(&first).unwrap().starts_with(r#"{"type":"ADDED","object":{"name":"a""#));
 
