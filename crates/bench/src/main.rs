@@ -18,6 +18,7 @@
 mod console;
 mod reconcile;
 mod serve;
+mod streams;
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -56,6 +57,15 @@ struct Args {
     /// Also measure a real `kayra serve`'s RSS over a large store, running this binary.
     #[arg(long)]
     memory: Option<std::path::PathBuf>,
+    /// Only the watch-stream figures (`streams.rs`), on this `kayra` binary.
+    #[arg(long)]
+    streams: Option<std::path::PathBuf>,
+    /// Watch streams held open by `--streams`.
+    #[arg(long, default_value_t = 1000)]
+    stream_count: usize,
+    /// Writes whose delivery `--streams` times.
+    #[arg(long, default_value_t = 20)]
+    stream_writes: usize,
 }
 
 const API: &str = "compute.example.com";
@@ -63,6 +73,9 @@ const API: &str = "compute.example.com";
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
+    if let Some(binary) = &args.streams {
+        return streams_only(binary, &args).await;
+    }
     println!("| backend | measurement | ops/s | ratio to raw |");
     println!("|---|---|---:|---:|");
     let dir = tempfile::tempdir()?;
@@ -102,6 +115,18 @@ async fn serve_figures(args: &Args, etcd: &kayra_testkit::Etcd) -> anyhow::Resul
     serve::run("local", database, None, args.ops).await?;
     let database = kayra_config::DatabaseConfig::etcd(etcd.config("/serve"));
     serve::run("etcd", database, Some(etcd.endpoint()), args.ops).await
+}
+
+async fn streams_only(binary: &std::path::Path, args: &Args) -> anyhow::Result<()> {
+    println!("| backend | measurement | figure | ratio / p99 |");
+    println!("|---|---|---:|---:|");
+    let etcd = kayra_testkit::Etcd::start().await;
+    let database = format!("  etcd:\n    endpoints: [{}]\n    prefix: /streams\n", etcd.endpoint());
+    streams::run("etcd", binary, &database, args.stream_count, args.stream_writes, args.ops).await?;
+    let dir = tempfile::tempdir()?;
+    // The local store's watch polls: its interval bounds the delivery time.
+    let database = format!("  local:\n    path: {}\n    poll_interval: 20ms\n", dir.path().join("kayra.db").display());
+    streams::run("local", binary, &database, args.stream_count, args.stream_writes, args.ops).await
 }
 
 async fn run(backend: &str, store: Store, args: &Args) -> anyhow::Result<()> {

@@ -185,20 +185,9 @@ pub(crate) fn cell(value: Option<&Value>) -> String {
     escape_controls(&text)
 }
 
-/// `text` with every control character (C0, DEL, C1) shown escaped
-/// (`\n`, `\u{1b}`): for anything the server sent that goes to a
-/// terminal as one line — messages, table cells.
-pub fn escape_controls(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    for c in text.chars() {
-        if c.is_control() {
-            out.extend(c.escape_default());
-        } else {
-            out.push(c);
-        }
-    }
-    out
-}
+/// Anything the server sent that goes to a terminal as one line —
+/// messages, table cells — with its control characters escaped.
+pub use kayra_core::validation::escape_controls;
 
 /// A raw body (a backend's non-JSON answer) made safe for a terminal: line
 /// breaks and tabs stay, every other control character is escaped, and

@@ -172,6 +172,21 @@ pub fn scrub_userinfo(text: &str) -> Cow<'_, str> {
     Cow::Owned(out)
 }
 
+/// `text` with every control character (C0, DEL, C1) shown escaped
+/// (`\n`, `\u{1b}`), so it stays one line and cannot drive a terminal:
+/// for log fields and for anything a client shows that a server sent.
+pub fn escape_controls(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        if c.is_control() {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
 /// A value quoted for a message: escaped, and cut at 80 characters.
 fn shown(value: &str) -> String {
     if value.chars().count() <= 80 {
@@ -184,6 +199,12 @@ fn shown(value: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn controls_are_escaped_and_the_rest_kept() {
+        assert_eq!(escape_controls("a\nb\u{1b}[31m\u{7f}\u{85}ü"), "a\\nb\\u{1b}[31m\\u{7f}\\u{85}ü");
+        assert_eq!(escape_controls("plain"), "plain");
+    }
 
     #[test]
     fn segments() {

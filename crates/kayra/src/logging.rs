@@ -42,23 +42,10 @@ pub fn init(format: LogFormat) {
 pub fn text_fields() -> impl for<'w> FormatFields<'w> + 'static {
     use tracing_subscriber::field::MakeExt;
     tracing_subscriber::fmt::format::debug_fn(|writer: &mut Writer<'_>, field: &Field, value: &dyn fmt::Debug| {
-        let value = escape_controls(&format!("{value:?}"));
+        let value = kayra_core::validation::escape_controls(&format!("{value:?}"));
         if field.name() == "message" { write!(writer, "{value}") } else { write!(writer, "{}={value}", field.name()) }
     })
     .delimited(" ")
-}
-
-/// `text` with every control character (C0, DEL, C1) escaped.
-pub fn escape_controls(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    for c in text.chars() {
-        if c.is_control() {
-            out.extend(c.escape_default());
-        } else {
-            out.push(c);
-        }
-    }
-    out
 }
 
 /// One flat JSON object per event.

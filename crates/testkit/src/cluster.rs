@@ -7,7 +7,7 @@
 //! sockets stay open and say nothing, the nastiest failure for a client),
 //! thawed (SIGCONT) and restarted on its data.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -213,33 +213,19 @@ impl EtcdCluster {
             self.members.iter().map(|m| format!("{}={}", m.name, peer(m))).collect::<Vec<_>>().join(",");
         let member = &self.members[i];
         let client = self.endpoint(i);
-        let log = log_file(&self.dir.path().join(format!("{}.log", member.name)))?;
-        let mut command = Command::new(&self.binary);
-        command
-            .args(["--name", &member.name, "--data-dir"])
-            .arg(self.dir.path().join(&member.name))
-            .args(["--listen-client-urls", &client, "--advertise-client-urls", &client])
-            .args(["--listen-peer-urls", &peer(member), "--initial-advertise-peer-urls", &peer(member)])
-            .args(["--initial-cluster", &initial_cluster, "--initial-cluster-state", "new"])
-            .args(["--initial-cluster-token", "kayra-test"])
-            .args(["--heartbeat-interval", "100", "--election-timeout", "1000", "--unsafe-no-fsync"])
-            .args(["--logger", "zap", "--log-level", "warn"]);
-        if let Some(certs) = &self.certs {
-            command
-                .arg("--cert-file")
-                .arg(&certs.server_cert)
-                .arg("--key-file")
-                .arg(&certs.server_key)
-                .arg("--trusted-ca-file")
-                .arg(&certs.ca)
-                .arg("--client-cert-auth");
-        }
-        let child = command
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().map_err(|e| format!("etcd log: {e}"))?)
-            .stderr(log)
-            .spawn()
-            .map_err(|e| format!("spawn {}: {e}", self.binary.display()))?;
+        let child = crate::etcd::spawn_member(&crate::etcd::Member {
+            binary: &self.binary,
+            name: &member.name,
+            data_dir: &self.dir.path().join(&member.name),
+            client: &client,
+            peer: &peer(member),
+            initial_cluster: &initial_cluster,
+            cluster_token: Some("kayra-test"),
+            timing_ms: ["100", "1000"],
+            log_level: "warn",
+            log: &self.dir.path().join(format!("{}.log", member.name)),
+            certs: self.certs.as_ref(),
+        })?;
         self.members[i].child = Some(child);
         Ok(())
     }
@@ -294,14 +280,6 @@ impl Drop for EtcdCluster {
     fn drop(&mut self) {
         self.stop_all();
     }
-}
-
-fn log_file(path: &Path) -> Result<std::fs::File, String> {
-    std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(path)
-        .map_err(|e| format!("open {}: {e}", path.display()))
 }
 
 /// Sends `SIG<name>` to `child` with kill(1).

@@ -1,6 +1,6 @@
 //! A private etcd server per test.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
@@ -117,36 +117,20 @@ impl Etcd {
     /// Spawns the server and waits until it serves reads.
     async fn run(&mut self) -> Result<(), String> {
         let peer = format!("http://127.0.0.1:{}", self.peer_port);
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(self.dir.path().join("etcd.log"))
-            .map_err(|e| format!("open etcd.log: {e}"))?;
-        let mut command = Command::new(&self.binary);
-        command
-            .args(["--name", "kayra-test", "--data-dir"])
-            .arg(self.dir.path().join("data"))
-            .args(["--listen-client-urls", &self.endpoint(), "--advertise-client-urls", &self.endpoint()])
-            .args(["--listen-peer-urls", &peer, "--initial-advertise-peer-urls", &peer])
-            .args(["--initial-cluster", &format!("kayra-test={peer}"), "--initial-cluster-state", "new"])
-            .args(["--heartbeat-interval", "10", "--election-timeout", "100", "--unsafe-no-fsync"])
-            .args(["--logger", "zap", "--log-level", "error"]);
-        if let Some(certs) = &self.certs {
-            command
-                .arg("--cert-file")
-                .arg(&certs.server_cert)
-                .arg("--key-file")
-                .arg(&certs.server_key)
-                .arg("--trusted-ca-file")
-                .arg(&certs.ca)
-                .arg("--client-cert-auth");
-        }
-        let child = command
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().map_err(|e| format!("etcd.log: {e}"))?)
-            .stderr(log)
-            .spawn()
-            .map_err(|e| format!("spawn {}: {e}", self.binary.display()))?;
+        let client = self.endpoint();
+        let child = spawn_member(&Member {
+            binary: &self.binary,
+            name: "kayra-test",
+            data_dir: &self.dir.path().join("data"),
+            client: &client,
+            peer: &peer,
+            initial_cluster: &format!("kayra-test={peer}"),
+            cluster_token: None,
+            timing_ms: ["10", "100"],
+            log_level: "error",
+            log: &self.dir.path().join("etcd.log"),
+            certs: self.certs.as_ref(),
+        })?;
         self.child = Some(child);
         self.wait_ready().await
     }
@@ -182,6 +166,67 @@ impl Drop for Etcd {
     fn drop(&mut self) {
         self.stop();
     }
+}
+
+/// One etcd member to start: what differs between a lone test etcd and a
+/// cluster's members.
+pub(crate) struct Member<'a> {
+    pub binary: &'a Path,
+    pub name: &'a str,
+    pub data_dir: &'a Path,
+    pub client: &'a str,
+    pub peer: &'a str,
+    /// `name=peer,...` of every member.
+    pub initial_cluster: &'a str,
+    pub cluster_token: Option<&'a str>,
+    /// Heartbeat interval and election timeout, in milliseconds.
+    pub timing_ms: [&'a str; 2],
+    pub log_level: &'a str,
+    /// Where its stdout and stderr go (appended).
+    pub log: &'a Path,
+    pub certs: Option<&'a Certificates>,
+}
+
+/// Spawns `member` (no fsync: tests measure kayra, not the disk).
+pub(crate) fn spawn_member(member: &Member<'_>) -> Result<Child, String> {
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(member.log)
+        .map_err(|e| format!("open {}: {e}", member.log.display()))?;
+    let mut command = Command::new(member.binary);
+    command
+        .args(["--name", member.name, "--data-dir"])
+        .arg(member.data_dir)
+        .args(["--listen-client-urls", member.client, "--advertise-client-urls", member.client])
+        .args(["--listen-peer-urls", member.peer, "--initial-advertise-peer-urls", member.peer])
+        .args(["--initial-cluster", member.initial_cluster, "--initial-cluster-state", "new"]);
+    if let Some(token) = member.cluster_token {
+        command.args(["--initial-cluster-token", token]);
+    }
+    let [heartbeat, election] = member.timing_ms;
+    command.args(["--heartbeat-interval", heartbeat, "--election-timeout", election, "--unsafe-no-fsync"]).args([
+        "--logger",
+        "zap",
+        "--log-level",
+        member.log_level,
+    ]);
+    if let Some(certs) = member.certs {
+        command
+            .arg("--cert-file")
+            .arg(&certs.server_cert)
+            .arg("--key-file")
+            .arg(&certs.server_key)
+            .arg("--trusted-ca-file")
+            .arg(&certs.ca)
+            .arg("--client-cert-auth");
+    }
+    command
+        .stdin(Stdio::null())
+        .stdout(log.try_clone().map_err(|e| format!("{}: {e}", member.log.display()))?)
+        .stderr(log)
+        .spawn()
+        .map_err(|e| format!("spawn {}: {e}", member.binary.display()))
 }
 
 /// Raw-client options for an etcd with `certs` (TLS with a client certificate) or without.

@@ -15,6 +15,11 @@
 //! behind is closed (the client reconnects and gets a fresh initial state)
 //! rather than allowed to buffer without bound.
 //!
+//! Each record carries what streams rendered of it ([`Record::rendered`]):
+//! the first stream to show a change renders and frames it, every other
+//! stream shares those bytes, so an event costs one JSON decode and encode
+//! per feed rather than one per stream.
+//!
 //! Feeds start on first use and run until [`Hub::shutdown`].
 
 use std::collections::{BTreeMap, HashMap};
@@ -28,6 +33,7 @@ use kayra_store::{KeyValue, Revision, Store, WatcherEvent};
 use tokio::sync::{broadcast, watch};
 use tokio_util::sync::CancellationToken;
 
+use super::watch::Rendered;
 use crate::cache::subscribers::SubscriberIndex;
 
 /// Tunables of the watch streams; shortened by tests.
@@ -135,10 +141,45 @@ impl Hub {
     }
 }
 
+/// One record of a feed, with its rendering shared by every stream.
+pub(crate) struct Record {
+    pub(crate) kv: KeyValue,
+    /// The object rendered from `kv` (`None`: not one a stream shows), and
+    /// the revision of the record the rendering also read (a
+    /// subscription's registration; 0 for none).
+    rendered: Mutex<Option<(Revision, Option<Arc<Rendered>>)>>,
+}
+
+impl Record {
+    pub(crate) fn new(kv: KeyValue) -> Self {
+        Self { kv, rendered: Mutex::new(None) }
+    }
+
+    /// The rendering of this record against the dependency at `dependency`
+    /// (its revision), made by `render` when none is cached for it. A
+    /// feed's records are always rendered by the same view, so the cache
+    /// needs no other key.
+    pub(crate) fn rendered(
+        &self,
+        dependency: Revision,
+        render: impl FnOnce(&KeyValue) -> Option<Rendered>,
+    ) -> Option<Arc<Rendered>> {
+        let mut cached = self.rendered.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((revision, rendered)) = cached.as_ref()
+            && *revision == dependency
+        {
+            return rendered.clone();
+        }
+        let rendered = render(&self.kv).map(Arc::new);
+        *cached = Some((dependency, rendered.clone()));
+        rendered
+    }
+}
+
 /// One prefix of the store, mirrored.
 pub(crate) struct Feed {
     /// Every record under the prefix, as of the last event applied.
-    state: Mutex<BTreeMap<String, Arc<KeyValue>>>,
+    state: Mutex<BTreeMap<String, Arc<Record>>>,
     /// The key that changed. Sent while `state` is locked, so a subscriber
     /// that reads `state` and subscribes under the same lock misses nothing.
     announce: broadcast::Sender<Arc<str>>,
@@ -155,14 +196,14 @@ impl Feed {
 
     /// Subscribes to announcements, and reads under the same lock the keys
     /// of `range` present now: what a new stream starts from.
-    pub(crate) fn subscribe(&self, range: &KeyRange) -> (broadcast::Receiver<Arc<str>>, Vec<Arc<KeyValue>>) {
+    pub(crate) fn subscribe(&self, range: &KeyRange) -> (broadcast::Receiver<Arc<str>>, Vec<Arc<Record>>) {
         let state = self.state.lock().unwrap_or_else(|p| p.into_inner());
         let present = range.select(&state).cloned().collect();
         (self.announce.subscribe(), present)
     }
 
     /// The record at `key` now.
-    pub(crate) fn get(&self, key: &str) -> Option<Arc<KeyValue>> {
+    pub(crate) fn get(&self, key: &str) -> Option<Arc<Record>> {
         self.state.lock().unwrap_or_else(|p| p.into_inner()).get(key).cloned()
     }
 
@@ -173,7 +214,7 @@ impl Feed {
         prefix: String,
     ) {
         // A re-list in progress: the records listed so far.
-        let mut listing: Option<BTreeMap<String, Arc<KeyValue>>> = None;
+        let mut listing: Option<BTreeMap<String, Arc<Record>>> = None;
         loop {
             let event = tokio::select! {
                 () = stop.cancelled() => return,
@@ -183,7 +224,7 @@ impl Feed {
             match event {
                 WatcherEvent::Init => listing = Some(BTreeMap::new()),
                 WatcherEvent::InitApply(kv) => {
-                    listing.get_or_insert_with(BTreeMap::new).insert(kv.key.clone(), Arc::new(kv));
+                    listing.get_or_insert_with(BTreeMap::new).insert(kv.key.clone(), Arc::new(Record::new(kv)));
                 }
                 WatcherEvent::InitDone { revision } => {
                     let listed = listing.take().unwrap_or_default();
@@ -200,13 +241,13 @@ impl Feed {
 
     /// Replaces the whole map with a listing, announcing every key whose
     /// record appeared, changed or vanished. Returns how many did.
-    fn replace(&self, listed: BTreeMap<String, Arc<KeyValue>>) -> usize {
+    fn replace(&self, listed: BTreeMap<String, Arc<Record>>) -> usize {
         let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
         let mut changed: Vec<String> = state.keys().filter(|k| !listed.contains_key(*k)).cloned().collect();
         changed.extend(
             listed
                 .iter()
-                .filter(|(k, kv)| state.get(*k).is_none_or(|old| old.mod_revision != kv.mod_revision))
+                .filter(|(k, r)| state.get(*k).is_none_or(|old| old.kv.mod_revision != r.kv.mod_revision))
                 .map(|(k, _)| k.clone()),
         );
         *state = listed;
@@ -219,17 +260,17 @@ impl Feed {
     fn apply(&self, kv: KeyValue) {
         let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
         // A replayed event (the same write seen twice across a re-watch) changes nothing.
-        if state.get(&kv.key).is_some_and(|old| old.mod_revision >= kv.mod_revision) {
+        if state.get(&kv.key).is_some_and(|old| old.kv.mod_revision >= kv.mod_revision) {
             return;
         }
         let key: Arc<str> = Arc::from(kv.key.as_str());
-        state.insert(kv.key.clone(), Arc::new(kv));
+        state.insert(kv.key.clone(), Arc::new(Record::new(kv)));
         let _ = self.announce.send(key);
     }
 
     fn delete(&self, key: &str, revision: Revision) {
         let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        if state.get(key).is_some_and(|old| old.mod_revision < revision) {
+        if state.get(key).is_some_and(|old| old.kv.mod_revision < revision) {
             state.remove(key);
             let _ = self.announce.send(Arc::from(key));
         }
@@ -251,7 +292,7 @@ impl KeyRange {
         }
     }
 
-    fn select<'m>(&self, map: &'m BTreeMap<String, Arc<KeyValue>>) -> impl Iterator<Item = &'m Arc<KeyValue>> + 'm {
+    fn select<'m>(&self, map: &'m BTreeMap<String, Arc<Record>>) -> impl Iterator<Item = &'m Arc<Record>> + 'm {
         let (start, prefix) = match self {
             KeyRange::Prefix(p) | KeyRange::Exact(p) => (p.clone(), self.clone()),
         };
@@ -300,14 +341,14 @@ mod tests {
         // /a/4 that was missed entirely is not noticed (never seen).
         let mut listed = BTreeMap::new();
         for kv in [kv("/a/1", 2), kv("/a/2", 7), kv("/a/3", 6)] {
-            listed.insert(kv.key.clone(), Arc::new(kv));
+            listed.insert(kv.key.clone(), Arc::new(Record::new(kv)));
         }
         assert_eq!(feed.replace(listed), 2);
         assert_eq!(drain(&mut rx), ["/a/2", "/a/3"]);
         // A re-list that lacks /a/1: its delete was missed.
         let mut listed = BTreeMap::new();
         for kv in [kv("/a/2", 7), kv("/a/3", 6)] {
-            listed.insert(kv.key.clone(), Arc::new(kv));
+            listed.insert(kv.key.clone(), Arc::new(Record::new(kv)));
         }
         assert_eq!(feed.replace(listed), 1);
         assert_eq!(drain(&mut rx), ["/a/1"]);
@@ -328,9 +369,9 @@ mod tests {
     fn key_ranges_select_their_keys_only() {
         let mut map = BTreeMap::new();
         for key in ["/a/", "/a/x", "/a/x/1", "/a/xy", "/b/x"] {
-            map.insert(key.to_string(), Arc::new(kv(key, 1)));
+            map.insert(key.to_string(), Arc::new(Record::new(kv(key, 1))));
         }
-        let keys = |range: KeyRange| range.select(&map).map(|kv| kv.key.clone()).collect::<Vec<_>>();
+        let keys = |range: KeyRange| range.select(&map).map(|r| r.kv.key.clone()).collect::<Vec<_>>();
         assert_eq!(keys(KeyRange::Prefix("/a/x/".into())), ["/a/x/1"]);
         assert_eq!(keys(KeyRange::Prefix("/a/".into())), ["/a/", "/a/x", "/a/x/1", "/a/xy"]);
         assert_eq!(keys(KeyRange::Exact("/a/x".into())), ["/a/x"]);

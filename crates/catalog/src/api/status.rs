@@ -30,7 +30,7 @@ use super::authz::WatchCheck;
 use super::error::{ApiError, ErrorBody};
 use super::extract::Path;
 use super::hub::{Feed, Hub, KeyRange, WatchOptions};
-use super::watch::{Framing, Watcher, frame, streaming};
+use super::watch::{Framing, Kind, Watcher, frame, streaming};
 use super::{ApiState, long_name, registration_not_found};
 use crate::cache::subscribers::SubscriberIndex;
 use crate::repo::{Repository, keys};
@@ -267,17 +267,19 @@ impl Stream {
     fn render(&mut self) {
         self.dirty = false;
         self.last_render = Instant::now();
-        let registration =
-            self.feed.get(&self.key).and_then(|kv| serde_json::from_slice::<ApiRegistration>(&kv.value).ok());
+        let registration = self
+            .feed
+            .get(&self.key)
+            .and_then(|record| serde_json::from_slice::<ApiRegistration>(&record.kv.value).ok());
         let document = registration
             .map(|r| RegistrationStatus::of(r, &self.index))
             .and_then(|status| serde_json::to_string(&status).ok());
         let event = match (document, self.sent.take()) {
-            (Some(document), None) => Some((frame(self.framing, "ADDED", &document), Some(document))),
+            (Some(document), None) => Some((frame(Kind::Added, &document, self.framing), Some(document))),
             (Some(document), Some(previous)) if previous != document => {
-                Some((frame(self.framing, "MODIFIED", &document), Some(document)))
+                Some((frame(Kind::Modified, &document, self.framing), Some(document)))
             }
-            (None, Some(previous)) => Some((frame(self.framing, "DELETED", &previous), None)),
+            (None, Some(previous)) => Some((frame(Kind::Deleted, &previous, self.framing), None)),
             (document, _) => {
                 self.sent = document;
                 None

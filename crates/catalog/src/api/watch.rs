@@ -10,7 +10,9 @@
 //!
 //! A stream reads from the process's [`Hub`]: no store watch of its own.
 //! It keeps the JSON of every object it has sent and, on each announced
-//! key, renders that key's *current* record the way a GET would and
+//! key, renders that key's *current* record the way a GET would (once per
+//! record for all streams: the rendering and its frames are shared through
+//! the feed's [`Record`], so a stream holds pointers, not copies) and
 //! compares: a new object is `ADDED`, a different one `MODIFIED`, a gone
 //! one `DELETED`, an equal one nothing. So a replayed or re-listed record
 //! never shows twice, a write that changes nothing visible (a run record,
@@ -23,7 +25,7 @@
 //! token, a deleted user or a lost right closes the stream.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use axum::body::{Body, Bytes};
 use axum::http::{HeaderValue, StatusCode, header};
@@ -32,7 +34,7 @@ use kayra_core::{
     ApiRegistration, ClusterRoleBinding, Namespace, Role, RoleBinding, Run, Subscription, TokenRecord, User,
 };
 use kayra_rbac::Verb;
-use kayra_store::KeyValue;
+use kayra_store::{KeyValue, Revision};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tokio::sync::broadcast;
@@ -42,7 +44,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::authz::require_cluster_rbac;
 use super::error::ApiError;
-use super::hub::{Feed, Hub, KeyRange, WatchOptions};
+use super::hub::{Feed, Hub, KeyRange, Record, WatchOptions};
 use super::users::TokenInfo;
 use crate::repo::{Repository, keys};
 
@@ -175,38 +177,67 @@ impl Target {
         }
     }
 
-    /// The object a GET would answer for `kv`, as JSON text; `None` when
-    /// the record is not one this stream shows.
-    fn render(&self, kv: &KeyValue, registrations: Option<&Feed>) -> Option<String> {
+    /// The object a GET would answer for `kv` (`None` when the record is
+    /// not one of this view's objects). The same for every stream of the
+    /// view: what a stream's path selects is [`Target::shows`]'s to say.
+    fn render(&self, kv: &KeyValue, registrations: Option<&Feed>) -> Option<Rendered> {
         fn plain<T: DeserializeOwned + Serialize>(kv: &KeyValue) -> Option<String> {
             to_text(&serde_json::from_slice::<T>(&kv.value).ok()?)
         }
-        match &self.view {
-            View::Namespace => plain::<Namespace>(kv),
-            View::Registration => plain::<ApiRegistration>(kv),
-            View::User => plain::<User>(kv),
-            View::Role => plain::<Role>(kv),
-            View::ClusterRoleBinding => plain::<ClusterRoleBinding>(kv),
-            View::RoleBinding => plain::<RoleBinding>(kv),
+        let (object, id, owner) = match &self.view {
+            View::Namespace => (plain::<Namespace>(kv)?, None, None),
+            View::Registration => (plain::<ApiRegistration>(kv)?, None, None),
+            View::User => (plain::<User>(kv)?, None, None),
+            View::Role => (plain::<Role>(kv)?, None, None),
+            View::ClusterRoleBinding => (plain::<ClusterRoleBinding>(kv)?, None, None),
+            View::RoleBinding => (plain::<RoleBinding>(kv)?, None, None),
             View::Subscription { registrations: prefix } => {
                 let subscription: Subscription = serde_json::from_slice(&kv.value).ok()?;
                 let expected = registrations
                     .and_then(|feed| feed.get(&format!("{prefix}{}", subscription.api)))
-                    .and_then(|kv| serde_json::from_slice::<ApiRegistration>(&kv.value).ok())
+                    .and_then(|record| serde_json::from_slice::<ApiRegistration>(&record.kv.value).ok())
                     .map(|r| r.sync_id)
                     .unwrap_or_default();
-                to_text(&subscription.view(&expected))
+                (to_text(&subscription.view(&expected))?, None, None)
             }
-            View::Run { id } => {
+            View::Run { .. } => {
                 let run: Run = serde_json::from_slice(&kv.value).ok()?;
-                id.as_ref().is_none_or(|id| *id == run.id).then(|| to_text(&run)).flatten()
+                (to_text(&run)?, Some(run.id), None)
             }
-            View::Token { user, id } => {
+            View::Token { .. } => {
                 let token: TokenRecord = serde_json::from_slice(&kv.value).ok()?;
-                let shown = token.user == *user && id.as_ref().is_none_or(|id| *id == token.id);
-                shown.then(|| to_text(&TokenInfo { id: token.id, created_at: token.created_at })).flatten()
+                let object = to_text(&TokenInfo { id: token.id.clone(), created_at: token.created_at })?;
+                (object, Some(token.id), Some(token.user))
             }
+        };
+        Some(Rendered {
+            key: Arc::from(kv.key.as_str()),
+            object: object.into_boxed_str(),
+            id,
+            owner,
+            frames: Default::default(),
+        })
+    }
+
+    /// Whether this stream shows `rendered` (one run, one user's tokens).
+    fn shows(&self, rendered: &Rendered) -> bool {
+        let is = |wanted: &Option<String>, value: &Option<String>| wanted.is_none() || wanted == value;
+        match &self.view {
+            View::Run { id } => is(id, &rendered.id),
+            View::Token { user, id } => rendered.owner.as_deref() == Some(user.as_str()) && is(id, &rendered.id),
+            _ => true,
         }
+    }
+
+    /// The revision of the record `key`'s rendering also reads: for a
+    /// subscription, its registration's (a subscription's key ends in its
+    /// api's long name); 0 when there is none.
+    fn dependency_revision(&self, key: &str, registrations: Option<&Feed>) -> Revision {
+        let (Some(prefix), Some(feed)) = (self.dependency(), registrations) else {
+            return 0;
+        };
+        let name = key.rsplit('/').next().unwrap_or_default();
+        feed.get(&format!("{prefix}{name}")).map_or(0, |record| record.kv.mod_revision)
     }
 
     /// The key of this stream whose object a registration's change may
@@ -225,6 +256,54 @@ fn to_text<T: Serialize>(value: &T) -> Option<String> {
     serde_json::to_string(value).ok()
 }
 
+/// An object as a GET answers it, rendered once per record and shared by
+/// every stream that shows it, with its event frames made on first use.
+pub(crate) struct Rendered {
+    key: Arc<str>,
+    object: Box<str>,
+    /// A run's or a token's id, for the streams of one of them.
+    id: Option<String>,
+    /// A token's user.
+    owner: Option<String>,
+    /// By [`Kind`] and [`Framing`].
+    frames: [OnceLock<Bytes>; 6],
+}
+
+impl Rendered {
+    fn frame(&self, kind: Kind, framing: Framing) -> Bytes {
+        let slot = &self.frames[kind as usize * 2 + framing as usize];
+        slot.get_or_init(|| frame(kind, &self.object, framing)).clone()
+    }
+}
+
+/// The type of an event.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Kind {
+    Added = 0,
+    Modified = 1,
+    Deleted = 2,
+}
+
+impl Kind {
+    fn name(self) -> &'static str {
+        match self {
+            Kind::Added => "ADDED",
+            Kind::Modified => "MODIFIED",
+            Kind::Deleted => "DELETED",
+        }
+    }
+}
+
+/// One event, `object` being its JSON text, framed as `framing` says.
+pub(crate) fn frame(kind: Kind, object: &str, framing: Framing) -> Bytes {
+    let kind = kind.name();
+    let line = format!("{{\"type\":\"{kind}\",\"object\":{object}}}");
+    Bytes::from(match framing {
+        Framing::Ndjson => format!("{line}\n"),
+        Framing::Sse => format!("event: {kind}\ndata: {line}\n\n"),
+    })
+}
+
 /// Who is watching, to re-check while the stream is open.
 #[derive(Debug, Clone)]
 pub(crate) struct Watcher {
@@ -238,8 +317,8 @@ pub(crate) struct Watcher {
 /// How the events are framed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Framing {
-    Ndjson,
-    Sse,
+    Ndjson = 0,
+    Sse = 1,
 }
 
 /// Opens a watch stream of `kind` at the route's `params` for `watcher`.
@@ -288,8 +367,8 @@ pub(crate) async fn open(
         next_check: now + options.recheck,
         closed: false,
     };
-    for kv in present {
-        stream.refresh_with(&kv.key, Some(kv.clone()));
+    for record in present {
+        stream.refresh_with(&record.kv.key, Some(record.clone()));
     }
     let body = Body::from_stream(futures::stream::unfold(stream, |mut stream| async move {
         let chunk = stream.next_chunk().await?;
@@ -320,9 +399,9 @@ struct Stream {
     primary: Arc<Feed>,
     rx: broadcast::Receiver<Arc<str>>,
     dependency: Option<(Arc<Feed>, broadcast::Receiver<Arc<str>>)>,
-    /// The JSON last sent for each key shown: what the next render is
+    /// The object last sent for each key shown: what the next render is
     /// compared with, and what a `DELETED` carries.
-    sent: HashMap<String, String>,
+    sent: HashMap<Arc<str>, Arc<Rendered>>,
     /// Framed events not yet handed to the connection.
     pending: VecDeque<Bytes>,
     framing: Framing,
@@ -401,41 +480,38 @@ impl Stream {
         self.refresh_with(key, current);
     }
 
-    fn refresh_with(&mut self, key: &str, current: Option<Arc<KeyValue>>) {
+    fn refresh_with(&mut self, key: &str, current: Option<Arc<Record>>) {
         let registrations = self.dependency.as_ref().map(|(feed, _)| feed.as_ref());
-        let rendered = current.and_then(|kv| self.target.render(&kv, registrations));
+        let target = &self.target;
+        let rendered = current.and_then(|record| {
+            let dependency = target.dependency_revision(key, registrations);
+            record.rendered(dependency, |kv| target.render(kv, registrations)).filter(|r| target.shows(r))
+        });
+        let framing = self.framing;
         let event = match (rendered, self.sent.get(key)) {
             (Some(object), None) => {
-                let event = self.frame("ADDED", &object);
-                self.sent.insert(key.to_string(), object);
+                let event = object.frame(Kind::Added, framing);
+                self.sent.insert(object.key.clone(), object);
                 event
             }
-            (Some(object), Some(previous)) if *previous != object => {
-                let event = self.frame("MODIFIED", &object);
-                self.sent.insert(key.to_string(), object);
-                event
+            (Some(object), Some(previous)) => {
+                let changed = !Arc::ptr_eq(&object, previous) && previous.object != object.object;
+                let event = changed.then(|| object.frame(Kind::Modified, framing));
+                // Holding the newest rendering lets the feed free the old one.
+                self.sent.insert(object.key.clone(), object);
+                match event {
+                    Some(event) => event,
+                    None => return,
+                }
             }
-            (None, Some(_)) => {
-                let previous = self.sent.remove(key).unwrap_or_default();
-                self.frame("DELETED", &previous)
-            }
-            _ => return,
+            (None, Some(_)) => match self.sent.remove(key) {
+                Some(previous) => previous.frame(Kind::Deleted, framing),
+                None => return,
+            },
+            (None, None) => return,
         };
         self.pending.push_back(event);
     }
-
-    fn frame(&self, kind: &str, object: &str) -> Bytes {
-        frame(self.framing, kind, object)
-    }
-}
-
-/// One event, `object` being its JSON text, framed as `framing` says.
-pub(crate) fn frame(framing: Framing, kind: &str, object: &str) -> Bytes {
-    let line = format!("{{\"type\":\"{kind}\",\"object\":{object}}}");
-    Bytes::from(match framing {
-        Framing::Ndjson => format!("{line}\n"),
-        Framing::Sse => format!("event: {kind}\ndata: {line}\n\n"),
-    })
 }
 
 impl Watcher {
@@ -464,20 +540,58 @@ mod tests {
 
     use super::*;
 
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_stream_that_falls_behind_is_closed() {
+    /// A hub over a fresh local store (kept while the `TempDir` lives),
+    /// its re-checks far apart: the empty token of these tests would fail them.
+    async fn local_hub(options: WatchOptions) -> (tempfile::TempDir, Repository, Hub) {
         let dir = tempfile::tempdir().unwrap();
         let config = kayra_config::DatabaseConfig::local(kayra_testkit::local_config(dir.path()));
         let store = Store::open(&config).await.unwrap();
         let repo = Repository::new(store.clone(), "dev", "local");
-        // Re-checks far apart: the empty token would fail them.
-        let options = WatchOptions { capacity: 4, recheck: Duration::from_secs(600), ..WatchOptions::default() };
-        let hub = Hub::new(store, options);
-        let namespace = |name: &str| Namespace { name: name.into(), ..Namespace::default() };
-        repo.create(&keys::namespace("a"), &namespace("a"), "namespace").await.unwrap();
+        let hub = Hub::new(store, WatchOptions { recheck: Duration::from_secs(600), ..options });
+        (dir, repo, hub)
+    }
+
+    fn namespace(name: &str) -> Namespace {
+        Namespace { name: name.into(), ..Namespace::default() }
+    }
+
+    /// A stream of every namespace, as the admin.
+    async fn watch_namespaces(hub: &Hub, repo: &Repository) -> axum::body::BodyDataStream {
         let watcher = Watcher { user: "admin".into(), token: String::new(), resource: "namespaces" };
-        let response = open(&hub, &repo, Watched::Namespaces, &HashMap::new(), watcher, false).await.unwrap();
-        let mut body = response.into_body().into_data_stream();
+        let response = open(hub, repo, Watched::Namespaces, &HashMap::new(), watcher, false).await.unwrap();
+        response.into_body().into_data_stream()
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn streams_share_one_rendering_of_each_event() {
+        let (_dir, repo, hub) = local_hub(WatchOptions::default()).await;
+        repo.create(&keys::namespace("a"), &namespace("a"), "namespace").await.unwrap();
+        let mut bodies = Vec::new();
+        for _ in 0..2 {
+            bodies.push(watch_namespaces(&hub, &repo).await);
+        }
+        let mut firsts = Vec::new();
+        for body in &mut bodies {
+            firsts.push(body.next().await.unwrap().unwrap());
+        }
+        repo.create(&keys::namespace("b"), &namespace("b"), "namespace").await.unwrap();
+        let mut seconds = Vec::new();
+        for body in &mut bodies {
+            seconds.push(body.next().await.unwrap().unwrap());
+        }
+        for chunks in [&firsts, &seconds] {
+            assert_eq!(chunks[0], chunks[1]);
+            // The very same bytes: rendered and framed once, not per stream.
+            assert_eq!(chunks[0].as_ptr(), chunks[1].as_ptr(), "{chunks:?}");
+        }
+        assert!(std::str::from_utf8(&seconds[0]).unwrap().starts_with(r#"{"type":"ADDED","object":{"name":"b""#));
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_stream_that_falls_behind_is_closed() {
+        let (_dir, repo, hub) = local_hub(WatchOptions { capacity: 4, ..WatchOptions::default() }).await;
+        repo.create(&keys::namespace("a"), &namespace("a"), "namespace").await.unwrap();
+        let mut body = watch_namespaces(&hub, &repo).await;
         let first = body.next().await.unwrap().unwrap();
         assert!(std::str::from_utf8(&first).unwrap().starts_with(r#"{"type":"ADDED","object":{"name":"a""#));
 

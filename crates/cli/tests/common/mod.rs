@@ -10,8 +10,10 @@
 pub mod server;
 
 use std::process::Stdio;
+use std::time::Duration;
 
-use tokio::io::AsyncWriteExt;
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines};
+use tokio::process::ChildStdout;
 
 /// What one run of the binary did.
 #[derive(Debug)]
@@ -63,22 +65,8 @@ impl Cli {
 
     /// Like [`Cli::run`], feeding `stdin` to the process.
     pub async fn run_with_stdin(&self, args: &[&str], stdin: Option<&[u8]>) -> Run {
-        let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_kayra-cli"));
-        command
-            .args(args)
-            .env_remove("KAYRA_TOKEN")
-            .env_remove("KAYRA_SERVER")
-            .env("KAYRA_SERVER", &self.server)
-            .stdin(if stdin.is_some() { Stdio::piped() } else { Stdio::null() })
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true);
-        if let Some(token) = &self.token {
-            command.env("KAYRA_TOKEN", token);
-        }
-        for (key, value) in &self.env {
-            command.env(key, value);
-        }
+        let mut command = self.command(args);
+        command.stdin(if stdin.is_some() { Stdio::piped() } else { Stdio::null() }).stderr(Stdio::piped());
         let mut child = command.spawn().expect("spawn kayra-cli");
         if let Some(bytes) = stdin {
             let mut pipe = child.stdin.take().expect("stdin is piped");
@@ -91,5 +79,54 @@ impl Cli {
             stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
             stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
         }
+    }
+
+    /// Starts `kayra-cli ARGS` (`get --watch`, say) and leaves it running,
+    /// its stdout to be read as it comes.
+    pub fn spawn(&self, args: &[&str]) -> Running {
+        let mut child = self.command(args).stdin(Stdio::null()).spawn().expect("spawn kayra-cli");
+        let stdout = child.stdout.take().expect("stdout is piped");
+        Running { child, lines: BufReader::new(stdout).lines() }
+    }
+
+    /// `kayra-cli ARGS` in a clean environment but for `self`'s, stdout piped.
+    fn command(&self, args: &[&str]) -> tokio::process::Command {
+        let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_kayra-cli"));
+        command
+            .args(args)
+            .env_remove("KAYRA_TOKEN")
+            .env_remove("KAYRA_SERVER")
+            .env("KAYRA_SERVER", &self.server)
+            .stdout(Stdio::piped())
+            .kill_on_drop(true);
+        if let Some(token) = &self.token {
+            command.env("KAYRA_TOKEN", token);
+        }
+        for (key, value) in &self.env {
+            command.env(key, value);
+        }
+        command
+    }
+}
+
+/// A `kayra-cli` still running, read line by line.
+pub struct Running {
+    pub child: tokio::process::Child,
+    lines: Lines<BufReader<ChildStdout>>,
+}
+
+impl Running {
+    /// The next line it prints; panics when none comes within `within` or it exits.
+    pub async fn next_line(&mut self, within: Duration) -> String {
+        let line = tokio::time::timeout(within, self.lines.next_line()).await;
+        line.unwrap_or_else(|_| panic!("no line within {within:?}")).expect("read stdout").expect("still running")
+    }
+
+    /// Sends it SIGINT, as Ctrl-C would, and waits for its exit.
+    pub async fn interrupt(mut self) -> std::process::ExitStatus {
+        let pid = self.child.id().expect("still running").to_string();
+        let killed = std::process::Command::new("kill").args(["-INT", &pid]).status().expect("run kill");
+        assert!(killed.success());
+        self.child.wait().await.expect("wait for kayra-cli")
     }
 }

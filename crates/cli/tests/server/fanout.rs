@@ -9,7 +9,6 @@ use std::time::Duration;
 
 use kayra_catalog::repo::{Repository, keys};
 use kayra_core::{Run, RunResult, RunStep, RunTrigger};
-use tokio::io::{AsyncBufReadExt, BufReader};
 
 use crate::common::server::Kayra;
 
@@ -104,46 +103,25 @@ async fn get_watch_prints_a_row_per_event_as_it_comes() {
     let kayra = Kayra::start().await;
     let cli = &kayra.cli;
     cli.run(&["create", "catalog", "namespaces", "core"]).await.ok();
-    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_kayra-cli"))
-        .args(["get", "catalog", "namespaces", "--watch"])
-        .env("KAYRA_SERVER", &cli.server)
-        .env("KAYRA_TOKEN", cli.token.as_deref().unwrap())
-        .stdout(std::process::Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-    let mut next = async || {
-        let line = tokio::time::timeout(Duration::from_secs(15), lines.next_line()).await;
-        line.expect("a row within 15 s").unwrap().expect("watch still running")
-    };
-    assert!(next().await.starts_with("EVENT      NAME "));
-    assert!(next().await.starts_with("ADDED      core "));
+    let mut watch = cli.spawn(&["get", "catalog", "namespaces", "--watch"]);
+    let patience = Duration::from_secs(15);
+    assert!(watch.next_line(patience).await.starts_with("EVENT      NAME "));
+    assert!(watch.next_line(patience).await.starts_with("ADDED      core "));
     // Each change shows while the command is still running.
     cli.run(&["create", "catalog", "namespaces", "web"]).await.ok();
-    assert!(next().await.starts_with("ADDED      web "));
+    assert!(watch.next_line(patience).await.starts_with("ADDED      web "));
     cli.run(&["patch", "catalog", "namespaces", "web", "-d", "description: second"]).await.ok();
-    let modified = next().await;
+    let modified = watch.next_line(patience).await;
     assert!(modified.starts_with("MODIFIED   web ") && modified.ends_with("second"), "{modified}");
     cli.run(&["delete", "catalog", "namespaces", "web"]).await.ok();
-    assert!(next().await.starts_with("DELETED    web "));
+    assert!(watch.next_line(patience).await.starts_with("DELETED    web "));
 
-    let pid = child.id().unwrap().to_string();
-    assert!(std::process::Command::new("kill").args(["-INT", &pid]).status().unwrap().success());
-    let status = child.wait().await.unwrap();
+    let status = watch.interrupt().await;
     assert_eq!(status.signal(), Some(2), "{status:?}");
 
     // JSON: one event a line.
-    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_kayra-cli"))
-        .args(["get", "catalog", "namespaces", "core", "--watch", "-o", "json"])
-        .env("KAYRA_SERVER", &cli.server)
-        .env("KAYRA_TOKEN", cli.token.as_deref().unwrap())
-        .stdout(std::process::Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-    let line = tokio::time::timeout(Duration::from_secs(15), lines.next_line()).await.unwrap().unwrap().unwrap();
+    let mut watch = cli.spawn(&["get", "catalog", "namespaces", "core", "--watch", "-o", "json"]);
+    let line = watch.next_line(patience).await;
     let event: serde_json::Value = serde_json::from_str(&line).unwrap();
     assert_eq!((event["type"].as_str(), event["object"]["name"].as_str()), (Some("ADDED"), Some("core")));
 }

@@ -1,5 +1,7 @@
 //! `--watch --until-synced` against a real server and reconciler.
 
+use std::time::Duration;
+
 use crate::common::server::Kayra;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -70,37 +72,25 @@ async fn until_synced_times_out_without_a_reconciler() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn watch_prints_each_change_until_interrupted() {
     use std::os::unix::process::ExitStatusExt;
-    use tokio::io::{AsyncBufReadExt, BufReader};
 
     let kayra = Kayra::start().await;
     let cli = &kayra.cli;
     kayra.register("core", "compute.example.com", "compute", "").await;
     cli.run(&["create", "catalog", "-n", "core", "subscriptions", "compute.example.com"]).await.ok();
 
-    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_kayra-cli"))
-        .args(["get", "catalog", "-n", "core", "subscriptions", "compute.example.com", "--watch"])
-        .env("KAYRA_SERVER", &cli.server)
-        .env("KAYRA_TOKEN", cli.token.as_deref().unwrap())
-        .stdout(std::process::Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-    let mut next = async || lines.next_line().await.unwrap().expect("watch still running");
+    let mut watch = cli.spawn(&["get", "catalog", "-n", "core", "subscriptions", "compute.example.com", "--watch"]);
+    let patience = Duration::from_secs(15);
 
     // The header once, then a row per event, the event's type first.
-    assert!(next().await.starts_with("EVENT      API "));
-    let first = next().await;
+    assert!(watch.next_line(patience).await.starts_with("EVENT      API "));
+    let first = watch.next_line(patience).await;
     assert!(first.starts_with("ADDED      compute.example.com   false    init"), "{first}");
     // A new expected SyncID is a change of the subscription: one more row.
     cli.run(&["patch", "catalog", "apiregistrations", "compute.example.com", "-d", "sync_id: moved-on"]).await.ok();
-    let second = next().await;
+    let second = watch.next_line(patience).await;
     assert!(second.starts_with("MODIFIED   compute.example.com"), "{second}");
     assert!(second.contains("moved-on"), "{second}");
 
-    let pid = child.id().unwrap().to_string();
-    let killed = std::process::Command::new("kill").args(["-INT", &pid]).status().unwrap();
-    assert!(killed.success());
-    let status = child.wait().await.unwrap();
+    let status = watch.interrupt().await;
     assert_eq!(status.signal(), Some(2), "{status:?}");
 }

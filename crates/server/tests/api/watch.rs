@@ -155,6 +155,27 @@ both_backends! {
         assert_eq!(again["sync_id"], "s3");
     }
 
+    async fn token_streams_show_only_their_users_tokens(server: Server) {
+        server.user_with_token("alice").await;
+        server.user_with_token("bob").await;
+        let first = server.get("/users/alice/tokens").await.expect(200);
+        let first = first["items"][0]["id"].as_str().expect("alice's token").to_string();
+        let mut list = Events::open(&server, "/users/alice/tokens", &server.admin, false).await;
+        list.expect("ADDED", "id", &first).await;
+        let mut one = Events::open(&server, &format!("/users/alice/tokens/{first}"), &server.admin, false).await;
+        one.expect("ADDED", "id", &first).await;
+        // Bob's token and alice's second token, in this order: only the
+        // latter is shown, and only on the list.
+        server.post("/users/bob/tokens", json!({})).await.expect(201);
+        let second = server.post("/users/alice/tokens", json!({})).await.expect(201);
+        let second = second["id"].as_str().expect("id").to_string();
+        let added = list.expect("ADDED", "id", &second).await;
+        assert!(added.get("token").is_none(), "a stream never shows a token's secret: {added}");
+        server.delete(&format!("/users/alice/tokens/{first}")).await.expect(204);
+        list.expect("DELETED", "id", &first).await;
+        one.expect("DELETED", "id", &first).await;
+    }
+
     async fn a_sync_id_bump_is_one_modified_per_subscriber(server: Server) {
         server.registration(API, json!({"sync_id": "s1"})).await;
         server.registration("other.example.com", json!({"sync_id": "o1"})).await;
