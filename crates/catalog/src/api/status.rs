@@ -9,7 +9,7 @@
 //! during a fan-out of 10,000 subscribers each one's result is a change,
 //! and the document is sent at most four times a second, always the newest.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -23,14 +23,13 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::broadcast::error::RecvError;
 use tokio::sync::{broadcast, watch};
 use tokio::time::Instant;
-use tokio_util::sync::CancellationToken;
 use utoipa::ToSchema;
 
 use super::authz::WatchCheck;
 use super::error::{ApiError, ErrorBody};
 use super::extract::Path;
-use super::hub::{Feed, Hub, KeyRange, WatchOptions};
-use super::watch::{Framing, Kind, Watcher, frame, streaming};
+use super::hub::{Feed, Hub, KeyRange};
+use super::watch::{Framing, Kind, Outbox, Watcher, frame, streaming};
 use super::{ApiState, long_name, registration_not_found};
 use crate::cache::subscribers::SubscriberIndex;
 use crate::repo::{Repository, keys};
@@ -181,15 +180,8 @@ pub(crate) async fn open(
         changes,
         sent: None,
         dirty: false,
-        pending: VecDeque::new(),
-        framing,
-        repo: repo.clone(),
-        watcher,
-        options,
-        stop: hub.stopping(),
+        outbox: Outbox::new(framing, repo.clone(), watcher, options, hub.stopping()),
         last_render: now,
-        last_sent: now,
-        next_check: now + options.recheck,
     };
     stream.render();
     let body = Body::from_stream(futures::stream::unfold(stream, |mut stream| async move {
@@ -212,30 +204,20 @@ struct Stream {
     sent: Option<String>,
     /// Something changed since the last render.
     dirty: bool,
-    pending: VecDeque<Bytes>,
-    framing: Framing,
-    repo: Repository,
-    watcher: Watcher,
-    options: WatchOptions,
-    stop: CancellationToken,
+    outbox: Outbox,
     last_render: Instant,
-    last_sent: Instant,
-    next_check: Instant,
 }
 
 impl Stream {
     /// The next bytes to send; `None` ends the stream.
     async fn next_chunk(&mut self) -> Option<Bytes> {
         loop {
-            if let Some(chunk) = self.pending.pop_front() {
-                self.last_sent = Instant::now();
+            if let Some(chunk) = self.outbox.pop() {
                 return Some(chunk);
             }
             let render_at = self.last_render + COALESCE;
-            let keep_alive = self.last_sent + self.options.keep_alive;
-            let sse = self.framing == Framing::Sse;
             tokio::select! {
-                () = self.stop.cancelled() => return None,
+                alive = self.outbox.housekeeping() => if !alive { return None },
                 key = self.registrations.recv() => match key {
                     Ok(key) => self.dirty |= *key == *self.key,
                     // Missed announcements only mean "render again".
@@ -247,17 +229,6 @@ impl Stream {
                     Err(_) => return None,
                 },
                 () = tokio::time::sleep_until(render_at), if self.dirty => self.render(),
-                () = tokio::time::sleep_until(self.next_check) => {
-                    if !self.watcher.still_allowed(&self.repo).await {
-                        tracing::info!(user = %self.watcher.user, resource = self.watcher.resource,
-                            "watch stream closed: the caller may no longer watch");
-                        return None;
-                    }
-                    self.next_check = Instant::now() + self.options.recheck;
-                },
-                () = tokio::time::sleep_until(keep_alive), if sse => {
-                    self.pending.push_back(Bytes::from_static(b": keep-alive\n\n"));
-                },
             }
         }
     }
@@ -274,19 +245,20 @@ impl Stream {
         let document = registration
             .map(|r| RegistrationStatus::of(r, &self.index))
             .and_then(|status| serde_json::to_string(&status).ok());
+        let framing = self.outbox.framing();
         let event = match (document, self.sent.take()) {
-            (Some(document), None) => Some((frame(Kind::Added, &document, self.framing), Some(document))),
+            (Some(document), None) => Some((frame(Kind::Added, &document, framing), Some(document))),
             (Some(document), Some(previous)) if previous != document => {
-                Some((frame(Kind::Modified, &document, self.framing), Some(document)))
+                Some((frame(Kind::Modified, &document, framing), Some(document)))
             }
-            (None, Some(previous)) => Some((frame(Kind::Deleted, &previous, self.framing), None)),
+            (None, Some(previous)) => Some((frame(Kind::Deleted, &previous, framing), None)),
             (document, _) => {
                 self.sent = document;
                 None
             }
         };
         if let Some((event, sent)) = event {
-            self.pending.push_back(event);
+            self.outbox.push(event);
             self.sent = sent;
         }
     }

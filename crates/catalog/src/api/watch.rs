@@ -350,21 +350,13 @@ pub(crate) async fn open(
         (feed, rx)
     });
     let (rx, present) = primary.subscribe(&target.range);
-    let now = Instant::now();
     let mut stream = Stream {
         target,
         primary,
         rx,
         dependency,
         sent: HashMap::new(),
-        pending: VecDeque::new(),
-        framing,
-        repo: repo.clone(),
-        watcher,
-        options,
-        stop: hub.stopping(),
-        last_sent: now,
-        next_check: now + options.recheck,
+        outbox: Outbox::new(framing, repo.clone(), watcher, options, hub.stopping()),
         closed: false,
     };
     for record in present {
@@ -393,15 +385,10 @@ pub(crate) fn streaming(framing: Framing, body: Body) -> Response {
     response
 }
 
-/// One open watch stream.
-struct Stream {
-    target: Target,
-    primary: Arc<Feed>,
-    rx: broadcast::Receiver<Arc<str>>,
-    dependency: Option<(Arc<Feed>, broadcast::Receiver<Arc<str>>)>,
-    /// The object last sent for each key shown: what the next render is
-    /// compared with, and what a `DELETED` carries.
-    sent: HashMap<Arc<str>, Arc<Rendered>>,
+/// What every watch stream does besides rendering its events: the frames
+/// not yet sent, SSE keep-alives, re-checking that the caller may still
+/// watch, and closing at shutdown.
+pub(crate) struct Outbox {
     /// Framed events not yet handed to the connection.
     pending: VecDeque<Bytes>,
     framing: Framing,
@@ -411,6 +398,76 @@ struct Stream {
     stop: CancellationToken,
     last_sent: Instant,
     next_check: Instant,
+}
+
+impl Outbox {
+    pub(crate) fn new(
+        framing: Framing,
+        repo: Repository,
+        watcher: Watcher,
+        options: WatchOptions,
+        stop: CancellationToken,
+    ) -> Self {
+        let now = Instant::now();
+        let next_check = now + options.recheck;
+        Self { pending: VecDeque::new(), framing, repo, watcher, options, stop, last_sent: now, next_check }
+    }
+
+    pub(crate) fn framing(&self) -> Framing {
+        self.framing
+    }
+
+    pub(crate) fn watcher(&self) -> &Watcher {
+        &self.watcher
+    }
+
+    /// Queues one framed event.
+    pub(crate) fn push(&mut self, event: Bytes) {
+        self.pending.push_back(event);
+    }
+
+    /// The next queued bytes to send, if any.
+    pub(crate) fn pop(&mut self) -> Option<Bytes> {
+        let chunk = self.pending.pop_front()?;
+        self.last_sent = Instant::now();
+        Some(chunk)
+    }
+
+    /// Waits for the next piece of housekeeping and does it: `false` when
+    /// the stream must end (shutdown, or the caller may no longer watch).
+    /// Cancel-safe: a re-check interrupted by an event is done again.
+    pub(crate) async fn housekeeping(&mut self) -> bool {
+        let keep_alive = self.last_sent + self.options.keep_alive;
+        let sse = self.framing == Framing::Sse;
+        tokio::select! {
+            () = self.stop.cancelled() => false,
+            () = tokio::time::sleep_until(self.next_check) => {
+                if !self.watcher.still_allowed(&self.repo).await {
+                    tracing::info!(user = %self.watcher.user, resource = self.watcher.resource,
+                        "watch stream closed: the caller may no longer watch");
+                    return false;
+                }
+                self.next_check = Instant::now() + self.options.recheck;
+                true
+            },
+            () = tokio::time::sleep_until(keep_alive), if sse => {
+                self.pending.push_back(Bytes::from_static(b": keep-alive\n\n"));
+                true
+            },
+        }
+    }
+}
+
+/// One open watch stream.
+struct Stream {
+    target: Target,
+    primary: Arc<Feed>,
+    rx: broadcast::Receiver<Arc<str>>,
+    dependency: Option<(Arc<Feed>, broadcast::Receiver<Arc<str>>)>,
+    /// The object last sent for each key shown: what the next render is
+    /// compared with, and what a `DELETED` carries.
+    sent: HashMap<Arc<str>, Arc<Rendered>>,
+    outbox: Outbox,
     closed: bool,
 }
 
@@ -418,15 +475,12 @@ impl Stream {
     /// The next bytes to send; `None` ends the stream.
     async fn next_chunk(&mut self) -> Option<Bytes> {
         loop {
-            if let Some(chunk) = self.pending.pop_front() {
-                self.last_sent = Instant::now();
+            if let Some(chunk) = self.outbox.pop() {
                 return Some(chunk);
             }
             if self.closed {
                 return None;
             }
-            let keep_alive = self.last_sent + self.options.keep_alive;
-            let sse = self.framing == Framing::Sse;
             let dependency = async {
                 match self.dependency.as_mut() {
                     Some((_, rx)) => rx.recv().await,
@@ -434,11 +488,11 @@ impl Stream {
                 }
             };
             tokio::select! {
-                () = self.stop.cancelled() => return None,
+                alive = self.outbox.housekeeping() => if !alive { return None },
                 key = self.rx.recv() => match key {
                     Ok(key) => self.refresh(&key),
                     Err(RecvError::Lagged(missed)) => {
-                        tracing::info!(user = %self.watcher.user, missed, "watch stream fell behind; closing it");
+                        tracing::info!(user = %self.outbox.watcher().user, missed, "watch stream fell behind; closing it");
                         return None;
                     }
                     Err(RecvError::Closed) => return None,
@@ -450,21 +504,10 @@ impl Stream {
                         }
                     }
                     Err(RecvError::Lagged(missed)) => {
-                        tracing::info!(user = %self.watcher.user, missed, "watch stream fell behind; closing it");
+                        tracing::info!(user = %self.outbox.watcher().user, missed, "watch stream fell behind; closing it");
                         return None;
                     }
                     Err(RecvError::Closed) => return None,
-                },
-                () = tokio::time::sleep_until(self.next_check) => {
-                    if !self.watcher.still_allowed(&self.repo).await {
-                        tracing::info!(user = %self.watcher.user, resource = self.watcher.resource,
-                            "watch stream closed: the caller may no longer watch");
-                        return None;
-                    }
-                    self.next_check = Instant::now() + self.options.recheck;
-                },
-                () = tokio::time::sleep_until(keep_alive), if sse => {
-                    self.pending.push_back(Bytes::from_static(b": keep-alive\n\n"));
                 },
             }
         }
@@ -487,7 +530,7 @@ impl Stream {
             let dependency = target.dependency_revision(key, registrations);
             record.rendered(dependency, |kv| target.render(kv, registrations)).filter(|r| target.shows(r))
         });
-        let framing = self.framing;
+        let framing = self.outbox.framing();
         let event = match (rendered, self.sent.get(key)) {
             (Some(object), None) => {
                 let event = object.frame(Kind::Added, framing);
@@ -510,7 +553,7 @@ impl Stream {
             },
             (None, None) => return,
         };
-        self.pending.push_back(event);
+        self.outbox.push(event);
     }
 }
 

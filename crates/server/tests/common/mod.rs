@@ -107,38 +107,13 @@ fn crypto() {
 impl Server {
     /// A server for platform `dev`, region `local` on a fresh store.
     pub async fn start(backend: Backend) -> Server {
-        let (database, keep) = match backend {
-            Backend::Local => {
-                let dir = tempfile::tempdir().expect("temp dir");
-                let local = kayra_testkit::local_config(dir.path());
-                (DatabaseConfig::local(local), Keep::Dir(dir))
-            }
-            Backend::Etcd => {
-                let etcd = kayra_testkit::Etcd::start().await;
-                let database = DatabaseConfig::etcd(etcd.config("/kayra"));
-                (database, Keep::Etcd(Box::new(tokio::sync::Mutex::new(etcd))))
-            }
-        };
-        let mut config = Config { database, ..Config::default() };
-        config.auth.bootstrap_token = "test-bootstrap-token-0123456789abcdef".into();
+        let (config, keep) = test_config(backend).await;
         Self::start_with(backend, config, Arc::new(keep)).await
     }
 
     /// A server whose store counts its round trips (watch feeds aside).
     pub async fn start_counted(backend: Backend) -> (Server, counted::RoundTrips) {
-        let (database, keep) = match backend {
-            Backend::Local => {
-                let dir = tempfile::tempdir().expect("temp dir");
-                (DatabaseConfig::local(kayra_testkit::local_config(dir.path())), Keep::Dir(dir))
-            }
-            Backend::Etcd => {
-                let etcd = kayra_testkit::Etcd::start().await;
-                let database = DatabaseConfig::etcd(etcd.config("/kayra"));
-                (database, Keep::Etcd(Box::new(tokio::sync::Mutex::new(etcd))))
-            }
-        };
-        let mut config = Config { database, ..Config::default() };
-        config.auth.bootstrap_token = "test-bootstrap-token-0123456789abcdef".into();
+        let (config, keep) = test_config(backend).await;
         let (store, trips) = match (&config.database.local, &config.database.etcd) {
             (Some(local), _) => {
                 let inner = kayra_store::local::LocalStore::open(&local.path, local.poll_interval.0).expect("open");
@@ -424,4 +399,23 @@ impl Reply {
         }
         message
     }
+}
+
+/// A server config on a fresh store of `backend`, and what keeps that store
+/// alive.
+async fn test_config(backend: Backend) -> (Config, Keep) {
+    let (database, keep) = match backend {
+        Backend::Local => {
+            let dir = tempfile::tempdir().expect("temp dir");
+            (DatabaseConfig::local(kayra_testkit::local_config(dir.path())), Keep::Dir(dir))
+        }
+        Backend::Etcd => {
+            let etcd = kayra_testkit::Etcd::start().await;
+            let database = DatabaseConfig::etcd(etcd.config("/kayra"));
+            (database, Keep::Etcd(Box::new(tokio::sync::Mutex::new(etcd))))
+        }
+    };
+    let mut config = Config { database, ..Config::default() };
+    config.auth.bootstrap_token = "test-bootstrap-token-0123456789abcdef".into();
+    (config, keep)
 }

@@ -128,18 +128,7 @@ impl JobLocker for EtcdJobLocker {
     }
 
     async fn try_lock(&self, job: &str) -> Result<Option<JobLock>> {
-        let prefix = format!("{}/locks/{}/", self.inner.keys.root, escape(job));
-        let Some(local) = self.inner.local.try_lock(job) else { return Ok(None) };
-        let mut claim = Claim { inner: self.inner.clone(), job: job.to_string(), local: Some(local), key: None };
-        let lease = self.inner.session.lease().await?;
-        let key = format!("{prefix}{lease:x}");
-        claim.key = Some(key.clone());
-        if let Some(revision) = self.inner.try_acquire(&prefix, &key, lease).await? {
-            return Ok(Some(claim.into_lock(revision)));
-        }
-        self.inner.delete(&key).await?;
-        claim.key = None;
-        Ok(None)
+        Ok(self.try_lock_and_get(job, &[]).await?.map(|read| read.lock))
     }
 
     async fn try_lock_and_get(&self, job: &str, keys: &[String]) -> Result<Option<LockedRead>> {
