@@ -287,15 +287,15 @@ fn apply(tx: &rusqlite::Transaction<'_>, txn: &Txn, retain: i64) -> rusqlite::Re
             Op::Put { key, value } => {
                 revision += 1;
                 let create_rev = revisions_of(tx, key)?.map_or(revision, |(c, _)| c);
-                tx.execute(
+                // Cached statements: a transaction's writes are parsed once
+                // per connection, not once per row.
+                tx.prepare_cached(
                     "INSERT INTO kv (key, value, create_rev, mod_rev) VALUES (?1, ?2, ?3, ?4)
                      ON CONFLICT(key) DO UPDATE SET value = excluded.value, mod_rev = excluded.mod_rev",
-                    params![key.as_bytes(), value, create_rev, revision],
-                )?;
-                tx.execute(
-                    "INSERT INTO changes (rev, key, value, create_rev) VALUES (?1, ?2, ?3, ?4)",
-                    params![revision, key.as_bytes(), value, create_rev],
-                )?;
+                )?
+                .execute(params![key.as_bytes(), value, create_rev, revision])?;
+                tx.prepare_cached("INSERT INTO changes (rev, key, value, create_rev) VALUES (?1, ?2, ?3, ?4)")?
+                    .execute(params![revision, key.as_bytes(), value, create_rev])?;
             }
             Op::Delete { key } => {
                 if let Some((create_rev, _)) = revisions_of(tx, key)? {
@@ -322,10 +322,11 @@ fn apply(tx: &rusqlite::Transaction<'_>, txn: &Txn, retain: i64) -> rusqlite::Re
     if revision > start {
         let trim_to = revision - retain;
         if trim_to > 0 {
-            tx.execute("DELETE FROM changes WHERE rev <= ?1", params![trim_to])?;
-            tx.execute("UPDATE meta SET compacted = MAX(compacted, ?1) WHERE id = 1", params![trim_to])?;
+            tx.prepare_cached("DELETE FROM changes WHERE rev <= ?1")?.execute(params![trim_to])?;
+            tx.prepare_cached("UPDATE meta SET compacted = MAX(compacted, ?1) WHERE id = 1")?
+                .execute(params![trim_to])?;
         }
-        tx.execute("UPDATE meta SET revision = ?1 WHERE id = 1", params![revision])?;
+        tx.prepare_cached("UPDATE meta SET revision = ?1 WHERE id = 1")?.execute(params![revision])?;
     }
     Ok(TxnResponse { succeeded, revision, gets })
 }
@@ -336,11 +337,9 @@ fn delete_one(
     create_rev: Revision,
     revision: Revision,
 ) -> rusqlite::Result<()> {
-    tx.execute("DELETE FROM kv WHERE key = ?1", params![key])?;
-    tx.execute(
-        "INSERT INTO changes (rev, key, value, create_rev) VALUES (?1, ?2, NULL, ?3)",
-        params![revision, key, create_rev],
-    )?;
+    tx.prepare_cached("DELETE FROM kv WHERE key = ?1")?.execute(params![key])?;
+    tx.prepare_cached("INSERT INTO changes (rev, key, value, create_rev) VALUES (?1, ?2, NULL, ?3)")?
+        .execute(params![revision, key, create_rev])?;
     Ok(())
 }
 
@@ -354,6 +353,8 @@ fn get_in(conn: &Connection, key: &str) -> rusqlite::Result<Option<KeyValue>> {
 fn connect(path: &Path) -> Result<Connection> {
     let conn = Connection::open(path).map_err(|e| Error::Unavailable(format!("open {}: {e}", path.display())))?;
     conn.busy_timeout(Duration::from_secs(5)).map_err(unavailable)?;
+    // Every hot statement stays parsed (rusqlite keeps 16 by default).
+    conn.set_prepared_statement_cache_capacity(64);
     retry_busy(|| {
         conn.pragma_update(None, "journal_mode", "WAL")?;
         conn.pragma_update(None, "synchronous", "NORMAL")
