@@ -170,20 +170,9 @@ impl Watcher {
     }
 
     fn queue(&mut self, response: &WatchResponse) {
-        for event in response.events() {
-            let Some(kv) = event.kv() else { continue };
-            let Some(key) = self.keys.relative(kv.key()) else { continue };
-            let revision = kv.mod_revision();
-            self.next = self.next.max(revision + 1);
-            self.pending.push_back(match event.event_type() {
-                EventType::Put => Event::Put(crate::KeyValue {
-                    key,
-                    value: kv.value().to_vec(),
-                    create_revision: kv.create_revision(),
-                    mod_revision: revision,
-                }),
-                EventType::Delete => Event::Delete { key, revision },
-            });
+        for event in response.events().iter().filter_map(|e| event_of(&self.keys, e)) {
+            self.next = self.next.max(event.revision() + 1);
+            self.pending.push_back(event);
         }
     }
 
@@ -316,20 +305,26 @@ impl Feed {
             }
             return;
         }
-        for event in response.events() {
-            let Some(kv) = event.kv() else { continue };
-            let Some(key) = self.keys.relative(kv.key()) else { continue };
-            let revision = kv.mod_revision();
-            self.delivered = self.delivered.max(revision);
-            self.pending.push_back(Ok(Change::Event(match event.event_type() {
-                EventType::Put => Event::Put(crate::KeyValue {
-                    key,
-                    value: kv.value().to_vec(),
-                    create_revision: kv.create_revision(),
-                    mod_revision: revision,
-                }),
-                EventType::Delete => Event::Delete { key, revision },
-            })));
+        for event in response.events().iter().filter_map(|e| event_of(&self.keys, e)) {
+            self.delivered = self.delivered.max(event.revision());
+            self.pending.push_back(Ok(Change::Event(event)));
         }
     }
+}
+
+/// An etcd watch event as a store [`Event`] (`None` for a key outside this
+/// store's root or an event without its key-value).
+fn event_of(keys: &Keyspace, event: &etcd_client::Event) -> Option<Event> {
+    let kv = event.kv()?;
+    let key = keys.relative(kv.key())?;
+    let revision = kv.mod_revision();
+    Some(match event.event_type() {
+        EventType::Put => Event::Put(crate::KeyValue {
+            key,
+            value: kv.value().to_vec(),
+            create_revision: kv.create_revision(),
+            mod_revision: revision,
+        }),
+        EventType::Delete => Event::Delete { key, revision },
+    })
 }
