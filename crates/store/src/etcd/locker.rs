@@ -68,7 +68,7 @@ use etcd_client::{
 use tokio::sync::OwnedMutexGuard;
 use tokio_util::sync::CancellationToken;
 
-use super::cluster::{Cluster, MemberHealth};
+use super::cluster::Cluster;
 use super::{Keyspace, revision_of};
 use crate::{Error, JobLock, JobLocker, LockedRead, Result};
 
@@ -355,8 +355,7 @@ impl Session {
         let lost = CancellationToken::new();
         let cluster = self.cluster.clone();
         let renewal = Renewal { cluster, id, ttl: Duration::from_secs(ttl_secs.unsigned_abs()), lost: lost.clone() };
-        let health = self.cluster.health(member);
-        tokio::spawn(renewal.run(Stream { keeper, responses, member, health }, self.shutdown.clone()));
+        tokio::spawn(renewal.run(Stream { keeper, responses, member }, self.shutdown.clone()));
         tracing::debug!(lease = format!("{id:x}"), ttl_secs, "job lock session started");
         *current = Some(Lease { id, lost });
         Ok(id)
@@ -382,7 +381,6 @@ struct Stream {
     keeper: LeaseKeeper,
     responses: LeaseKeepAliveStream,
     member: usize,
-    health: MemberHealth,
 }
 
 impl Renewal {
@@ -390,6 +388,9 @@ impl Renewal {
         let period = self.ttl / 3;
         let mut renewed = Instant::now();
         loop {
+            // Asked afresh each period: a member that went bad between two
+            // periods is found by the renewal failing instead.
+            let mut health = self.cluster.health(stream.member);
             let member_failed = tokio::select! {
                 () = shutdown.cancelled() => {
                     // Free this process's locks now rather than after the TTL.
@@ -397,7 +398,7 @@ impl Renewal {
                     return;
                 }
                 () = tokio::time::sleep(period) => false,
-                () = stream.health.went_bad() => true,
+                () = health.went_bad() => true,
             };
             let failure = if member_failed {
                 "the member of the keep-alive stream failed its health check".to_string()
@@ -419,8 +420,7 @@ impl Renewal {
             match self.cluster.lease_keep_alive(self.id).await {
                 // Opening the stream renews the lease once.
                 Ok((keeper, responses, member)) => {
-                    let health = self.cluster.health(member);
-                    stream = Stream { keeper, responses, member, health };
+                    stream = Stream { keeper, responses, member };
                     renewed = Instant::now();
                 }
                 Err(e) if e.to_string().contains("lease not found") => return self.give_up(&e.to_string()),
