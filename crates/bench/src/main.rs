@@ -48,6 +48,9 @@ struct Args {
     /// Only the reconciler's figures (`reconcile.rs`).
     #[arg(long)]
     reconciler_only: bool,
+    /// With `--reconciler-only`: only this backend's figures (`local` or `etcd`).
+    #[arg(long, value_parser = ["local", "etcd"])]
+    backend: Option<String>,
     /// Only the `kayra serve` figures (`serve.rs`).
     #[arg(long)]
     serve_only: bool,
@@ -169,7 +172,12 @@ async fn reconciler(args: &Args, local: &kayra_config::LocalConfig, etcd: &kayra
         let path = path.clone();
         Box::pin(async move { Ok(Store::new(kayra_store::local::LocalStore::open(&path, poll)?)) })
     });
-    reconcile::run("local", connect, &sizes).await?;
+    if args.backend.as_deref() != Some("etcd") {
+        reconcile::run("local", connect, &sizes).await?;
+    }
+    if args.backend.as_deref() == Some("local") {
+        return Ok(());
+    }
     let config = etcd.config("/reconcile");
     let connect: reconcile::Connect = Arc::new(move || {
         let config = config.clone();
