@@ -62,7 +62,14 @@ pub enum JobEnd {
     LockBusy,
     /// Its mode's limit is used up: retry from the queue after this long.
     Limited(std::time::Duration),
+    /// The store failed it (unreachable, timed out): retry from the queue
+    /// after [`STORE_BACKOFF`], so a transient outage loses no work.
+    StoreFailed,
 }
+
+/// How long a job that failed on the store waits in the queue before it
+/// runs again.
+pub const STORE_BACKOFF: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// The SyncID a job works toward, readable by the dispatcher if the job panics.
 #[derive(Default)]
@@ -138,20 +145,24 @@ impl Worker {
             fault(key);
         }
         let span = tracing::info_span!("activate", namespace = %name, lock_id, sync_id = "");
-        async {
+        let end = async {
             match self.repo.activate_namespace(name).await {
                 Ok(kayra_catalog::repo::tenancy::Recorded::Written(revision)) => {
                     self.view_mut().put_namespace(name, true, revision);
                     tracing::info!("namespace activated");
+                    JobEnd::Done
                 }
-                Ok(_) => {}
-                Err(e) => tracing::warn!(error = %e, "namespace activation failed"),
+                Ok(_) => JobEnd::Done,
+                Err(e) => {
+                    tracing::warn!(error = %e, "namespace activation failed; queued again");
+                    JobEnd::StoreFailed
+                }
             }
         }
         .instrument(span)
         .await;
         guard.release().await;
-        JobEnd::Done
+        end
     }
 
     /// `ensureReconciled` for one subscription.
@@ -182,8 +193,9 @@ impl Worker {
             Ok(None) => JobEnd::Done,
             Ok(Some(wait)) => JobEnd::Limited(wait),
             Err(e) => {
-                tracing::warn!(namespace, api, lock_id, sync_id = %note.get(), error = %e, "reconcile aborted: store error");
-                JobEnd::Done
+                tracing::warn!(namespace, api, lock_id, sync_id = %note.get(), error = %e,
+                    "reconcile aborted: store error; queued again");
+                JobEnd::StoreFailed
             }
         };
         if unlocked.load(Ordering::Relaxed) {
@@ -367,7 +379,9 @@ impl Worker {
     /// (fencing, platform contract §7). When only the run is new (a second
     /// failure, a superseded run) the subscription is not rewritten, so its
     /// watchers see no event. With `unlock`, the transaction also deletes
-    /// the lock key (etcd), and `run.unlocked` says whether it did.
+    /// the lock key (etcd), and `run.unlocked` says whether it did. The
+    /// results of jobs finishing together share one transaction (group
+    /// commit, [`kayra_store::Store::txn_grouped`]).
     async fn record(
         &self,
         seen: &Versioned<Subscription>,
@@ -402,7 +416,7 @@ impl Worker {
                 txn = txn.then(Op::Delete { key: fence.to_string() });
             }
         }
-        let resp = self.repo.store().txn(txn).await.map_err(kayra_catalog::repo::Error::from)?;
+        let resp = self.repo.store().txn_grouped(txn).await.map_err(kayra_catalog::repo::Error::from)?;
         if resp.succeeded && unlock && fence.is_some() {
             run.unlocked.store(true, Ordering::Relaxed);
         }
@@ -481,10 +495,11 @@ impl Worker {
 
     /// The fresh read under the lock in one round trip (a transaction of
     /// four gets), where the lock's own transaction did not carry it.
+    /// Group-committed: the reads of jobs starting together share one.
     async fn fresh(&self, namespace: &str, api: &str) -> kayra_catalog::repo::Result<Fresh> {
         let keys = self.fresh_keys(namespace, api);
         let txn = keys.iter().fold(Txn::new(), |txn, key| txn.then(Op::Get { key: key.clone() }));
-        let resp = self.repo.store().txn(txn).await.map_err(kayra_catalog::repo::Error::from)?;
+        let resp = self.repo.store().txn_grouped(txn).await.map_err(kayra_catalog::repo::Error::from)?;
         parse_fresh(&resp.gets, resp.revision)
     }
 

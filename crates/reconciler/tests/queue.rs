@@ -219,6 +219,47 @@ async fn a_panicking_job_wedges_nothing(kind: Kind) {
     running.stop().await;
 }
 
+/// A job the store failed (the local file's write lock held elsewhere past
+/// the write timeout, so its result write is refused and never commits)
+/// is queued again and finishes once the store answers: a transient outage
+/// loses no work.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_the_store_failed_runs_again_once_it_answers() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = kayra_testkit::local_config(dir.path());
+    let open = || kayra_store::local::LocalStore::open(&config.path, config.poll_interval.0).unwrap();
+    let seed_repo = Repository::new(kayra_store::Store::new(open()), "dev", "local");
+    let seed = Seed(&seed_repo);
+    seed.registration(API, "placeholder", "s1").await;
+    seed.subscription("flaky", API).await;
+    let store = kayra_store::Store::new(open().with_write_timeout(Duration::from_millis(500)));
+    let cancel = CancellationToken::new();
+    let mut cfg =
+        ReconcilerConfig { wait_poll_interval: kayra_config::Duration::from_millis(20), ..Default::default() };
+    cfg.max_concurrent_reconciles = 2;
+    let mut reconciler = Reconciler::new(Repository::new(store, "dev", "local"), cfg, cancel.clone()).unwrap();
+    let (blocked, path) = (Arc::new(AtomicBool::new(false)), config.path.clone());
+    reconciler.set_fault_hook(Arc::new({
+        let blocked = blocked.clone();
+        move |key: &JobKey| {
+            if *key == JobKey::subscription("flaky", API) && !blocked.swap(true, Ordering::SeqCst) {
+                // Another process holds the file's write lock for 2 s: the
+                // result write that follows gives up after 500 ms.
+                let conn = rusqlite::Connection::open(&path).unwrap();
+                conn.execute_batch("BEGIN IMMEDIATE").unwrap();
+                std::thread::spawn(move || {
+                    std::thread::sleep(Duration::from_millis(2000));
+                    conn.execute_batch("ROLLBACK").unwrap();
+                });
+            }
+        }
+    }));
+    let running = Running::start(reconciler, cancel);
+    eventually("the outage happened", || async { blocked.load(Ordering::SeqCst) }).await;
+    eventually("flaky synced after the outage", || synced(&seed, "flaky", API, "s1")).await;
+    running.stop().await;
+}
+
 /// Two reconcilers with pool 5 each on one etcd, 40 subscribers behind a
 /// held step: each process takes the keys in its own order, so the
 /// backend sees more than one pool's calls at once, and every subscriber

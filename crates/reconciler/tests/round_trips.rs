@@ -2,7 +2,9 @@
 //! placeholder reconcile that moves a subscription to a new SyncID costs,
 //! on etcd, one transaction that takes the lock and reads the records and
 //! one that writes the result, its run and the unlock; locally one read
-//! and one write. Counted with [`kayra_store::Store::round_trips`].
+//! and one write. Jobs running together share them (group commit), so
+//! that is the most a reconcile costs. Counted with
+//! [`kayra_store::Store::round_trips`].
 
 mod common;
 
@@ -20,7 +22,7 @@ use common::{Kind, Seed, eventually, start_reconciler, store};
 const API: &str = "compute.example.com";
 const N: usize = 40;
 
-async fn a_reconcile_costs_two_round_trips(kind: Kind) {
+async fn a_reconcile_costs_at_most_two_round_trips(kind: Kind) {
     let test_store = store(kind).await;
     let store = test_store.store.clone();
     let repo = Repository::new(store.clone(), "dev", "local");
@@ -70,12 +72,13 @@ async fn a_reconcile_costs_two_round_trips(kind: Kind) {
     .expect("the fan-out converges");
     let spent = store.round_trips() - before - bump;
     println!("{kind:?}: {spent} store round trips for {N} reconciles");
-    // Two per reconcile, plus a little for what runs beside the jobs (a
-    // lease renewal is a stream message, not a call; a health check or
-    // a re-read of the fleet's backoff key may fall in the window).
-    assert!(spent >= 2 * N as u64, "{spent} round trips for {N} reconciles: the counter counts");
+    // At most two per reconcile (fewer where jobs shared a transaction),
+    // plus a little for what runs beside the jobs (a lease renewal is a
+    // stream message, not a call; a health check or a re-read of the
+    // fleet's backoff key may fall in the window).
+    assert!(spent >= 2, "{spent} round trips for {N} reconciles: the counter counts");
     assert!(spent <= 2 * N as u64 + 6, "{spent} round trips for {N} reconciles: more than two each");
     running.stop().await;
 }
 
-both_backends!(a_reconcile_costs_two_round_trips);
+both_backends!(a_reconcile_costs_at_most_two_round_trips);

@@ -44,7 +44,9 @@
 //! - `etcd/watcher.rs`: the never-ending watch stream.
 //! - `etcd/locker.rs`: the session lease and the per-job mutexes.
 //! - `etcd/lease.rs`: keys bound to leases ([`crate::Leases`]).
+//! - `etcd/batch.rs`: several transactions as one Txn (group commit).
 
+mod batch;
 mod cluster;
 mod lease;
 mod locker;
@@ -52,6 +54,9 @@ mod watcher;
 
 pub use cluster::{METRIC_ENDPOINT, METRIC_ENDPOINT_HEALTHY, METRIC_ERRORS, METRIC_FAILOVERS, describe_metrics};
 pub use locker::EtcdJobLocker;
+
+/// Group commit (transactions, lock acquisitions): batches on their way at once.
+const GROUP_IN_FLIGHT: usize = 2;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -465,6 +470,16 @@ impl Backend for EtcdStore {
             })
             .collect();
         Ok(crate::TxnResponse { succeeded: resp.succeeded(), revision: revision_of(resp.header())?, gets })
+    }
+
+    async fn txn_group(&self, txns: Vec<crate::Txn>, _started: std::time::Instant) -> Vec<Result<crate::TxnResponse>> {
+        batch::run(&self.keys, txns, |txn| self.txn(txn)).await
+    }
+
+    /// Two batches in flight (one fills while the other is on its way),
+    /// each of up to 32 transactions.
+    fn group_limits(&self) -> (usize, usize) {
+        (GROUP_IN_FLIGHT, 32)
     }
 
     async fn snapshot(&self, prefix: &str) -> Result<(Vec<KeyValue>, Revision)> {

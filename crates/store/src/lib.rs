@@ -14,9 +14,12 @@
 //!   change log. No job locker: a dev deployment has one reconciler.
 //! - `etcd.rs`: etcd v3 backend; native watch; [`JobLocker`] on a leased
 //!   session with one mutex per job.
+//! - `group.rs`: group commit, for [`Store::txn_grouped`] and the etcd
+//!   job locker's acquisitions.
 //! - `testsuite.rs`: the conformance suite every backend passes.
 
 pub mod etcd;
+pub mod group;
 pub mod local;
 pub mod reflector;
 pub mod testsuite;
@@ -36,7 +39,7 @@ use thiserror::Error;
 pub type Revision = i64;
 
 /// Why a store operation failed.
-#[derive(Debug, Error)]
+#[derive(Debug, Clone, Error)]
 pub enum Error {
     /// The key does not exist.
     #[error("key {0:?} not found")]
@@ -163,6 +166,24 @@ pub trait Backend: Send + Sync + 'static {
     async fn revision(&self) -> Result<Revision>;
     /// Runs `txn` atomically: compares, then one branch's operations.
     async fn txn(&self, txn: Txn) -> Result<TxnResponse>;
+    /// Independent transactions in as few round trips as the backend can
+    /// (one SQLite transaction; one etcd Txn when every compare holds):
+    /// each answer is what [`Backend::txn`] alone would have answered had
+    /// they run one after another. `started`: when the oldest was
+    /// submitted (a local write never commits past its request timeout).
+    async fn txn_group(&self, txns: Vec<Txn>, started: std::time::Instant) -> Vec<Result<TxnResponse>> {
+        let _ = started;
+        let mut answers = Vec::with_capacity(txns.len());
+        for txn in txns {
+            answers.push(self.txn(txn).await);
+        }
+        answers
+    }
+    /// How [`Store::txn_grouped`] groups: batches in flight at once, and
+    /// transactions per batch.
+    fn group_limits(&self) -> (usize, usize) {
+        (4, 1)
+    }
     /// Every key under `prefix` at one revision, read page by page.
     async fn snapshot(&self, prefix: &str) -> Result<(Vec<KeyValue>, Revision)>;
     /// The raw change feed under `prefix` from `from` (inclusive), with
@@ -264,7 +285,11 @@ pub struct Store {
     request_timeout: Duration,
     /// Calls through this handle and its clones (see [`Store::round_trips`]).
     calls: Arc<std::sync::atomic::AtomicU64>,
+    /// The group-commit queue of [`Store::txn_grouped`], started by its first call.
+    groups: Arc<std::sync::OnceLock<TxnGroup>>,
 }
+
+type TxnGroup = group::Group<(Txn, std::time::Instant), Result<TxnResponse>>;
 
 impl std::fmt::Debug for Store {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -280,6 +305,7 @@ impl Store {
             backend: Arc::new(backend),
             request_timeout: kayra_config::DEFAULT_REQUEST_TIMEOUT,
             calls: Arc::default(),
+            groups: Arc::default(),
         }
     }
 
@@ -319,9 +345,13 @@ impl Store {
         self.backend.round_trips().unwrap_or_else(|| self.calls.load(std::sync::atomic::Ordering::Relaxed))
     }
 
-    /// Runs `call` within the request timeout.
+    /// Runs `call` within the request timeout, counted as one round trip.
     async fn bounded<T>(&self, what: &str, call: impl std::future::Future<Output = Result<T>>) -> Result<T> {
         self.calls.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.within_timeout(what, call).await
+    }
+
+    async fn within_timeout<T>(&self, what: &str, call: impl std::future::Future<Output = Result<T>>) -> Result<T> {
         match tokio::time::timeout(self.request_timeout, call).await {
             Ok(result) => result,
             Err(_) => Err(Error::Unavailable(format!(
@@ -365,6 +395,35 @@ impl Store {
     /// transaction locally).
     pub async fn txn(&self, txn: Txn) -> Result<TxnResponse> {
         self.bounded("txn", self.backend.txn(txn)).await
+    }
+    /// [`Store::txn`] with group commit: transactions submitted while
+    /// others are on their way to the store go together, in one round
+    /// trip (one SQLite transaction; one etcd Txn), with the answer each
+    /// would have had alone. For many small independent writers (the
+    /// reconciler's jobs): under load they share commits instead of
+    /// queueing for them one by one; alone, nothing waits.
+    pub async fn txn_grouped(&self, txn: Txn) -> Result<TxnResponse> {
+        let group = self.groups.get_or_init(|| {
+            let (backend, calls) = (self.backend.clone(), self.calls.clone());
+            let (in_flight, max_batch) = backend.group_limits();
+            group::Group::new(
+                in_flight,
+                max_batch,
+                Arc::new(move |batch: Vec<(Txn, std::time::Instant)>| {
+                    let (backend, calls) = (backend.clone(), calls.clone());
+                    Box::pin(async move {
+                        calls.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        let started = batch.iter().map(|(_, at)| *at).min().unwrap_or_else(std::time::Instant::now);
+                        backend.txn_group(batch.into_iter().map(|(txn, _)| txn).collect(), started).await
+                    })
+                }),
+            )
+        });
+        let submitted = group.submit((txn, std::time::Instant::now()));
+        self.within_timeout("txn", async {
+            submitted.await.unwrap_or_else(|| Err(Error::Unavailable("the store is shutting down".into())))
+        })
+        .await
     }
     pub async fn watch(&self, prefix: &str, from: Revision) -> Result<WatchStream> {
         self.bounded("watch", self.backend.watch(prefix, from)).await

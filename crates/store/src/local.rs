@@ -165,12 +165,23 @@ impl LocalStore {
     /// Runs `txn` in one write transaction, with application-level retry on
     /// BUSY, all within the write timeout.
     async fn write(&self, txn: Txn) -> Result<TxnResponse> {
+        let retain = self.inner.retain;
+        self.write_with(std::time::Instant::now(), move |tx| apply(tx, &txn, retain)).await
+    }
+
+    /// Runs `f` as one write transaction of its own (retried on BUSY
+    /// within the write timeout counted from `started`), off the async
+    /// threads, and acknowledges it only if the file is still the one opened.
+    async fn write_with<T: Send + 'static>(
+        &self,
+        started: std::time::Instant,
+        f: impl Fn(&rusqlite::Transaction<'_>) -> rusqlite::Result<T> + Send + 'static,
+    ) -> Result<T> {
         let inner = self.inner.clone();
-        let started = std::time::Instant::now();
         tokio::task::spawn_blocking(move || {
             let conn = inner.writer.lock().unwrap_or_else(|p| p.into_inner());
             inner.check_file()?;
-            let resp = inner.write_within(conn, started, &txn)?;
+            let resp = inner.write_within(conn, started, f)?;
             // A commit into a file no longer at `path` is lost at the next
             // start: it must not be acknowledged.
             inner.check_file()?;
@@ -179,18 +190,37 @@ impl LocalStore {
         .await
         .map_err(|e| Error::Unavailable(format!("store task failed: {e}")))?
     }
+
+    /// Read-only transactions in one snapshot on a reader connection.
+    async fn read_txns(&self, txns: Vec<Txn>) -> Result<Vec<TxnResponse>> {
+        self.read(move |conn| {
+            retry_busy(|| {
+                let tx = conn.transaction()?;
+                let resps = txns.iter().map(|txn| apply(&tx, txn, i64::MAX)).collect::<rusqlite::Result<Vec<_>>>()?;
+                tx.finish()?;
+                Ok(resps)
+            })
+            .map_err(unavailable)
+        })
+        .await
+    }
+
+    /// Whether `txn` only reads, whichever branch runs.
+    fn reads_only(txn: &Txn) -> bool {
+        txn.success.iter().chain(&txn.failure).all(|op| matches!(op, Op::Get { .. }))
+    }
 }
 
 impl Inner {
     /// One write transaction, retried on BUSY while time remains. Each
     /// attempt waits for the lock at most the time left, so no attempt
     /// starts — or commits — after the deadline.
-    fn write_within(
+    fn write_within<T>(
         &self,
         mut conn: std::sync::MutexGuard<'_, Connection>,
         started: std::time::Instant,
-        txn: &Txn,
-    ) -> Result<TxnResponse> {
+        f: impl Fn(&rusqlite::Transaction<'_>) -> rusqlite::Result<T>,
+    ) -> Result<T> {
         // Stop a little before the caller's deadline (the same duration,
         // started a moment earlier) so that no attempt outlives it.
         let budget = self.write_timeout.saturating_sub((self.write_timeout / 10).min(Duration::from_millis(100)));
@@ -205,7 +235,7 @@ impl Inner {
             conn.busy_timeout(left.min(Duration::from_secs(5))).map_err(unavailable)?;
             let result = (|| {
                 let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-                let resp = apply(&tx, txn, self.retain)?;
+                let resp = f(&tx)?;
                 tx.commit()?;
                 Ok(resp)
             })();
@@ -567,20 +597,33 @@ impl Backend for LocalStore {
         // snapshot on a reader connection: it neither takes the file's
         // write lock nor queues behind this process's writers, as etcd
         // serves a read-only Txn without a raft proposal.
-        if txn.success.iter().chain(&txn.failure).all(|op| matches!(op, Op::Get { .. })) {
-            return self
-                .read(move |conn| {
-                    retry_busy(|| {
-                        let tx = conn.transaction()?;
-                        let resp = apply(&tx, &txn, i64::MAX)?;
-                        tx.finish()?;
-                        Ok(resp)
-                    })
-                    .map_err(unavailable)
-                })
-                .await;
+        if Self::reads_only(&txn) {
+            return self.read_txns(vec![txn]).await.map(|mut resps| resps.remove(0));
         }
         self.write(txn).await
+    }
+
+    /// One SQLite transaction for the whole group, each of its
+    /// transactions applied in turn (its own compares, its own revisions):
+    /// exactly one after another, sharing one commit. A group that only
+    /// reads is one snapshot on a reader connection.
+    async fn txn_group(&self, txns: Vec<Txn>, started: std::time::Instant) -> Vec<Result<TxnResponse>> {
+        let n = txns.len();
+        let answer = if txns.iter().all(Self::reads_only) {
+            self.read_txns(txns).await
+        } else {
+            let retain = self.inner.retain;
+            self.write_with(started, move |tx| txns.iter().map(|txn| apply(tx, txn, retain)).collect()).await
+        };
+        match answer {
+            Ok(resps) => resps.into_iter().map(Ok).collect(),
+            Err(e) => vec![Err(e); n],
+        }
+    }
+
+    /// One writer: batches queue behind the one committing, and go as one.
+    fn group_limits(&self) -> (usize, usize) {
+        (1, 256)
     }
 
     async fn snapshot(&self, prefix: &str) -> Result<(Vec<KeyValue>, Revision)> {

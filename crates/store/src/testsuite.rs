@@ -44,6 +44,7 @@ pub async fn run_all(store: &Store) {
     txn_compares_choose_the_branch(store).await;
     txn_ops_apply_in_order_atomically(store).await;
     txn_prefix_empty_guards(store).await;
+    grouped_txns_answer_as_if_alone(store).await;
     watcher_lists_then_watches_in_order(store).await;
     watcher_reports_progress(store).await;
 }
@@ -394,6 +395,67 @@ pub async fn txn_compares_choose_the_branch(store: &Store) {
     assert!(!resp.succeeded);
     assert_eq!(resp.gets, vec![None], "a Get of a missing key answers None");
     assert_eq!(store.get(missing).await.expect("get").0, None);
+}
+
+/// Group-committed transactions ([`Store::txn_grouped`]) submitted at once
+/// answer exactly as each would alone: their own branch, their own gets,
+/// with one winner among those racing for one key; and they share round
+/// trips.
+pub async fn grouped_txns_answer_as_if_alone(store: &Store) {
+    let base = "/conformance/txn/grouped/";
+    let taken = format!("{base}taken");
+    let rev = store.create(&taken, b"t".to_vec()).await.expect("create");
+    // 40 that all succeed, at once: they share round trips.
+    let before = store.round_trips();
+    let fresh = futures::future::join_all((0..40).map(|i| {
+        let key = format!("{base}fresh/{i:02}");
+        store.txn_grouped(Txn::new().when(Compare::Absent(key.clone())).then(put(&key, "f")).otherwise(get(&taken)))
+    }))
+    .await;
+    let trips = store.round_trips() - before;
+    assert!(fresh.iter().all(|r| r.as_ref().is_ok_and(|r| r.succeeded)), "{fresh:?}");
+    assert!(trips < 40, "40 transactions submitted at once shared round trips ({trips})");
+    // 60 on keys of their own, a third of them with a compare that fails.
+    let own = futures::future::join_all((0..60).map(|i| {
+        let key = format!("{base}own/{i:02}");
+        let compare =
+            if i % 3 == 0 { Compare::ModRevision(taken.clone(), rev + 1000) } else { Compare::Absent(key.clone()) };
+        let txn = Txn::new().when(compare).then(put(&key, &format!("v{i}"))).then(get(&key)).otherwise(get(&taken));
+        store.txn_grouped(txn)
+    }))
+    .await;
+    // 20 racing to create one key.
+    let contested = format!("{base}contested");
+    let racing = futures::future::join_all((0..20).map(|i| {
+        let txn = Txn::new()
+            .when(Compare::Absent(contested.clone()))
+            .then(put(&contested, &format!("w{i}")))
+            .otherwise(get(&contested));
+        store.txn_grouped(txn)
+    }))
+    .await;
+    for (i, resp) in own.into_iter().enumerate() {
+        let resp = resp.expect("grouped txn");
+        let key = format!("{base}own/{i:02}");
+        if i % 3 == 0 {
+            assert!(!resp.succeeded, "{i}: its compare fails");
+            assert_eq!(resp.gets.len(), 1);
+            assert_eq!(value_of(&resp.gets[0]), Some(&b"t"[..]), "{i}: its own failure branch ran");
+            assert_eq!(store.get(&key).await.expect("get").0, None, "{i}: nothing written");
+        } else {
+            assert!(resp.succeeded, "{i}");
+            let kv = resp.gets[0].as_ref().expect("its Get sees its own put");
+            assert_eq!(kv.value, format!("v{i}").into_bytes());
+            assert!(kv.mod_revision <= resp.revision);
+            let stored = store.get(&key).await.expect("get").0.expect("written");
+            assert_eq!((stored.value, stored.mod_revision), (kv.value.clone(), kv.mod_revision));
+        }
+    }
+    let stored = store.get(&contested).await.expect("get").0.expect("one won");
+    let winners: Vec<_> = racing.into_iter().map(|r| r.expect("grouped txn")).filter(|r| r.succeeded).collect();
+    assert_eq!(winners.len(), 1, "exactly one create of the contested key succeeds");
+    assert_eq!(stored.mod_revision, stored.create_revision);
+    assert_eq!(Some(stored.value.as_slice()), winners.first().map(|_| stored.value.as_slice()));
 }
 
 /// Puts, deletes and prefix deletes apply in one revision step, readable

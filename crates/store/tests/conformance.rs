@@ -62,6 +62,7 @@ conformance!(
     txn_compares_choose_the_branch,
     txn_ops_apply_in_order_atomically,
     txn_prefix_empty_guards,
+    grouped_txns_answer_as_if_alone,
     watcher_lists_then_watches_in_order,
     watcher_reports_progress,
     run_all,

@@ -213,6 +213,46 @@ async fn a_lock_carries_reads_and_a_fenced_txn_can_unlock_it() {
     locker(&one).unlock(again).await.expect("unlock");
 }
 
+/// Lock acquisitions asked for at once share transactions (group commit),
+/// and each is still a lock of its own: held against another process,
+/// with its own reads and a fencing token that grows per job.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lock_acquisitions_asked_for_at_once_share_transactions() {
+    let etcd = Etcd::start().await;
+    let (one, two) = (store(&etcd).await, store(&etcd).await);
+    for i in 0..40 {
+        one.create(&format!("/records/{i:02}"), format!("r{i}").into_bytes()).await.expect("create");
+    }
+    let warm = locker(&one).try_lock("namespaces/warm").await.expect("try").expect("free");
+    locker(&one).unlock(warm).await.expect("unlock");
+    let before = one.round_trips();
+    let reads = futures::future::join_all((0..40).map(|i| {
+        let one = one.clone();
+        async move {
+            let job = format!("subscriptions/t{i}/compute.example.com");
+            locker(&one).try_lock_and_get(&job, &[format!("/records/{i:02}")]).await
+        }
+    }))
+    .await;
+    let trips = one.round_trips() - before;
+    assert!(trips < 40, "40 acquisitions at once shared transactions ({trips} round trips)");
+    let mut locks = Vec::new();
+    for (i, read) in reads.into_iter().enumerate() {
+        let read = read.expect("try").expect("every job is free");
+        assert_eq!(read.gets[0].as_ref().map(|kv| kv.value.clone()), Some(format!("r{i}").into_bytes()));
+        let job = format!("subscriptions/t{i}/compute.example.com");
+        assert!(locker(&two).try_lock(&job).await.expect("try").is_none(), "{job} is held by the first store");
+        locks.push((job, read.lock));
+    }
+    for (job, lock) in locks {
+        let token = lock.create_revision;
+        locker(&one).unlock(lock).await.expect("unlock");
+        let next = locker(&two).try_lock(&job).await.expect("try").expect("free after the unlock");
+        assert!(next.create_revision > token, "{job}: the fencing token grows");
+        locker(&two).unlock(next).await.expect("unlock");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_job_lock_excludes_other_tasks_of_the_same_process() {
     let etcd = Etcd::start().await;

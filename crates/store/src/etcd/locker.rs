@@ -70,6 +70,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::cluster::Cluster;
 use super::{Keyspace, revision_of};
+use crate::group::Group;
 use crate::{Error, JobLock, JobLocker, LockedRead, Result};
 
 /// The etcd [`JobLocker`]. Cheap to share; get it from
@@ -89,6 +90,8 @@ struct Inner {
     session: Session,
     retry_interval: Duration,
     local: LocalLocks,
+    /// Group commit of `try_lock_and_get`'s transactions, started by the first.
+    acquisitions: std::sync::OnceLock<Group<Acquire, Result<Acquired>>>,
 }
 
 impl EtcdJobLocker {
@@ -97,7 +100,8 @@ impl EtcdJobLocker {
         let session = Session::new(keys.cluster.clone(), ttl);
         // A zero interval would turn a blocked lock into a busy loop on etcd.
         let retry_interval = retry_interval.max(Duration::from_millis(1));
-        Self { inner: Arc::new(Inner { keys, session, retry_interval, local: LocalLocks::default() }) }
+        let local = LocalLocks::default();
+        Self { inner: Arc::new(Inner { keys, session, retry_interval, local, acquisitions: Default::default() }) }
     }
 
     /// The lease every lock of this locker is attached to, granting one if
@@ -138,7 +142,8 @@ impl JobLocker for EtcdJobLocker {
         let lease = self.inner.session.lease().await?;
         let key = format!("{prefix}{lease:x}");
         claim.key = Some(key.clone());
-        let (mine, gets) = self.inner.acquire_and_get(&prefix, &key, lease, keys).await?;
+        let acquire = Acquire { prefix, key: key.clone(), lease, reads: keys.to_vec() };
+        let (mine, gets) = self.inner.acquire_grouped(acquire).await?;
         if let Some((create_revision, revision)) = mine {
             return Ok(Some(LockedRead { lock: claim.into_lock(create_revision), gets, revision }));
         }
@@ -179,47 +184,158 @@ impl Inner {
     /// [`Inner::try_acquire`] with the caller's gets of `keys` (store keys)
     /// appended to both branches: `(Some((create revision of key, the
     /// transaction's revision)) iff key owns the mutex, the reads)`.
-    async fn acquire_and_get(
-        &self,
-        prefix: &str,
-        key: &str,
-        lease: i64,
-        keys: &[String],
-    ) -> Result<(Option<(i64, i64)>, Vec<Option<crate::KeyValue>>)> {
-        let owner = GetOptions::new().with_prefix().with_sort(SortTarget::Create, SortOrder::Ascend).with_limit(1);
-        let reads = keys.iter().map(|k| TxnOp::get(self.keys.full(k), None));
-        let success =
-            [TxnOp::put(key, "", Some(PutOptions::new().with_lease(lease))), TxnOp::get(prefix, Some(owner.clone()))];
-        let failure = [TxnOp::get(key, None), TxnOp::get(prefix, Some(owner))];
-        let txn = Txn::new()
-            .when([Compare::create_revision(key, CompareOp::Equal, 0)])
-            .and_then(success.into_iter().chain(reads.clone()).collect::<Vec<_>>())
-            .or_else(failure.into_iter().chain(reads).collect::<Vec<_>>());
-        // A retry after an unknown outcome finds the key already there:
-        // the `else` branch reads it, so the answer is the same.
-        let resp = self.keys.txn(txn).await?.value;
-        let revision = revision_of(resp.header())?;
-        let ops = resp.op_responses();
-        let first = |i: usize| match ops.get(i) {
-            Some(TxnOpResponse::Get(get)) => get.kvs().first(),
-            _ => None,
-        };
-        let first_kv = |i: usize| first(i).map(etcd_client::KeyValue::create_revision);
-        let mine = if resp.succeeded() {
-            revision
-        } else {
-            // The key was already there (a retry after an unknown outcome):
-            // it keeps its place in the queue, as in Go.
-            first_kv(0).ok_or_else(|| Error::Unavailable(format!("lock key {key} vanished inside a transaction")))?
-        };
-        let gets = (0..keys.len()).map(|i| first(2 + i).and_then(|kv| self.keys.record(kv))).collect();
-        Ok((first_kv(1).is_none_or(|owner| owner == mine).then_some((mine, revision)), gets))
+    async fn acquire_and_get(&self, prefix: &str, key: &str, lease: i64, keys: &[String]) -> Result<Acquired> {
+        let acquire = Acquire { prefix: prefix.into(), key: key.into(), lease, reads: keys.to_vec() };
+        acquire_one(&self.keys, &acquire).await
+    }
+
+    /// [`Inner::acquire_and_get`] through the group commit: acquisitions
+    /// asked for while others are on their way share one transaction.
+    async fn acquire_grouped(&self, acquire: Acquire) -> Result<Acquired> {
+        let group = self.acquisitions.get_or_init(|| {
+            let keys = self.keys.clone();
+            Group::new(
+                super::GROUP_IN_FLIGHT,
+                32,
+                Arc::new(move |batch: Vec<Acquire>| {
+                    let keys = keys.clone();
+                    Box::pin(async move { acquire_many(&keys, batch).await })
+                }),
+            )
+        });
+        group.submit(acquire).await.unwrap_or_else(|| Err(Error::Unavailable("the store is shutting down".into())))
     }
 
     async fn delete(&self, key: &str) -> Result<()> {
         self.keys.cluster.delete(key, None).await?;
         Ok(())
     }
+}
+
+/// One TryLock (with the caller's reads) of [`Inner::acquire_and_get`].
+struct Acquire {
+    /// The job's mutex prefix.
+    prefix: String,
+    /// My contender key under it.
+    key: String,
+    lease: i64,
+    /// Store keys read in the same transaction.
+    reads: Vec<String>,
+}
+
+/// `(Some((create revision of my key, the transaction's revision)) iff my
+/// key owns the mutex, the reads)`.
+type Acquired = (Option<(i64, i64)>, Vec<Option<crate::KeyValue>>);
+
+impl Acquire {
+    fn owner(&self) -> TxnOp {
+        let owner = GetOptions::new().with_prefix().with_sort(SortTarget::Create, SortOrder::Ascend).with_limit(1);
+        TxnOp::get(self.prefix.as_str(), Some(owner))
+    }
+
+    fn reads<'a>(&'a self, keys: &'a Keyspace) -> impl Iterator<Item = TxnOp> + 'a {
+        self.reads.iter().map(|k| TxnOp::get(keys.full(k), None))
+    }
+
+    /// Put my key, read the owner, then the reads.
+    fn success(&self, keys: &Keyspace) -> Vec<TxnOp> {
+        let put = TxnOp::put(self.key.as_str(), "", Some(PutOptions::new().with_lease(self.lease)));
+        [put, self.owner()].into_iter().chain(self.reads(keys)).collect()
+    }
+
+    /// Operations of the success branch (and of the failure branch).
+    fn ops(&self) -> usize {
+        2 + self.reads.len()
+    }
+
+    /// The answer, from this acquisition's responses (`ops`, its first
+    /// first) given my key's create revision and the transaction's.
+    fn answer(&self, keys: &Keyspace, ops: &[TxnOpResponse], mine: i64, revision: i64) -> Acquired {
+        let first = |i: usize| match ops.get(i) {
+            Some(TxnOpResponse::Get(get)) => get.kvs().first(),
+            _ => None,
+        };
+        let gets = (0..self.reads.len()).map(|i| first(2 + i).and_then(|kv| keys.record(kv))).collect();
+        let owner = first(1).map(etcd_client::KeyValue::create_revision);
+        (owner.is_none_or(|owner| owner == mine).then_some((mine, revision)), gets)
+    }
+}
+
+/// Go's TryLock as one transaction of its own.
+async fn acquire_one(keys: &Keyspace, acquire: &Acquire) -> Result<Acquired> {
+    let failure: Vec<TxnOp> =
+        [TxnOp::get(acquire.key.as_str(), None), acquire.owner()].into_iter().chain(acquire.reads(keys)).collect();
+    let txn = Txn::new()
+        .when([Compare::create_revision(acquire.key.as_str(), CompareOp::Equal, 0)])
+        .and_then(acquire.success(keys))
+        .or_else(failure);
+    // A retry after an unknown outcome finds the key already there:
+    // the `else` branch reads it, so the answer is the same.
+    let resp = keys.txn(txn).await?.value;
+    let revision = revision_of(resp.header())?;
+    let ops = resp.op_responses();
+    let mine = if resp.succeeded() {
+        revision
+    } else {
+        // The key was already there (a retry after an unknown outcome):
+        // it keeps its place in the queue, as in Go.
+        match ops.first() {
+            Some(TxnOpResponse::Get(get)) => get.kvs().first().map(etcd_client::KeyValue::create_revision),
+            _ => None,
+        }
+        .ok_or_else(|| Error::Unavailable(format!("lock key {} vanished inside a transaction", acquire.key)))?
+    };
+    Ok(acquire.answer(keys, &ops, mine, revision))
+}
+
+/// Several TryLocks in one transaction: every contender key is put iff
+/// none exists yet (a retry after an unknown outcome is the only way one
+/// can), each job's owner read as in [`acquire_one`]. The keys are of
+/// different jobs (one process contends for a job once at a time), so the
+/// one transaction is the same as each alone; if any key already exists,
+/// each is sent alone instead. Each lock key gets the transaction's
+/// revision as its create revision: still a fencing token that grows with
+/// every acquisition of that job.
+async fn acquire_many(keys: &Keyspace, batch: Vec<Acquire>) -> Vec<Result<Acquired>> {
+    // etcd's default `--max-txn-ops`.
+    const MAX_OPS: usize = 128;
+    let mut chunks: Vec<Vec<Acquire>> = Vec::new();
+    for acquire in batch {
+        match chunks.last_mut() {
+            Some(chunk) if chunk.iter().map(Acquire::ops).sum::<usize>() + acquire.ops() <= MAX_OPS => {
+                chunk.push(acquire);
+            }
+            _ => chunks.push(vec![acquire]),
+        }
+    }
+    let mut answers = Vec::new();
+    for chunk in chunks {
+        if let [only] = &chunk[..] {
+            answers.push(acquire_one(keys, only).await);
+            continue;
+        }
+        let compares: Vec<Compare> =
+            chunk.iter().map(|a| Compare::create_revision(a.key.as_str(), CompareOp::Equal, 0)).collect();
+        let success: Vec<TxnOp> = chunk.iter().flat_map(|a| a.success(keys)).collect();
+        match keys.txn(Txn::new().when(compares).and_then(success)).await {
+            Ok(attempted) if attempted.value.succeeded() => {
+                let resp = attempted.value;
+                let revision = revision_of(resp.header());
+                let ops = resp.op_responses();
+                let mut from = 0;
+                for acquire in &chunk {
+                    let mine = &ops[from.min(ops.len())..(from + acquire.ops()).min(ops.len())];
+                    from += acquire.ops();
+                    answers.push(revision.clone().map(|r| acquire.answer(keys, mine, r, r)));
+                }
+            }
+            Ok(_) => {
+                answers.extend(futures::future::join_all(chunk.iter().map(|a| acquire_one(keys, a))).await);
+            }
+            Err(e) => answers.extend(chunk.iter().map(|_| Err(e.clone()))),
+        }
+    }
+    answers
 }
 
 /// `%` → `%25`, `/` → `%2F`: a job key as one path segment.
