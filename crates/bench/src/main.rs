@@ -76,6 +76,12 @@ const API: &str = "compute.example.com";
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
+    // Warnings of the layers measured (a store error, a retried job) go to
+    // stderr, so a figure that looks wrong can be explained.
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("RUST_LOG").unwrap_or_else(|_| "warn".into()))
+        .init();
     if let Some(binary) = &args.streams {
         return streams_only(binary, &args).await;
     }

@@ -93,11 +93,26 @@ pub async fn run(backend: &str, connect: Connect, sizes: &Sizes) -> anyhow::Resu
     let deployment = Deployment::seed(&probe, region, "step", sizes.step).await?;
     let running = vec![start(&store, region, config)?];
     deployment.wait_synced("s1").await?;
+    let bumped = Instant::now();
     let took = deployment.bump_and_wait("s2").await?;
     stop(running).await?;
     let ideal = sizes.step as f64 * 0.020 / 30.0;
     let what = format!("one 20 ms step, {} subscribers, pool 30 (ideal {ideal:.2} s)", sizes.step);
     row(&what, format!("{:.2} s", took.as_secs_f64()), format!("{:.2}x ideal", took.as_secs_f64() / ideal));
+    let arrivals = http.arrivals(&format!("/sleep/20/{region}/s2/"));
+    if let (Some(first), Some(last)) = (arrivals.first(), arrivals.last()) {
+        let steady = arrivals.len().saturating_sub(1) as f64 / last.duration_since(*first).as_secs_f64();
+        row(
+            "  its phases: bump to first step call, steady per-slot job time, last call to converged",
+            format!(
+                "{:.0} ms, {:.2} ms, {:.0} ms",
+                first.duration_since(bumped).as_secs_f64() * 1e3,
+                30.0 / steady * 1e3,
+                (bumped + took).duration_since(*last).as_secs_f64() * 1e3
+            ),
+            "-".into(),
+        );
+    }
 
     if sizes.scale_out {
         for replicas in 1..=3 {

@@ -16,7 +16,7 @@ use axum::http::{StatusCode, Uri};
 use tokio::sync::Semaphore;
 
 struct State {
-    calls: Mutex<Vec<String>>,
+    calls: Mutex<Vec<(std::time::Instant, String)>>,
     in_flight: AtomicUsize,
     max_in_flight: AtomicUsize,
     gate: Semaphore,
@@ -50,7 +50,12 @@ impl TestBackend {
 
     /// Every call's path so far.
     pub fn calls(&self) -> Vec<String> {
-        self.state.calls.lock().unwrap().clone()
+        self.state.calls.lock().unwrap().iter().map(|(_, path)| path.clone()).collect()
+    }
+
+    /// When each call whose path starts with `prefix` arrived, in order.
+    pub fn arrivals(&self, prefix: &str) -> Vec<std::time::Instant> {
+        self.state.calls.lock().unwrap().iter().filter(|(_, p)| p.starts_with(prefix)).map(|(at, _)| *at).collect()
     }
 
     /// Calls whose path starts with `prefix`.
@@ -75,7 +80,7 @@ impl TestBackend {
 
 async fn answer(state: &State, uri: Uri) -> StatusCode {
     let path = uri.path().to_string();
-    state.calls.lock().unwrap().push(path.clone());
+    state.calls.lock().unwrap().push((std::time::Instant::now(), path.clone()));
     let now = state.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
     state.max_in_flight.fetch_max(now, Ordering::SeqCst);
     let status = match path.split('/').nth(1).unwrap_or("") {
