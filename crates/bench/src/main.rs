@@ -48,6 +48,10 @@ struct Args {
     /// Only the reconciler's figures (`reconcile.rs`).
     #[arg(long)]
     reconciler_only: bool,
+    /// Run the scale-out measurement's reconcilers as real processes of
+    /// this `kayra` binary (default: in this process).
+    #[arg(long)]
+    reconciler_processes: Option<std::path::PathBuf>,
     /// With `--reconciler-only`: only this backend's figures (`local` or `etcd`).
     #[arg(long, value_parser = ["local", "etcd"])]
     backend: Option<String>,
@@ -171,7 +175,7 @@ async fn reconciler(args: &Args, local: &kayra_config::LocalConfig, etcd: &kayra
         fan_out: args.subscribers,
         step: args.step_subscribers,
         scale: args.scale_subscribers,
-        scale_out: false,
+        scale_out: None,
     };
     let (path, poll) = (local.path.clone(), local.poll_interval.0);
     let connect: reconcile::Connect = Arc::new(move || {
@@ -189,7 +193,14 @@ async fn reconciler(args: &Args, local: &kayra_config::LocalConfig, etcd: &kayra
         let config = config.clone();
         Box::pin(async move { Ok(Store::new(kayra_store::etcd::EtcdStore::connect(&config).await?)) })
     });
-    sizes.scale_out = true;
+    sizes.scale_out = Some(match &args.reconciler_processes {
+        Some(binary) => reconcile::ScaleOut::Processes {
+            binary: binary.clone(),
+            endpoint: etcd.endpoint(),
+            prefix: "/reconcile".into(),
+        },
+        None => reconcile::ScaleOut::InProcess,
+    });
     reconcile::run("etcd", connect, &sizes).await
 }
 

@@ -41,7 +41,15 @@ pub struct Sizes {
     pub step: usize,
     pub scale: usize,
     /// Measure scale-out (etcd only).
-    pub scale_out: bool,
+    pub scale_out: Option<ScaleOut>,
+}
+
+/// How the scale-out measurement runs its reconcilers.
+pub enum ScaleOut {
+    /// Each its own `Reconciler` and store client in this process.
+    InProcess,
+    /// Each a real `kayra reconciler` process (this binary) on this etcd.
+    Processes { binary: std::path::PathBuf, endpoint: String, prefix: String },
 }
 
 pub async fn run(backend: &str, connect: Connect, sizes: &Sizes) -> anyhow::Result<()> {
@@ -114,24 +122,35 @@ pub async fn run(backend: &str, connect: Connect, sizes: &Sizes) -> anyhow::Resu
         );
     }
 
-    if sizes.scale_out {
+    if let Some(how) = &sizes.scale_out {
+        let kind = match how {
+            ScaleOut::InProcess => "in-process",
+            ScaleOut::Processes { .. } => "processes",
+        };
         for replicas in 1..=3 {
             let region = format!("scale{replicas}");
             let mut config = ReconcilerConfig { max_concurrent_reconciles: 30, ..Default::default() };
             one_step(&mut config, &http, 100, &region);
             let deployment = Deployment::seed(&probe, &region, "step", sizes.scale).await?;
             let mut running = Vec::new();
-            for _ in 0..replicas {
-                running.push(start(&connect().await?, &region, config.clone())?);
+            let mut processes = Vec::new();
+            for i in 0..replicas {
+                match how {
+                    ScaleOut::InProcess => running.push(start(&connect().await?, &region, config.clone())?),
+                    ScaleOut::Processes { binary, endpoint, prefix } => {
+                        processes.push(Process::start(binary, endpoint, prefix, &region, &http, i)?);
+                    }
+                }
             }
             deployment.wait_synced("s1").await?;
             let took = deployment.bump_and_wait("s2").await?;
             stop(running).await?;
+            drop(processes);
             let calls = calls_per_subscriber(&http, &region, "s2");
             let once = calls.len() == sizes.scale && calls.values().all(|n| *n == 1);
             let ideal = sizes.scale as f64 * 0.100 / (30.0 * replicas as f64);
             let what = format!(
-                "scale-out, {replicas} reconciler(s), 100 ms step, {} subscribers, pool 30 (ideal {ideal:.2} s)",
+                "scale-out, {replicas} reconciler(s) ({kind}), 100 ms step, {} subscribers, pool 30 (ideal {ideal:.2} s)",
                 sizes.scale
             );
             let ratio = format!("{:.2}x ideal, each step once: {once}", took.as_secs_f64() / ideal);
@@ -139,6 +158,53 @@ pub async fn run(backend: &str, connect: Connect, sizes: &Sizes) -> anyhow::Resu
         }
     }
     Ok(())
+}
+
+/// A real `kayra reconciler` process of deployment (`bench`, `region`),
+/// mode `step` as [`one_step`] with 100 ms; killed on drop.
+struct Process {
+    child: std::process::Child,
+    _config: tempfile::NamedTempFile,
+}
+
+impl Process {
+    fn start(
+        binary: &std::path::Path,
+        endpoint: &str,
+        prefix: &str,
+        region: &str,
+        http: &TestBackend,
+        index: usize,
+    ) -> anyhow::Result<Self> {
+        let endpoint_template = format!(
+            "{}/sleep/100/{region}/{{{{ .Subscription.ExpectedSyncID }}}}/{{{{ .Subscription.Namespace }}}}",
+            http.base
+        );
+        let listen = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
+        let yaml = format!(
+            "platform: {PLATFORM}\nregion: {region}\ndatabase:\n  etcd:\n    endpoints: [\"{endpoint}\"]\n    prefix: {prefix}\n\
+             reconciler:\n  listen: {listen}\n  max_concurrent_reconciles: 30\n  mode:\n    step:\n\
+             \x20     - method: post\n        endpoint: \"{endpoint_template}\"\n        timeout: 30s\n"
+        );
+        let mut config =
+            tempfile::Builder::new().prefix(&format!("reconciler-{region}-{index}-")).suffix(".yaml").tempfile()?;
+        std::io::Write::write_all(&mut config, yaml.as_bytes())?;
+        let child = std::process::Command::new(binary)
+            .args(["reconciler", "--config"])
+            .arg(config.path())
+            .env("KAYRA_LOG", "warn")
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .spawn()?;
+        Ok(Self { child, _config: config })
+    }
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
 }
 
 /// Mode `step`: one POST to the backend sleeping `ms`, the path naming
