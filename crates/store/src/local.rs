@@ -19,7 +19,8 @@
 //! moves the revision by three; its readers see all three or none).
 //!
 //! Reads never wait behind a pending write (platform §3): writes go through
-//! one writer connection, reads through a small pool of reader connections.
+//! one writer connection, reads through a few reader threads with a
+//! connection each (`readers`).
 //! In WAL mode a reader needs no lock a writer holds, so a write waiting on
 //! another process's lock (`busy_timeout`) delays only other writes.
 //!
@@ -59,8 +60,11 @@ pub const DEFAULT_RETAIN: i64 = 10_000;
 /// Attempts of one write before giving up with `Unavailable`.
 const WRITE_ATTEMPTS: u32 = 100;
 
-/// Reader connections kept open for reuse.
-const READERS_KEPT: usize = 8;
+/// Reader threads (each with its connection) at most: enough that a long
+/// list does not hold up point reads, few enough that they stay busy.
+const READER_THREADS: usize = 4;
+
+mod readers;
 
 /// The SQLite backend. Cheap to clone via `Store`.
 pub struct LocalStore {
@@ -71,8 +75,8 @@ struct Inner {
     path: PathBuf,
     /// The one writer connection of this process (SQLite serialises writers anyway).
     writer: Mutex<Connection>,
-    /// Idle reader connections; a read takes one or opens a new one.
-    readers: Mutex<Vec<Connection>>,
+    /// The threads every read runs on (see `readers`).
+    readers: readers::Readers,
     /// `(device, inode)` of the file opened.
     identity: (u64, u64),
     /// Set once the file at `path` is no longer the one opened.
@@ -119,7 +123,7 @@ impl LocalStore {
             inner: Arc::new(Inner {
                 path: path.to_path_buf(),
                 writer: Mutex::new(conn),
-                readers: Mutex::new(Vec::new()),
+                readers: readers::Readers::new(path, READER_THREADS),
                 identity,
                 lost: AtomicBool::new(false),
                 poll_interval,
@@ -144,22 +148,7 @@ impl LocalStore {
         &self,
         f: impl FnOnce(&mut Connection) -> Result<T> + Send + 'static,
     ) -> Result<T> {
-        let inner = self.inner.clone();
-        tokio::task::spawn_blocking(move || {
-            let idle = inner.readers.lock().unwrap_or_else(|p| p.into_inner()).pop();
-            let mut conn = match idle {
-                Some(conn) => conn,
-                None => connect(&inner.path)?,
-            };
-            let result = f(&mut conn);
-            let mut readers = inner.readers.lock().unwrap_or_else(|p| p.into_inner());
-            if readers.len() < READERS_KEPT {
-                readers.push(conn);
-            }
-            result
-        })
-        .await
-        .map_err(|e| Error::Unavailable(format!("store task failed: {e}")))?
+        self.inner.readers.read(connect, f).await
     }
 
     /// Runs `txn` in one write transaction, with application-level retry on
