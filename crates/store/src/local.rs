@@ -151,6 +151,19 @@ impl LocalStore {
         self.inner.readers.read(connect, f).await
     }
 
+    /// A read of a few keys: on the caller's thread when it need not wait
+    /// for a lock (`readers::Readers::inline`), else on a reader thread
+    /// with the usual retry on BUSY.
+    async fn point_read<T: Send + 'static>(
+        &self,
+        f: impl Fn(&mut Connection) -> rusqlite::Result<T> + Send + 'static,
+    ) -> Result<T> {
+        if let Some(result) = self.inner.readers.inline(connect, is_busy, &f) {
+            return result.map_err(unavailable);
+        }
+        self.read(move |conn| retry_busy(|| f(conn)).map_err(unavailable)).await
+    }
+
     /// Runs `txn` in one write transaction, with application-level retry on
     /// BUSY, all within the write timeout.
     async fn write(&self, txn: Txn) -> Result<TxnResponse> {
@@ -480,15 +493,12 @@ fn failed_write(key: &str, resp: &TxnResponse) -> Error {
 impl Backend for LocalStore {
     async fn get(&self, key: &str) -> Result<(Option<KeyValue>, Revision)> {
         let key = key.to_string();
-        self.read(move |conn| {
-            retry_busy(|| {
-                let tx = conn.transaction()?;
-                let (revision, _) = read_revision(&tx)?;
-                let kv = get_in(&tx, &key)?;
-                tx.finish()?;
-                Ok((kv, revision))
-            })
-            .map_err(unavailable)
+        self.point_read(move |conn| {
+            let tx = conn.transaction()?;
+            let (revision, _) = read_revision(&tx)?;
+            let kv = get_in(&tx, &key)?;
+            tx.finish()?;
+            Ok((kv, revision))
         })
         .await
     }
@@ -558,14 +568,11 @@ impl Backend for LocalStore {
         // serves a read-only Txn without a raft proposal.
         if txn.success.iter().chain(&txn.failure).all(|op| matches!(op, Op::Get { .. })) {
             return self
-                .read(move |conn| {
-                    retry_busy(|| {
-                        let tx = conn.transaction()?;
-                        let resp = apply(&tx, &txn, i64::MAX)?;
-                        tx.finish()?;
-                        Ok(resp)
-                    })
-                    .map_err(unavailable)
+                .point_read(move |conn| {
+                    let tx = conn.transaction()?;
+                    let resp = apply(&tx, &txn, i64::MAX)?;
+                    tx.finish()?;
+                    Ok(resp)
                 })
                 .await;
         }

@@ -30,7 +30,13 @@ type Job = Box<dyn FnOnce(&Path, &mut Option<Connection>) + Send>;
 /// The reader threads of one store; they end when it is dropped.
 pub(super) struct Readers {
     shared: Arc<Shared>,
+    /// Idle connections for point reads on the caller's thread (see
+    /// [`Readers::inline`]); they never wait for a lock.
+    inline: Mutex<Vec<Connection>>,
 }
+
+/// Connections kept for point reads on callers' threads.
+const INLINE_KEPT: usize = 8;
 
 struct Shared {
     path: PathBuf,
@@ -60,7 +66,42 @@ impl Readers {
             work: Condvar::new(),
             threads: threads.max(1),
         };
-        Self { shared: Arc::new(shared) }
+        Self { shared: Arc::new(shared), inline: Mutex::new(Vec::new()) }
+    }
+
+    /// Runs the point read `f` right here, on the caller's thread, on a
+    /// connection that never waits for a lock: `None` when it would have
+    /// (SQLite reports BUSY, which in WAL mode only a recovery or a
+    /// checkpoint restarting the log causes) or no connection could be
+    /// opened; the caller then reads on a reader thread instead.
+    ///
+    /// Why on the caller's (async) thread: a point read of a few pages is
+    /// microseconds of SQLite, while the hand-off to a reader thread and
+    /// back costs two thread wake-ups, which on a busy two-core machine
+    /// were most of a GET's CPU time. Lists stay on the reader threads:
+    /// they can take long.
+    pub(super) fn inline<T>(
+        &self,
+        open: fn(&Path) -> Result<Connection>,
+        is_busy: fn(&rusqlite::Error) -> bool,
+        f: &dyn Fn(&mut Connection) -> rusqlite::Result<T>,
+    ) -> Option<rusqlite::Result<T>> {
+        let idle = self.inline.lock().unwrap_or_else(PoisonError::into_inner).pop();
+        let mut conn = match idle {
+            Some(conn) => conn,
+            None => {
+                let conn = open(&self.shared.path).ok()?;
+                conn.busy_timeout(std::time::Duration::ZERO).ok()?;
+                conn
+            }
+        };
+        let result = f(&mut conn);
+        let busy = result.as_ref().is_err_and(is_busy);
+        let mut idle = self.inline.lock().unwrap_or_else(PoisonError::into_inner);
+        if idle.len() < INLINE_KEPT {
+            idle.push(conn);
+        }
+        (!busy).then_some(result)
     }
 
     /// Runs `f` on a reader thread's connection, opened by `open` the
@@ -211,6 +252,21 @@ mod tests {
         assert!(matches!(failed, Err(Error::Unavailable(_))), "{failed:?}");
         let again = readers.read(super::super::connect, |_| Ok(())).await;
         assert!(again.is_err(), "the slot stays empty after a failed open; each read tries again");
+    }
+
+    #[test]
+    fn an_inline_read_that_would_wait_is_left_to_the_threads() {
+        let (_dir, readers) = readers(1);
+        let busy = || rusqlite::Error::SqliteFailure(rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_BUSY), None);
+        let none = readers.inline(super::super::connect, super::super::is_busy, &|_| Err::<(), _>(busy()));
+        assert!(none.is_none());
+        let done =
+            readers.inline(super::super::connect, super::super::is_busy, &|conn| conn.busy_timeout(Duration::ZERO));
+        assert!(matches!(done, Some(Ok(()))));
+        let failed = readers.inline(super::super::connect, super::super::is_busy, &|conn| {
+            conn.query_row("SELECT no_such_column FROM nowhere", [], |_| Ok(()))
+        });
+        assert!(matches!(failed, Some(Err(_))), "other errors are the read's answer");
     }
 
     #[tokio::test]
