@@ -140,10 +140,11 @@ pub async fn run(
     let token = token["token"].as_str().context("token")?.to_string();
     let registration = ApiRegistration { name: API.into(), sync_id: "s1".into(), ..Default::default() };
     repo.create(&keys::registration(&config.platform, &config.region, API), &registration, "registration").await?;
-    let namespaces = futures::stream::iter(0..ops).map(|i| {
+    // b<i> for the POSTs measured, r<i> for the same through reqwest.
+    let namespaces = futures::stream::iter((0..ops).flat_map(|i| [format!("b{i}"), format!("r{i}")])).map(|name| {
         let repo = repo.clone();
         async move {
-            let ns = Namespace { name: format!("b{i}"), description: String::new(), active: true };
+            let ns = Namespace { name, description: String::new(), active: true };
             repo.create(&keys::namespace(&ns.name), &ns, "namespace").await
         }
     });
@@ -161,6 +162,14 @@ pub async fn run(
         })
         .await?
     };
+    let post_reqwest = measure(ops, |i| {
+        let (http, base, token) = (http.clone(), base.clone(), token.clone());
+        async move {
+            let url = format!("{base}{CATALOG}/namespaces/r{i}/subscriptions");
+            ok(http.post(url).bearer_auth(token).json(&json!({"api": API})).send().await?).await.map(|_| ())
+        }
+    })
+    .await?;
     let value = serde_json::to_vec(&Subscription::new("raw", API))?;
     let raw_create = measure(ops, |i| {
         let (store, value) = (store.clone(), value.clone());
@@ -181,6 +190,17 @@ pub async fn run(
                 .await?,
             )
         }
+        None => None,
+    };
+    let gateway_put_reqwest = match &gateway {
+        Some(url) => Some(
+            measure(ops, |i| {
+                let (http, url) = (http.clone(), url.clone());
+                let body = json!({"key": b64(format!("/gateway-r/{i:08}").as_bytes()), "value": b64(&value)});
+                async move { ok(http.post(format!("{url}/v3/kv/put")).json(&body).send().await?).await.map(|_| ()) }
+            })
+            .await?,
+        ),
         None => None,
     };
 
@@ -220,22 +240,41 @@ pub async fn run(
         ),
         None => None,
     };
+    let gateway_range_reqwest = match &gateway {
+        Some(url) => Some(
+            measure(ops, |i| {
+                let (http, url) = (http.clone(), url.clone());
+                let body = json!({"key": b64(format!("/gateway-r/{i:08}").as_bytes())});
+                async move { ok(http.post(format!("{url}/v3/kv/range")).json(&body).send().await?).await.map(|_| ()) }
+            })
+            .await?,
+        ),
+        None => None,
+    };
 
+    // Each HTTP figure against the baselines of the same client.
+    let clients = [
+        ("", &post, gateway_put.as_ref(), &get, gateway_range.as_ref()),
+        (", reqwest client", &post_reqwest, gateway_put_reqwest.as_ref(), &get_reqwest, gateway_range_reqwest.as_ref()),
+    ];
     row(backend, "raw store create", &raw_create, &[]);
-    let mut baselines = vec![("raw", &raw_create)];
-    if let Some(put) = &gateway_put {
-        row(backend, "etcd gateway POST /v3/kv/put", put, &[]);
-        baselines.push(("gateway", put));
+    for (client, post, put, _, _) in &clients {
+        let mut baselines = vec![("raw", &raw_create)];
+        if let Some(put) = put {
+            row(backend, &format!("etcd gateway POST /v3/kv/put{client}"), put, &[]);
+            baselines.push(("gateway", put));
+        }
+        row(backend, &format!("API POST subscription (auth + RBAC){client}"), post, &baselines);
     }
-    row(backend, "API POST subscription (auth + RBAC)", &post, &baselines);
     row(backend, "raw store get", &raw_get, &[]);
-    let mut baselines = vec![("raw", &raw_get)];
-    if let Some(range) = &gateway_range {
-        row(backend, "etcd gateway POST /v3/kv/range", range, &[]);
-        baselines.push(("gateway", range));
+    for (client, _, _, get, range) in &clients {
+        let mut baselines = vec![("raw", &raw_get)];
+        if let Some(range) = range {
+            row(backend, &format!("etcd gateway POST /v3/kv/range{client}"), range, &[]);
+            baselines.push(("gateway", range));
+        }
+        row(backend, &format!("API GET subscription (auth + RBAC){client}"), get, &baselines);
     }
-    row(backend, "API GET subscription (auth + RBAC)", &get, &baselines);
-    row(backend, "API GET subscription, reqwest client", &get_reqwest, &baselines);
     row(backend, "GET /healthz (HTTP floor: no auth, no store)", &healthz, &[("raw", &raw_get)]);
 
     propagation(backend, &base, &config, &http).await?;
