@@ -19,8 +19,9 @@
 //! moves the revision by three; its readers see all three or none).
 //!
 //! Reads never wait behind a pending write (platform §3): writes go through
-//! one writer connection, reads through a few reader threads with a
-//! connection each (`readers`).
+//! one writer connection; a point read runs on the caller's thread on a
+//! connection that never waits for a lock, everything else (and a point
+//! read that met a lock) on a few reader threads (`readers`).
 //! In WAL mode a reader needs no lock a writer holds, so a write waiting on
 //! another process's lock (`busy_timeout`) delays only other writes.
 //!
