@@ -15,6 +15,7 @@
 //! - the reconciler (`reconcile.rs`): fan-out, run recording, a 20 ms
 //!   step, scale-out, round trips per reconcile.
 
+mod client;
 mod console;
 mod reconcile;
 mod serve;

@@ -14,6 +14,7 @@
 //!   of 100,000 subscriptions (its subscriber index listed and answering a
 //!   `/status`), 10,000 namespaces and 1,000 users.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
@@ -25,16 +26,24 @@ use kayra_store::Store;
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
+use crate::client::{self, Call};
+
 const API: &str = "compute.example.com";
 pub(crate) const ADMIN: &str = "bench-admin-token-0123456789abcdef0123456789";
 pub(crate) const CATALOG: &str = "/apis/catalog.example.com/v1";
 const INFLIGHT: usize = 32;
 
 /// Throughput and latency of one measurement.
-struct Figures {
+pub(crate) struct Figures {
     rate: f64,
     p50: Duration,
     p99: Duration,
+}
+
+impl Figures {
+    pub(crate) fn from_sorted(rate: f64, latencies: &[Duration]) -> Self {
+        Self { rate, p50: percentile(latencies, 0.50), p99: percentile(latencies, 0.99) }
+    }
 }
 
 fn row(backend: &str, what: &str, f: &Figures, baselines: &[(&str, &Figures)]) {
@@ -67,7 +76,7 @@ where
     let rate = ops as f64 / started.elapsed().as_secs_f64();
     let mut latencies = results.into_iter().collect::<anyhow::Result<Vec<_>>>()?;
     latencies.sort_unstable();
-    Ok(Figures { rate, p50: percentile(&latencies, 0.50), p99: percentile(&latencies, 0.99) })
+    Ok(Figures::from_sorted(rate, &latencies))
 }
 
 fn percentile(sorted: &[Duration], q: f64) -> Duration {
@@ -131,10 +140,11 @@ pub async fn run(
     let token = token["token"].as_str().context("token")?.to_string();
     let registration = ApiRegistration { name: API.into(), sync_id: "s1".into(), ..Default::default() };
     repo.create(&keys::registration(&config.platform, &config.region, API), &registration, "registration").await?;
-    let namespaces = futures::stream::iter(0..ops).map(|i| {
+    // b<i> for the POSTs measured, r<i> for the same through reqwest.
+    let namespaces = futures::stream::iter((0..ops).flat_map(|i| [format!("b{i}"), format!("r{i}")])).map(|name| {
         let repo = repo.clone();
         async move {
-            let ns = Namespace { name: format!("b{i}"), description: String::new(), active: true };
+            let ns = Namespace { name, description: String::new(), active: true };
             repo.create(&keys::namespace(&ns.name), &ns, "namespace").await
         }
     });
@@ -143,10 +153,19 @@ pub async fn run(
     }
 
     // POST: the API, the raw create of the same record, the gateway put.
-    let post = measure(ops, |i| {
+    let bearer: Arc<str> = token.as_str().into();
+    let body = serde_json::to_vec(&json!({"api": API}))?;
+    let post = {
+        let bearer = bearer.clone();
+        client::measure(&base, ops, INFLIGHT, move |i| {
+            Call::post(format!("{CATALOG}/namespaces/b{i}/subscriptions"), body.clone()).bearer(&bearer)
+        })
+        .await?
+    };
+    let post_reqwest = measure(ops, |i| {
         let (http, base, token) = (http.clone(), base.clone(), token.clone());
         async move {
-            let url = format!("{base}{CATALOG}/namespaces/b{i}/subscriptions");
+            let url = format!("{base}{CATALOG}/namespaces/r{i}/subscriptions");
             ok(http.post(url).bearer_auth(token).json(&json!({"api": API})).send().await?).await.map(|_| ())
         }
     })
@@ -157,12 +176,27 @@ pub async fn run(
         async move { Ok(store.create(&format!("/bench/raw/{i:08}"), value).await.map(|_| ())?) }
     })
     .await?;
-    let b64 = |s: &[u8]| base64::engine::general_purpose::STANDARD.encode(s);
+    fn b64(s: &[u8]) -> String {
+        base64::engine::general_purpose::STANDARD.encode(s)
+    }
     let gateway_put = match &gateway {
+        Some(url) => {
+            let value = value.clone();
+            Some(
+                client::measure(url, ops, INFLIGHT, move |i| {
+                    let body = json!({"key": b64(format!("/gateway/{i:08}").as_bytes()), "value": b64(&value)});
+                    Call::post("/v3/kv/put".into(), body.to_string().into_bytes())
+                })
+                .await?,
+            )
+        }
+        None => None,
+    };
+    let gateway_put_reqwest = match &gateway {
         Some(url) => Some(
             measure(ops, |i| {
                 let (http, url) = (http.clone(), url.clone());
-                let body = json!({"key": b64(format!("/gateway/{i:08}").as_bytes()), "value": b64(&value)});
+                let body = json!({"key": b64(format!("/gateway-r/{i:08}").as_bytes()), "value": b64(&value)});
                 async move { ok(http.post(format!("{url}/v3/kv/put")).json(&body).send().await?).await.map(|_| ()) }
             })
             .await?,
@@ -171,7 +205,16 @@ pub async fn run(
     };
 
     // GET: the subscriptions just created.
-    let get = measure(ops, |i| {
+    let get = {
+        let bearer = bearer.clone();
+        client::measure(&base, ops, INFLIGHT, move |i| {
+            Call::get(format!("{CATALOG}/namespaces/b{i}/subscriptions/{API}")).bearer(&bearer)
+        })
+        .await?
+    };
+    // The same GETs through reqwest, as measured before: what a heavier
+    // client on the same two cores takes from the server.
+    let get_reqwest = measure(ops, |i| {
         let (http, base, token) = (http.clone(), base.clone(), token.clone());
         async move {
             let url = format!("{base}{CATALOG}/namespaces/b{i}/subscriptions/{API}");
@@ -179,6 +222,9 @@ pub async fn run(
         }
     })
     .await?;
+    // The floor: the same client, the same server, a route with no
+    // authentication, no store and no RBAC — HTTP itself on this machine.
+    let healthz = client::measure(&base, ops, INFLIGHT, |_| Call::get("/healthz".into())).await?;
     let raw_get = measure(ops, |i| {
         let store = store.clone();
         async move { Ok(store.get(&format!("/bench/raw/{i:08}")).await.map(|_| ())?) }
@@ -186,9 +232,19 @@ pub async fn run(
     .await?;
     let gateway_range = match &gateway {
         Some(url) => Some(
+            client::measure(url, ops, INFLIGHT, move |i| {
+                let body = json!({"key": b64(format!("/gateway/{i:08}").as_bytes())});
+                Call::post("/v3/kv/range".into(), body.to_string().into_bytes())
+            })
+            .await?,
+        ),
+        None => None,
+    };
+    let gateway_range_reqwest = match &gateway {
+        Some(url) => Some(
             measure(ops, |i| {
                 let (http, url) = (http.clone(), url.clone());
-                let body = json!({"key": b64(format!("/gateway/{i:08}").as_bytes())});
+                let body = json!({"key": b64(format!("/gateway-r/{i:08}").as_bytes())});
                 async move { ok(http.post(format!("{url}/v3/kv/range")).json(&body).send().await?).await.map(|_| ()) }
             })
             .await?,
@@ -196,20 +252,30 @@ pub async fn run(
         None => None,
     };
 
+    // Each HTTP figure against the baselines of the same client.
+    let clients = [
+        ("", &post, gateway_put.as_ref(), &get, gateway_range.as_ref()),
+        (", reqwest client", &post_reqwest, gateway_put_reqwest.as_ref(), &get_reqwest, gateway_range_reqwest.as_ref()),
+    ];
     row(backend, "raw store create", &raw_create, &[]);
-    let mut baselines = vec![("raw", &raw_create)];
-    if let Some(put) = &gateway_put {
-        row(backend, "etcd gateway POST /v3/kv/put", put, &[]);
-        baselines.push(("gateway", put));
+    for (client, post, put, _, _) in &clients {
+        let mut baselines = vec![("raw", &raw_create)];
+        if let Some(put) = put {
+            row(backend, &format!("etcd gateway POST /v3/kv/put{client}"), put, &[]);
+            baselines.push(("gateway", put));
+        }
+        row(backend, &format!("API POST subscription (auth + RBAC){client}"), post, &baselines);
     }
-    row(backend, "API POST subscription (auth + RBAC)", &post, &baselines);
     row(backend, "raw store get", &raw_get, &[]);
-    let mut baselines = vec![("raw", &raw_get)];
-    if let Some(range) = &gateway_range {
-        row(backend, "etcd gateway POST /v3/kv/range", range, &[]);
-        baselines.push(("gateway", range));
+    for (client, _, _, get, range) in &clients {
+        let mut baselines = vec![("raw", &raw_get)];
+        if let Some(range) = range {
+            row(backend, &format!("etcd gateway POST /v3/kv/range{client}"), range, &[]);
+            baselines.push(("gateway", range));
+        }
+        row(backend, &format!("API GET subscription (auth + RBAC){client}"), get, &baselines);
     }
-    row(backend, "API GET subscription (auth + RBAC)", &get, &baselines);
+    row(backend, "GET /healthz (HTTP floor: no auth, no store)", &healthz, &[("raw", &raw_get)]);
 
     propagation(backend, &base, &config, &http).await?;
     stop.cancel();

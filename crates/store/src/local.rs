@@ -19,7 +19,9 @@
 //! moves the revision by three; its readers see all three or none).
 //!
 //! Reads never wait behind a pending write (platform §3): writes go through
-//! one writer connection, reads through a small pool of reader connections.
+//! one writer connection; a point read runs on the caller's thread on a
+//! connection that never waits for a lock, everything else (and a point
+//! read that met a lock) on a few reader threads (`readers`).
 //! In WAL mode a reader needs no lock a writer holds, so a write waiting on
 //! another process's lock (`busy_timeout`) delays only other writes.
 //!
@@ -59,8 +61,11 @@ pub const DEFAULT_RETAIN: i64 = 10_000;
 /// Attempts of one write before giving up with `Unavailable`.
 const WRITE_ATTEMPTS: u32 = 100;
 
-/// Reader connections kept open for reuse.
-const READERS_KEPT: usize = 8;
+/// Reader threads (each with its connection) at most: enough that a long
+/// list does not hold up point reads, few enough that they stay busy.
+const READER_THREADS: usize = 4;
+
+mod readers;
 
 /// The SQLite backend. Cheap to clone via `Store`.
 pub struct LocalStore {
@@ -71,8 +76,8 @@ struct Inner {
     path: PathBuf,
     /// The one writer connection of this process (SQLite serialises writers anyway).
     writer: Mutex<Connection>,
-    /// Idle reader connections; a read takes one or opens a new one.
-    readers: Mutex<Vec<Connection>>,
+    /// The threads every read runs on (see `readers`).
+    readers: readers::Readers,
     /// `(device, inode)` of the file opened.
     identity: (u64, u64),
     /// Set once the file at `path` is no longer the one opened.
@@ -119,7 +124,7 @@ impl LocalStore {
             inner: Arc::new(Inner {
                 path: path.to_path_buf(),
                 writer: Mutex::new(conn),
-                readers: Mutex::new(Vec::new()),
+                readers: readers::Readers::new(path, READER_THREADS),
                 identity,
                 lost: AtomicBool::new(false),
                 poll_interval,
@@ -144,22 +149,20 @@ impl LocalStore {
         &self,
         f: impl FnOnce(&mut Connection) -> Result<T> + Send + 'static,
     ) -> Result<T> {
-        let inner = self.inner.clone();
-        tokio::task::spawn_blocking(move || {
-            let idle = inner.readers.lock().unwrap_or_else(|p| p.into_inner()).pop();
-            let mut conn = match idle {
-                Some(conn) => conn,
-                None => connect(&inner.path)?,
-            };
-            let result = f(&mut conn);
-            let mut readers = inner.readers.lock().unwrap_or_else(|p| p.into_inner());
-            if readers.len() < READERS_KEPT {
-                readers.push(conn);
-            }
-            result
-        })
-        .await
-        .map_err(|e| Error::Unavailable(format!("store task failed: {e}")))?
+        self.inner.readers.read(connect, f).await
+    }
+
+    /// A read of a few keys: on the caller's thread when it need not wait
+    /// for a lock (`readers::Readers::inline`), else on a reader thread
+    /// with the usual retry on BUSY.
+    async fn point_read<T: Send + 'static>(
+        &self,
+        f: impl Fn(&mut Connection) -> rusqlite::Result<T> + Send + 'static,
+    ) -> Result<T> {
+        if let Some(result) = self.inner.readers.inline(connect, is_busy, &f) {
+            return result.map_err(unavailable);
+        }
+        self.read(move |conn| retry_busy(|| f(conn)).map_err(unavailable)).await
     }
 
     /// Runs `txn` in one write transaction, with application-level retry on
@@ -191,16 +194,14 @@ impl LocalStore {
         .map_err(|e| Error::Unavailable(format!("store task failed: {e}")))?
     }
 
-    /// Read-only transactions in one snapshot on a reader connection.
+    /// Read-only transactions in one snapshot (a point read: on the
+    /// caller's thread when it need not wait, else on a reader thread).
     async fn read_txns(&self, txns: Vec<Txn>) -> Result<Vec<TxnResponse>> {
-        self.read(move |conn| {
-            retry_busy(|| {
-                let tx = conn.transaction()?;
-                let resps = txns.iter().map(|txn| apply(&tx, txn, i64::MAX)).collect::<rusqlite::Result<Vec<_>>>()?;
-                tx.finish()?;
-                Ok(resps)
-            })
-            .map_err(unavailable)
+        self.point_read(move |conn| {
+            let tx = conn.transaction()?;
+            let resps = txns.iter().map(|txn| apply(&tx, txn, i64::MAX)).collect::<rusqlite::Result<Vec<_>>>()?;
+            tx.finish()?;
+            Ok(resps)
         })
         .await
     }
@@ -521,15 +522,12 @@ fn failed_write(key: &str, resp: &TxnResponse) -> Error {
 impl Backend for LocalStore {
     async fn get(&self, key: &str) -> Result<(Option<KeyValue>, Revision)> {
         let key = key.to_string();
-        self.read(move |conn| {
-            retry_busy(|| {
-                let tx = conn.transaction()?;
-                let (revision, _) = read_revision(&tx)?;
-                let kv = get_in(&tx, &key)?;
-                tx.finish()?;
-                Ok((kv, revision))
-            })
-            .map_err(unavailable)
+        self.point_read(move |conn| {
+            let tx = conn.transaction()?;
+            let (revision, _) = read_revision(&tx)?;
+            let kv = get_in(&tx, &key)?;
+            tx.finish()?;
+            Ok((kv, revision))
         })
         .await
     }
