@@ -494,12 +494,13 @@ impl Worker {
     }
 
     /// The fresh read under the lock in one round trip (a transaction of
-    /// four gets), where the lock's own transaction did not carry it.
-    /// Group-committed: the reads of jobs starting together share one.
+    /// four gets), where the lock's own transaction did not carry it. Not
+    /// group-committed: a read never queues behind other jobs' writes
+    /// (locally it is a point read beside them).
     async fn fresh(&self, namespace: &str, api: &str) -> kayra_catalog::repo::Result<Fresh> {
         let keys = self.fresh_keys(namespace, api);
         let txn = keys.iter().fold(Txn::new(), |txn, key| txn.then(Op::Get { key: key.clone() }));
-        let resp = self.repo.store().txn_grouped(txn).await.map_err(kayra_catalog::repo::Error::from)?;
+        let resp = self.repo.store().txn(txn).await.map_err(kayra_catalog::repo::Error::from)?;
         parse_fresh(&resp.gets, resp.revision)
     }
 
