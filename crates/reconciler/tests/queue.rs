@@ -154,7 +154,7 @@ async fn a_new_subscription_jumps_a_large_fan_out(kind: Kind) {
     let cfg = w.config(5, "{{ .Subscription.ExpectedSyncID }}/{{ .Subscription.Namespace }}");
     seed.registration(API, "api", "ok").await;
     seed.registration(OTHER, "placeholder", "p1").await;
-    let n = 100;
+    let n = 300;
     for i in 0..n {
         seed.subscription(&format!("t{i}"), API).await;
     }
@@ -167,7 +167,8 @@ async fn a_new_subscription_jumps_a_large_fan_out(kind: Kind) {
     .await;
     seed.bump(API, "hold").await;
     backend.wait_for("/hold/", 5).await;
-    // The fan-out drains at 5 calls per 200 ms: about 4 s for all 100.
+    // The fan-out drains at 5 calls per 200 ms (a 200 ms step, pool 5):
+    // about 12 s for all 300.
     let stop = Arc::new(AtomicBool::new(false));
     let releaser = tokio::spawn({
         let (stop, backend) = (stop.clone(), w.backend.clone());
@@ -260,7 +261,7 @@ async fn a_job_the_store_failed_runs_again_once_it_answers() {
     running.stop().await;
 }
 
-/// Two reconcilers with pool 5 each on one etcd, 40 subscribers behind a
+/// Two reconcilers with pool 5 each on one etcd, 100 subscribers behind a
 /// held step: each process takes the keys in its own order, so the
 /// backend sees more than one pool's calls at once, and every subscriber
 /// is still called exactly once.
@@ -270,7 +271,7 @@ async fn two_reconcilers_add_their_pools_on_one_etcd() {
     let (seed, backend) = (w.seed(), &w.backend);
     let cfg = w.config(5, "{{ .Subscription.ExpectedSyncID }}/{{ .Subscription.Namespace }}");
     seed.registration(API, "api", "ok").await;
-    let n = 40;
+    let n = 100;
     for i in 0..n {
         seed.subscription(&format!("t{i}"), API).await;
     }
