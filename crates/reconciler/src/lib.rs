@@ -113,8 +113,12 @@ impl Reconciler {
         let locks = JobLocks::new(repo.store().job_locker(), repo.platform(), repo.region());
         let pool = Pool::new(config.max_concurrent_reconciles);
         let limits = kayra_pipeline::Limits::new(&config, repo.store().clone(), repo.platform(), repo.region());
-        // This process's own order within an API (see `queue`).
-        let seed = rand_seed();
+        // This process's own order within an API (see `queue`), where other
+        // processes share the work; key order where this one does it all.
+        let queue = match locks.shared() {
+            true => WorkQueue::new(rand_seed()),
+            false => WorkQueue::in_key_order(),
+        };
         let worker = Worker {
             repo,
             config,
@@ -130,7 +134,7 @@ impl Reconciler {
         Ok(Self {
             worker: Arc::new(worker),
             pool,
-            queue: Arc::new(WorkQueue::new(seed)),
+            queue: Arc::new(queue),
             tracker: TaskTracker::new(),
             ready: Arc::default(),
         })

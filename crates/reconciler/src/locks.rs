@@ -46,6 +46,12 @@ impl JobLocks {
         Self { distributed, platform: platform.into(), region: region.into() }
     }
 
+    /// Whether other processes may share the work (a cross-process job
+    /// locker: etcd).
+    pub fn shared(&self) -> bool {
+        self.distributed.is_some()
+    }
+
     /// One non-blocking try. The caller already holds `key` in-process (it
     /// is processing it in the work queue).
     pub async fn try_lock(&self, key: &JobKey) -> Acquired {

@@ -114,13 +114,22 @@ struct State {
 pub struct WorkQueue {
     state: Mutex<State>,
     notify: Notify,
-    seed: u64,
+    /// This process's order within an API; `None`: key order.
+    seed: Option<u64>,
 }
 
 impl WorkQueue {
     /// `seed` decides this process's order within an API.
     pub fn new(seed: u64) -> Self {
-        Self { state: Mutex::default(), notify: Notify::new(), seed }
+        Self { state: Mutex::default(), notify: Notify::new(), seed: Some(seed) }
+    }
+
+    /// Keys within an API taken in key order: where one process does all
+    /// the work (no job locker to share it with), neighbouring keys run
+    /// together, and their results, written together by group commit,
+    /// share the store's pages.
+    pub fn in_key_order() -> Self {
+        Self { state: Mutex::default(), notify: Notify::new(), seed: None }
     }
 
     /// Queues `key`, or merges into its entry.
@@ -214,8 +223,9 @@ impl WorkQueue {
     }
 
     fn hash(&self, key: &JobKey) -> u64 {
+        let Some(seed) = self.seed else { return 0 };
         let mut h = DefaultHasher::new();
-        self.seed.hash(&mut h);
+        seed.hash(&mut h);
         key.hash(&mut h);
         h.finish()
     }
@@ -384,6 +394,18 @@ mod tests {
         let order = drain(&q).await;
         let small = order.iter().position(|k| *k == sub("n0", "small")).unwrap();
         assert!(small <= 1, "another API's job waits at most one job, was at {small}");
+    }
+
+    #[tokio::test]
+    async fn a_queue_in_key_order_takes_an_apis_keys_sorted() {
+        let q = WorkQueue::in_key_order();
+        let mut names: Vec<String> = (0..50).map(|i| format!("n{:02}", (i * 37) % 50)).collect();
+        for name in &names {
+            q.add(sub(name, "x"), ongoing(), Class::Ongoing);
+        }
+        names.sort();
+        let expected: Vec<JobKey> = names.iter().map(|n| sub(n, "x")).collect();
+        assert_eq!(drain(&q).await, expected);
     }
 
     #[tokio::test]
