@@ -164,6 +164,16 @@ impl EtcdStore {
     pub fn locker(&self) -> &Arc<EtcdJobLocker> {
         &self.locker
     }
+
+    /// Whether `full` was created at `revision` holding `value` (read at
+    /// that revision; `false` when it is compacted away or unreadable).
+    async fn created_with(&self, full: &str, revision: Revision, value: &[u8]) -> bool {
+        let options = GetOptions::new().with_revision(revision);
+        match self.keys.cluster.get(full.to_string(), Some(options)).await {
+            Ok(resp) => resp.kvs().first().is_some_and(|kv| kv.create_revision() == revision && kv.value() == value),
+            Err(_) => false,
+        }
+    }
 }
 
 impl Drop for EtcdStore {
@@ -380,15 +390,24 @@ impl Backend for EtcdStore {
         let txn = Txn::new()
             .when([Compare::create_revision(full.clone(), CompareOp::Equal, 0)])
             .and_then([TxnOp::put(full.clone(), value.clone(), None)])
-            .or_else([TxnOp::get(full, None)]);
+            .or_else([TxnOp::get(full.clone(), None)]);
         let Attempted { value: resp, ambiguous } = self.keys.txn(txn).await?;
         if resp.succeeded() {
             return revision_of(resp.header());
         }
+        let found = else_branch_key(&resp);
+        if !ambiguous {
+            return Err(Error::Conflict(key.to_string()));
+        }
         // Our own create, unchanged since (version 1), found by the retry.
-        let found = else_branch_key(&resp).filter(|kv| kv.version() == 1);
-        match is_own_write(found.as_ref(), &value, 0) {
-            Some(revision) if ambiguous => Ok(revision),
+        if let Some(revision) = is_own_write(found.as_ref().filter(|kv| kv.version() == 1), &value, 0) {
+            return Ok(revision);
+        }
+        // Our own create, already written again by someone else (the
+        // reconciler activates a new namespace within milliseconds): the
+        // key as it was created holds our value.
+        match found.filter(|kv| kv.version() > 1) {
+            Some(kv) if self.created_with(&full, kv.create_revision(), &value).await => Ok(kv.create_revision()),
             _ => Err(Error::Conflict(key.to_string())),
         }
     }
@@ -401,7 +420,7 @@ impl Backend for EtcdStore {
                 Compare::mod_revision(full.clone(), CompareOp::Equal, expected),
             ])
             .and_then([TxnOp::put(full.clone(), value.clone(), None)])
-            .or_else([TxnOp::get(full, None)]);
+            .or_else([TxnOp::get(full.clone(), None)]);
         let Attempted { value: resp, ambiguous } = self.keys.txn(txn).await?;
         if resp.succeeded() {
             return revision_of(resp.header());
@@ -525,6 +544,20 @@ mod tests {
         let bare = keyspace("").await;
         assert_eq!(bare.full("/a"), "/a");
         assert_eq!(bare.relative(b"/a").as_deref(), Some("/a"));
+    }
+
+    /// How a create whose first attempt's outcome is unknown recognises
+    /// its own write after someone else wrote the key again.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_key_is_recognised_by_the_value_it_was_created_with() {
+        let etcd = kayra_testkit::Etcd::start().await;
+        let store = EtcdStore::connect(&etcd.config("/kayra")).await.expect("connect");
+        let created = store.create("/namespaces/a", b"mine".to_vec()).await.expect("create");
+        store.update("/namespaces/a", b"activated".to_vec(), created).await.expect("update");
+        let full = store.keys.full("/namespaces/a");
+        assert!(store.created_with(&full, created, b"mine").await);
+        assert!(!store.created_with(&full, created, b"activated").await, "the value as created, not as now");
+        assert!(!store.created_with(&full, created + 1, b"activated").await, "created at that revision");
     }
 
     #[test]
