@@ -4,9 +4,10 @@
 //!
 //! A subscription job: (1) asks the watch-fed [`View`] whether there is
 //! anything to do, with no store read; (2) takes its job lock without
-//! blocking (held elsewhere: the job goes back to the queue, not into a
-//! slot); (3) reads the subscription, registration and given-up record
-//! fresh and decides again; (4) reconciles and writes the result with
+//! blocking (held elsewhere: the job goes back to the queue); both before
+//! it has a pool slot ([`Worker::prepare`]). In its slot it (3) reads the
+//! subscription, registration and given-up record fresh (on etcd they came
+//! with the lock) and decides again; (4) reconciles and writes the result with
 //! compare-and-swap against the revision it decided on: when the
 //! subscription changed meanwhile (a force re-sync, a delete) the write is
 //! dropped and the fresh record decides again, so a force re-sync racing a
@@ -28,7 +29,7 @@ use kayra_pipeline::{PipelineError, Pipelines, RunControl, SubscriptionContext};
 use kayra_store::{Compare, Op, Txn};
 
 use crate::decide::{self, Attempt, Decision, Observed, Outcome, Then, Write};
-use crate::locks::{Acquired, JobLocks};
+use crate::locks::{Acquired, JobGuard, JobLocks};
 use crate::queue::{Cause, JobKey};
 use crate::runs::{self, Begun};
 use crate::view::View;
@@ -95,13 +96,53 @@ pub enum ReconcileError {
     Pipeline(#[from] PipelineError),
 }
 
+/// What a job found before it took a pool slot ([`Worker::prepare`]).
+pub enum Prepared {
+    /// Nothing to do: the watch-fed view says so (no store call made).
+    Nothing,
+    /// Its lock is held by another process: retry from the queue.
+    Busy,
+    /// Its lock is held (on etcd with the fresh reads that came with it):
+    /// it runs in the next free slot.
+    Ready(JobGuard),
+}
+
 impl Worker {
-    /// Runs one job.
-    pub async fn run(&self, key: &JobKey, cause: Cause, lock_id: usize, note: &SyncNote) -> JobEnd {
-        match key {
-            JobKey::Namespace(name) => self.activate_namespace(key, name, lock_id).await,
+    /// The part of a job before its slot: the unlocked "anything to do?"
+    /// from the view, then the job lock without blocking (on etcd one
+    /// transaction that also reads the records the job decides on). A job
+    /// whose lock is held elsewhere waits in the queue, not in a slot, and
+    /// a slot that frees finds its next job already locked and read.
+    pub async fn prepare(&self, key: &JobKey, cause: Cause) -> Prepared {
+        let acquired = match key {
+            JobKey::Namespace(name) => {
+                if !self.view().namespace_inactive(name) {
+                    return Prepared::Nothing;
+                }
+                self.locks.try_lock(key).await
+            }
             JobKey::Subscription { namespace, api } => {
-                self.ensure_reconciled(key, namespace, api, cause, lock_id, note).await
+                // Unlocked: answered from the view, so an idle reconciler
+                // reads, locks and writes nothing.
+                if let Decision::Nothing(_) = self.view().decide(namespace, api, cause.startup) {
+                    return Prepared::Nothing;
+                }
+                self.locks.try_lock_and_get(key, &self.fresh_keys(namespace, api)).await
+            }
+        };
+        match acquired {
+            Acquired::Held(guard) => Prepared::Ready(guard),
+            Acquired::Busy => Prepared::Busy,
+        }
+    }
+
+    /// Runs one prepared job in slot `lock_id`; its lock is released (or,
+    /// on etcd, deleted by the result's own transaction) before it returns.
+    pub async fn run(&self, key: &JobKey, cause: Cause, guard: JobGuard, lock_id: usize, note: &SyncNote) -> JobEnd {
+        match key {
+            JobKey::Namespace(name) => self.activate_namespace(key, name, guard, lock_id).await,
+            JobKey::Subscription { namespace, api } => {
+                self.ensure_reconciled(key, (namespace, api), cause, guard, lock_id, note).await
             }
         }
     }
@@ -133,14 +174,7 @@ impl Worker {
     }
 
     /// Activates a namespace still `active: false` (seed, "Initial action").
-    async fn activate_namespace(&self, key: &JobKey, name: &str, lock_id: usize) -> JobEnd {
-        if !self.view().namespace_inactive(name) {
-            return JobEnd::Done;
-        }
-        let guard = match self.locks.try_lock(key).await {
-            Acquired::Held(guard) => guard,
-            Acquired::Busy => return JobEnd::LockBusy,
-        };
+    async fn activate_namespace(&self, key: &JobKey, name: &str, guard: JobGuard, lock_id: usize) -> JobEnd {
         if let Some(fault) = &self.fault {
             fault(key);
         }
@@ -169,22 +203,13 @@ impl Worker {
     async fn ensure_reconciled(
         &self,
         key: &JobKey,
-        namespace: &str,
-        api: &str,
+        (namespace, api): (&str, &str),
         cause: Cause,
+        mut guard: JobGuard,
         lock_id: usize,
         note: &SyncNote,
     ) -> JobEnd {
-        // Unlocked: answered from the view, so an idle reconciler reads,
-        // locks and writes nothing.
-        if let Decision::Nothing(_) = self.view().decide(namespace, api, cause.startup) {
-            return JobEnd::Done;
-        }
-        // On etcd the fresh read rides in the lock's transaction.
-        let mut guard = match self.locks.try_lock_and_get(key, &self.fresh_keys(namespace, api)).await {
-            Acquired::Held(guard) => guard,
-            Acquired::Busy => return JobEnd::LockBusy,
-        };
+        // On etcd the fresh read rode in the lock's transaction.
         let prefetched = guard.take_reads();
         let unlocked = AtomicBool::new(false);
         let run =

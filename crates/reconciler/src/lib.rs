@@ -17,10 +17,14 @@
 //! - registration put → the ongoing action's fan-out to every *active*
 //!   subscriber whose CurrentSyncID differs, found in the view.
 //!
-//! A dispatcher takes a pool slot ([`pool::Pool`]; its number is the
-//! `lock_id`), then the queue's next key, and runs the job in its own task
-//! under its job lock ([`locks::JobLocks`]). A job that panics is logged
-//! once and its key is queued again; its slot and lock come back by RAII.
+//! A dispatcher takes the queue's next key and runs its job in its own
+//! task: the job asks the view, takes its job lock ([`locks::JobLocks`];
+//! on etcd with its fresh reads), and only then a pool slot
+//! ([`pool::Pool`]; its number is the `lock_id`), so a slot is spent on
+//! the pipeline and the result's write, not on lock round trips. At most
+//! half a pool of jobs wait, locked, for a slot. A job that panics is
+//! logged once and its key is queued again; its slot and lock come back
+//! by RAII.
 //!
 //! # Layout
 //! - [`decide`]: `ensureReconciled`'s decision, pure.
@@ -55,7 +59,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use decide::{Attempt, Decision};
-use ensure::{FaultHook, JobEnd, SyncNote, Worker};
+use ensure::{FaultHook, JobEnd, Prepared, SyncNote, Worker};
 use locks::JobLocks;
 use pool::Pool;
 use queue::{Cause, Class, JobKey, WorkQueue};
@@ -466,23 +470,26 @@ async fn dispatch(
     tracker: TaskTracker,
     cancel: CancellationToken,
 ) {
+    // Jobs out of the queue: the pool's running ones plus at most half a
+    // pool locked and waiting for a slot. Fewer than a pool wait, so a
+    // queued activation still gets a slot among the next ones to free.
+    let out = Arc::new(tokio::sync::Semaphore::new(pool.size() + pool.size() / 2));
     loop {
-        let slot = tokio::select! {
-            slot = pool.acquire() => slot,
+        let permit = tokio::select! {
+            permit = out.clone().acquire_owned() => permit.ok(),
             _ = cancel.cancelled() => None,
         };
-        let Some(slot) = slot else { break };
+        let Some(permit) = permit else { break };
         let next = tokio::select! {
             next = queue.next() => next,
             _ = cancel.cancelled() => None,
         };
         let Some((key, cause, class)) = next else { break };
-        let (worker, queue) = (worker.clone(), queue.clone());
+        let (worker, queue, pool) = (worker.clone(), queue.clone(), pool.clone());
         tracker.spawn(async move {
-            let lock_id = slot.id();
             let note = SyncNote::default();
-            let end = AssertUnwindSafe(worker.run(&key, cause, lock_id, &note)).catch_unwind().await;
-            drop(slot);
+            let (end, lock_id) = job(&worker, &pool, &key, cause, &note).await;
+            drop(permit);
             queue.done(&key);
             match end {
                 Ok(JobEnd::Done) => {}
@@ -496,11 +503,60 @@ async fn dispatch(
                         JobKey::Subscription { namespace, api } => (namespace.clone(), api.clone()),
                     };
                     metrics::counter!(METRIC_PANICS).increment(1);
-                    tracing::error!(namespace, api, lock_id, sync_id = %note.get(), panic = %why, "reconcile job panicked; its key is queued again");
+                    match lock_id {
+                        Some(lock_id) => tracing::error!(namespace, api, lock_id, sync_id = %note.get(), panic = %why,
+                            "reconcile job panicked; its key is queued again"),
+                        None => tracing::error!(job = ?key, panic = %why,
+                            "reconcile job panicked before it had a slot; its key is queued again"),
+                    }
                     queue.add_after(key, cause, class, PANIC_BACKOFF);
                 }
             }
         });
+    }
+}
+
+/// One job: prepared (view, lock, on etcd the fresh reads) without a slot,
+/// then run in the next free one, whose number it returns. Where other
+/// processes share the work, a locked job waits for a slot at most a lock
+/// retry interval before it unlocks and goes back to the queue, so a pool
+/// busy with long pipelines never keeps jobs from another reconciler.
+async fn job(
+    worker: &Worker,
+    pool: &Pool,
+    key: &JobKey,
+    cause: Cause,
+    note: &SyncNote,
+) -> (std::thread::Result<JobEnd>, Option<usize>) {
+    let guard = match AssertUnwindSafe(worker.prepare(key, cause)).catch_unwind().await {
+        Ok(Prepared::Nothing) => return (Ok(JobEnd::Done), None),
+        Ok(Prepared::Busy) => return (Ok(JobEnd::LockBusy), None),
+        Ok(Prepared::Ready(guard)) => guard,
+        Err(panic) => return (Err(panic), None),
+    };
+    let patience = worker.locks.shared().then(|| worker.locks.retry_interval());
+    let slot = tokio::select! {
+        slot = pool.acquire() => slot,
+        _ = worker.cancel.cancelled() => None,
+        _ = sleep_or_forever(patience) => {
+            guard.release().await;
+            return (Ok(JobEnd::LockBusy), None);
+        }
+    };
+    let Some(slot) = slot else {
+        guard.release().await;
+        return (Ok(JobEnd::Done), None);
+    };
+    let lock_id = slot.id();
+    let end = AssertUnwindSafe(worker.run(key, cause, guard, lock_id, note)).catch_unwind().await;
+    drop(slot);
+    (end, Some(lock_id))
+}
+
+async fn sleep_or_forever(d: Option<Duration>) {
+    match d {
+        Some(d) => tokio::time::sleep(d).await,
+        None => std::future::pending().await,
     }
 }
 

@@ -3,9 +3,9 @@
 //! running operation holds a numbered slot (`0..max`) that becomes its
 //! `lock_id`.
 //!
-//! Only running work holds a slot: the dispatcher takes a [`Slot`] first
-//! and then the next job from the work queue, so jobs waiting for their
-//! turn, for a lock held elsewhere or for a limit hold none. A [`Slot`] is
+//! Only running work holds a slot: a job takes its [`Slot`] once it holds
+//! its job lock (see `dispatch` in the crate root), so jobs waiting for
+//! their turn, for a lock held elsewhere or for a limit hold none. A [`Slot`] is
 //! an RAII guard: its number and its permit come back on every path out of
 //! the job, a panic included, so numbers are never lost nor handed out twice.
 
@@ -43,6 +43,11 @@ impl Pool {
         let id = id.expect("a held permit always has a free slot number");
         metrics::gauge!(super::METRIC_SLOTS_IN_USE).increment(1.0);
         Some(Slot { id, free: self.free.clone(), _permit: permit })
+    }
+
+    /// How many slots there are (`max_concurrent_reconciles`).
+    pub fn size(&self) -> usize {
+        self.size
     }
 
     /// Slots currently held.

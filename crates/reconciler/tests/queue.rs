@@ -302,6 +302,40 @@ async fn two_reconcilers_add_their_pools_on_one_etcd() {
     second.stop().await;
 }
 
+/// The lock round trip is no part of a slot (etcd): with both slots of a
+/// pool of 2 busy, the next job already holds its lock, waiting for the
+/// first slot to free; without one within a lock retry interval it gives
+/// the lock back, so a busy pool never keeps a job from another reconciler.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_next_job_is_locked_before_a_slot_frees() {
+    let w = World::new(Kind::Etcd).await;
+    let (seed, backend) = (w.seed(), &w.backend);
+    let cfg = w.config(2, "hold/{{ .Subscription.Namespace }}");
+    seed.registration(API, "api", "s1").await;
+    seed.subscription("a", API).await;
+    seed.subscription("b", API).await;
+    let first = start(&w.repo, cfg.clone());
+    backend.wait_for("/hold/", 2).await;
+    seed.subscription("c", API).await;
+    let other = w.store.connect_again().await;
+    let locked = || async { other.list_all("/locks/").await.unwrap().0.len() };
+    eventually("c locked while both slots are busy", || async { locked().await == 3 }).await;
+    assert_eq!(backend.count("/hold/c"), 0, "c has no slot yet");
+    // A second reconciler gets c: the first lets go of it while it waits.
+    let again = Repository::new(w.store.connect_again().await, "dev", "local");
+    let second = start(&again, cfg);
+    backend.wait_for("/hold/c", 1).await;
+    backend.release(3);
+    for ns in ["a", "b", "c"] {
+        eventually("synced", || synced(&seed, ns, API, "s1")).await;
+    }
+    for ns in ["a", "b", "c"] {
+        assert_eq!(backend.count(&format!("/hold/{ns}")), 1, "{ns} ran exactly once");
+    }
+    first.stop().await;
+    second.stop().await;
+}
+
 both_backends!(
     resyncs_of_a_slow_job_never_delay_a_new_namespace,
     a_burst_of_writes_during_a_run_makes_one_more_run,

@@ -78,6 +78,22 @@ impl TestBackend {
     }
 }
 
+/// Sleeps `d`, to within a few tens of microseconds: the runtime's timer
+/// rounds a deadline up to its next millisecond tick (a 20 ms sleep takes
+/// 20–21.5 ms), so the last millisecond is slept by the OS on a blocking
+/// thread. A backend asked to take 20 ms takes 20 ms, and a benchmark's
+/// ideal time is the backend's own.
+async fn sleep_exactly(d: Duration) {
+    let deadline = std::time::Instant::now() + d;
+    if let Some(coarse) = d.checked_sub(Duration::from_millis(2)) {
+        tokio::time::sleep(coarse).await;
+    }
+    let rest = deadline.saturating_duration_since(std::time::Instant::now());
+    if !rest.is_zero() {
+        let _ = tokio::task::spawn_blocking(move || std::thread::sleep(rest)).await;
+    }
+}
+
 async fn answer(state: &State, uri: Uri) -> StatusCode {
     let path = uri.path().to_string();
     state.calls.lock().unwrap().push((std::time::Instant::now(), path.clone()));
@@ -87,12 +103,12 @@ async fn answer(state: &State, uri: Uri) -> StatusCode {
         "ok" => StatusCode::OK,
         "fail" => StatusCode::INTERNAL_SERVER_ERROR,
         "slow" => {
-            tokio::time::sleep(Duration::from_millis(20)).await;
+            sleep_exactly(Duration::from_millis(20)).await;
             StatusCode::OK
         }
         "sleep" => {
             let ms = path.split('/').nth(2).and_then(|ms| ms.parse().ok()).unwrap_or(0);
-            tokio::time::sleep(Duration::from_millis(ms)).await;
+            sleep_exactly(Duration::from_millis(ms)).await;
             StatusCode::OK
         }
         "hold" => {
