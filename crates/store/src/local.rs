@@ -39,6 +39,9 @@
 //! at the application level. `synchronous=NORMAL` in WAL mode is durable
 //! against a process crash (only a power loss may lose the newest commits).
 //!
+//! The writer never checkpoints the log inside a commit: a thread of its
+//! own does, in the background (`checkpoint`).
+//!
 //! Keys are stored as BLOBs so that prefix ranges compare byte-wise.
 
 use std::path::{Path, PathBuf};
@@ -65,6 +68,7 @@ const WRITE_ATTEMPTS: u32 = 100;
 /// list does not hold up point reads, few enough that they stay busy.
 const READER_THREADS: usize = 4;
 
+mod checkpoint;
 mod readers;
 
 /// The SQLite backend. Cheap to clone via `Store`.
@@ -78,6 +82,8 @@ struct Inner {
     writer: Mutex<Connection>,
     /// The threads every read runs on (see `readers`).
     readers: readers::Readers,
+    /// The thread that checkpoints the log (see `checkpoint`).
+    checkpointer: checkpoint::Checkpointer,
     /// `(device, inode)` of the file opened.
     identity: (u64, u64),
     /// Set once the file at `path` is no longer the one opened.
@@ -101,6 +107,8 @@ impl LocalStore {
             std::fs::create_dir_all(dir).map_err(|e| Error::Unavailable(format!("create {}: {e}", dir.display())))?;
         }
         let conn = connect(path)?;
+        // Checkpoints run on their own thread; this is only the safety valve.
+        conn.pragma_update(None, "wal_autocheckpoint", checkpoint::WRITER_AUTOCHECKPOINT).map_err(unavailable)?;
         retry_busy(|| {
             conn.execute_batch(
                 "BEGIN IMMEDIATE;
@@ -125,6 +133,7 @@ impl LocalStore {
                 path: path.to_path_buf(),
                 writer: Mutex::new(conn),
                 readers: readers::Readers::new(path, READER_THREADS),
+                checkpointer: checkpoint::Checkpointer::start(path, connect),
                 identity,
                 lost: AtomicBool::new(false),
                 poll_interval,
@@ -185,6 +194,7 @@ impl LocalStore {
             let conn = inner.writer.lock().unwrap_or_else(|p| p.into_inner());
             inner.check_file()?;
             let resp = inner.write_within(conn, started, f)?;
+            inner.checkpointer.committed();
             // A commit into a file no longer at `path` is lost at the next
             // start: it must not be acknowledged.
             inner.check_file()?;

@@ -287,3 +287,26 @@ async fn a_huge_limit_lists_everything() {
     let page = store.list("/n/", None, 2).await.unwrap();
     assert_eq!((page.items.len(), page.more), (2, true));
 }
+
+/// Commits are checkpointed into the database file by the store's own
+/// thread, not only when the log reaches the writer's (far higher)
+/// autocheckpoint: 2 MiB of writes reach the main file soon after, while
+/// the log holds fewer pages than the writer's threshold would wait for.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn commits_are_checkpointed_in_the_background() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("kayra.db");
+    let store = open(&path);
+    let size = || std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
+    let before = size();
+    for i in 0..2000 {
+        store.create(&format!("/ckpt/{i:05}"), vec![b'x'; 1024]).await.unwrap();
+    }
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while size() < before + 2 * 1024 * 1024 {
+        assert!(std::time::Instant::now() < deadline, "the database file stayed at {} bytes", size());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let (kv, _) = store.get("/ckpt/01999").await.unwrap();
+    assert_eq!(kv.unwrap().value.len(), 1024);
+}
