@@ -58,6 +58,25 @@ fn row(backend: &str, what: &str, f: &Figures, baselines: &[(&str, &Figures)]) {
 }
 
 /// `ops` calls of `op`, [`INFLIGHT`] at a time, each timed.
+/// One operation's rows: the raw store's figure, then for each client
+/// etcd's gateway (where there is one) and the API against both.
+fn report<'a>(
+    backend: &str,
+    (raw_what, raw): (&str, &Figures),
+    (gateway_what, api_what): (&str, &str),
+    clients: impl Iterator<Item = (&'a str, (&'a Figures, Option<&'a Figures>))>,
+) {
+    row(backend, raw_what, raw, &[]);
+    for (client, (api, gateway)) in clients {
+        let mut baselines = vec![("raw", raw)];
+        if let Some(gateway) = gateway {
+            row(backend, &format!("{gateway_what}{client}"), gateway, &[]);
+            baselines.push(("gateway", gateway));
+        }
+        row(backend, &format!("{api_what}{client}"), api, &baselines);
+    }
+}
+
 async fn measure<F, Fut>(ops: usize, op: F) -> anyhow::Result<Figures>
 where
     F: Fn(usize) -> Fut,
@@ -253,28 +272,13 @@ pub async fn run(
     };
 
     // Each HTTP figure against the baselines of the same client.
-    let clients = [
-        ("", &post, gateway_put.as_ref(), &get, gateway_range.as_ref()),
-        (", reqwest client", &post_reqwest, gateway_put_reqwest.as_ref(), &get_reqwest, gateway_range_reqwest.as_ref()),
-    ];
-    row(backend, "raw store create", &raw_create, &[]);
-    for (client, post, put, _, _) in &clients {
-        let mut baselines = vec![("raw", &raw_create)];
-        if let Some(put) = put {
-            row(backend, &format!("etcd gateway POST /v3/kv/put{client}"), put, &[]);
-            baselines.push(("gateway", put));
-        }
-        row(backend, &format!("API POST subscription (auth + RBAC){client}"), post, &baselines);
-    }
-    row(backend, "raw store get", &raw_get, &[]);
-    for (client, _, _, get, range) in &clients {
-        let mut baselines = vec![("raw", &raw_get)];
-        if let Some(range) = range {
-            row(backend, &format!("etcd gateway POST /v3/kv/range{client}"), range, &[]);
-            baselines.push(("gateway", range));
-        }
-        row(backend, &format!("API GET subscription (auth + RBAC){client}"), get, &baselines);
-    }
+    let clients = ["", ", reqwest client"];
+    let posts = [(&post, gateway_put.as_ref()), (&post_reqwest, gateway_put_reqwest.as_ref())];
+    let gets = [(&get, gateway_range.as_ref()), (&get_reqwest, gateway_range_reqwest.as_ref())];
+    let names = ("etcd gateway POST /v3/kv/put", "API POST subscription (auth + RBAC)");
+    report(backend, ("raw store create", &raw_create), names, clients.into_iter().zip(posts));
+    let names = ("etcd gateway POST /v3/kv/range", "API GET subscription (auth + RBAC)");
+    report(backend, ("raw store get", &raw_get), names, clients.into_iter().zip(gets));
     row(backend, "GET /healthz (HTTP floor: no auth, no store)", &healthz, &[("raw", &raw_get)]);
 
     propagation(backend, &base, &config, &http).await?;

@@ -58,6 +58,10 @@ pub use locker::EtcdJobLocker;
 /// Group commit (transactions, lock acquisitions): batches on their way at once.
 const GROUP_IN_FLIGHT: usize = 2;
 
+/// etcd's default `--max-txn-ops`: the most compares, and operations of
+/// each branch, one Txn may carry (shared Txns stay within it).
+const MAX_TXN_OPS: usize = 128;
+
 use std::sync::Arc;
 use std::time::Duration;
 

@@ -12,6 +12,7 @@
 //!   instead of sleeping and hoping.
 //! - [`free_port`]: a loopback port nobody listens on right now.
 //! - [`backend`]: a recording HTTP backend for reconciler tests.
+//! - [`fixtures`]: sample records (a run).
 //!
 //! Timeouts here are deliberately long ([`WAIT`]): they only matter when
 //! something is broken, and CI machines are slow and shared.
@@ -22,11 +23,13 @@
 //! - `tls.rs`: the throwaway CA (`openssl` command line).
 //! - `apt.rs`: installing a missing tool, once per machine.
 //! - `backend.rs`: the recording HTTP backend.
+//! - `fixtures.rs`: sample records.
 
 mod apt;
 pub mod backend;
 mod cluster;
 mod etcd;
+pub mod fixtures;
 mod tls;
 
 pub use cluster::{EtcdCluster, MEMBERS};

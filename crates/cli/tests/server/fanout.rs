@@ -8,7 +8,7 @@
 use std::time::Duration;
 
 use kayra_catalog::repo::{Repository, keys};
-use kayra_core::{Run, RunResult, RunStep, RunTrigger};
+use kayra_core::{Run, RunResult};
 
 use crate::common::server::Kayra;
 
@@ -127,31 +127,7 @@ async fn get_watch_prints_a_row_per_event_as_it_comes() {
 }
 
 fn run_record(n: u64, result: RunResult) -> Run {
-    Run {
-        id: format!("0193a6c1-{n:04x}-7000-8000-000000000000"),
-        namespace: "core".into(),
-        api: API.into(),
-        sync_id: format!("s{n}"),
-        mode: "api".into(),
-        trigger: if n == 1 { RunTrigger::Initial } else { RunTrigger::Ongoing },
-        result,
-        error: String::new(),
-        started_at: "2026-02-01T00:00:03.200Z".into(),
-        finished_at: "2026-02-01T00:00:04.900Z".into(),
-        lock_id: 3,
-        reconciler: "host-a:4711".into(),
-        steps: vec![RunStep {
-            index: 0,
-            method: "POST".into(),
-            endpoint: "https://compute.local/api/v1/namespaces/core/sync".into(),
-            is_async: true,
-            attempts: 1,
-            status: 202,
-            error: String::new(),
-            duration_ms: 41,
-            outputs: [("JobID".to_string(), "77".to_string())].into(),
-        }],
-    }
+    kayra_testkit::fixtures::run("core", API, n, result)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -193,6 +169,6 @@ async fn runs_show_as_a_table_and_one_run_as_yaml() {
     let yaml: serde_json::Value = serde_norway::from_str(&run.stdout).unwrap();
     assert_eq!(yaml["id"], id.as_str());
     assert_eq!(yaml["steps"][0]["endpoint"], "https://compute.local/api/v1/namespaces/core/sync");
-    assert_eq!(yaml["steps"][0]["status"], 202);
+    assert_eq!(yaml["steps"][0]["status"], 500);
     assert_eq!(yaml["steps"][0]["outputs"]["JobID"], "77");
 }

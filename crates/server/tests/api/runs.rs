@@ -5,7 +5,7 @@
 //! the ids, since that segment is the reconciler's choice.
 
 use kayra_catalog::repo::keys;
-use kayra_core::{Run, RunResult, RunStep, RunTrigger};
+use kayra_core::{Run, RunResult};
 use reqwest::Method;
 use serde_json::{Value, json};
 
@@ -15,37 +15,11 @@ use crate::common::Server;
 const API: &str = "compute.example.com";
 const RUNS: &str = "/namespaces/core/subscriptions/compute.example.com/runs";
 
-/// A UUIDv7-shaped id whose time part is `n`: ids sort by `n`.
-pub fn run_id(n: u64) -> String {
-    format!("{:08x}-{:04x}-7000-8000-{:012x}", n >> 16, n & 0xffff, n)
-}
+pub use kayra_testkit::fixtures::run_id;
 
+/// Run `n` of `namespace`'s subscription to [`API`].
 pub fn run(namespace: &str, n: u64, result: RunResult) -> Run {
-    Run {
-        id: run_id(n),
-        namespace: namespace.into(),
-        api: API.into(),
-        sync_id: format!("s{n}"),
-        mode: "api".into(),
-        trigger: if n == 0 { RunTrigger::Initial } else { RunTrigger::Ongoing },
-        result,
-        error: if result == RunResult::Error { "step 0: POST answered 500".into() } else { String::new() },
-        started_at: "2026-02-01T00:00:03.200Z".into(),
-        finished_at: "2026-02-01T00:00:04.900Z".into(),
-        lock_id: 3,
-        reconciler: "host-a:4711".into(),
-        steps: vec![RunStep {
-            index: 0,
-            method: "POST".into(),
-            endpoint: "https://compute.local/api/v1/namespaces/core/sync".into(),
-            is_async: true,
-            attempts: 1,
-            status: if result == RunResult::Error { 500 } else { 202 },
-            error: String::new(),
-            duration_ms: 41,
-            outputs: [("JobID".to_string(), "77".to_string())].into(),
-        }],
-    }
+    kayra_testkit::fixtures::run(namespace, API, n, result)
 }
 
 /// Stores `run` as the reconciler would, under a key segment of its own.

@@ -12,11 +12,9 @@
 
 use etcd_client::{Compare, Txn, TxnOp, TxnOpResponse};
 
-use super::{Attempted, Keyspace, revision_of};
+use super::{Attempted, Keyspace, MAX_TXN_OPS, revision_of};
 use crate::{Error, Op, Result, TxnResponse};
 
-/// etcd's default `--max-txn-ops`: compares and each branch's operations.
-const MAX_TXN_OPS: usize = 128;
 /// Well under etcd's default `--max-request-bytes` (1.5 MiB).
 const MAX_CHUNK_BYTES: usize = 512 * 1024;
 

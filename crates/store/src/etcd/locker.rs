@@ -297,12 +297,10 @@ async fn acquire_one(keys: &Keyspace, acquire: &Acquire) -> Result<Acquired> {
 /// revision as its create revision: still a fencing token that grows with
 /// every acquisition of that job.
 async fn acquire_many(keys: &Keyspace, batch: Vec<Acquire>) -> Vec<Result<Acquired>> {
-    // etcd's default `--max-txn-ops`.
-    const MAX_OPS: usize = 128;
     let mut chunks: Vec<Vec<Acquire>> = Vec::new();
     for acquire in batch {
         match chunks.last_mut() {
-            Some(chunk) if chunk.iter().map(Acquire::ops).sum::<usize>() + acquire.ops() <= MAX_OPS => {
+            Some(chunk) if chunk.iter().map(Acquire::ops).sum::<usize>() + acquire.ops() <= super::MAX_TXN_OPS => {
                 chunk.push(acquire);
             }
             _ => chunks.push(vec![acquire]),

@@ -16,7 +16,7 @@
 //! checkpoint that finds another one running just returns (`SQLITE_BUSY`)
 //! and the next one catches up.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -78,7 +78,7 @@ impl Drop for Checkpointer {
     }
 }
 
-fn run(shared: &Shared, path: &PathBuf, connect: fn(&Path) -> crate::Result<Connection>) {
+fn run(shared: &Shared, path: &Path, connect: fn(&Path) -> crate::Result<Connection>) {
     let mut conn: Option<Connection> = None;
     loop {
         {
