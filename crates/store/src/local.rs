@@ -327,14 +327,17 @@ fn apply(tx: &rusqlite::Transaction<'_>, txn: &Txn, retain: i64) -> rusqlite::Re
         match op {
             Op::Put { key, value } => {
                 revision += 1;
-                let create_rev = revisions_of(tx, key)?.map_or(revision, |(c, _)| c);
-                // Cached statements: a transaction's writes are parsed once
-                // per connection, not once per row.
-                tx.prepare_cached(
-                    "INSERT INTO kv (key, value, create_rev, mod_rev) VALUES (?1, ?2, ?3, ?4)
-                     ON CONFLICT(key) DO UPDATE SET value = excluded.value, mod_rev = excluded.mod_rev",
-                )?
-                .execute(params![key.as_bytes(), value, create_rev, revision])?;
+                // One statement: a new key is created at `revision`, an
+                // existing one keeps its create revision, and either way the
+                // row says which. Cached statements: a transaction's writes
+                // are parsed once per connection, not once per row.
+                let create_rev: Revision = tx
+                    .prepare_cached(
+                        "INSERT INTO kv (key, value, create_rev, mod_rev) VALUES (?1, ?2, ?3, ?3)
+                         ON CONFLICT(key) DO UPDATE SET value = excluded.value, mod_rev = excluded.mod_rev
+                         RETURNING create_rev",
+                    )?
+                    .query_row(params![key.as_bytes(), value, revision], |row| row.get(0))?;
                 tx.prepare_cached("INSERT INTO changes (rev, key, value, create_rev) VALUES (?1, ?2, ?3, ?4)")?
                     .execute(params![revision, key.as_bytes(), value, create_rev])?;
             }
