@@ -4,9 +4,9 @@
 //! processed is never handed out again until it is done, and a trigger
 //! that arrives meanwhile runs it once more afterwards (it "blocks until
 //! its turn comes", waiting in the queue). Across processes, the store's
-//! [`JobLocker`] (etcd) is taken without blocking: a job that finds its
-//! lock held by another process gives its slot back and retries from the
-//! queue every `lock_retry_interval`.
+//! [`JobLocker`] (etcd) is taken without blocking, before the job has a
+//! pool slot: a job that finds its lock held by another process goes back
+//! to the queue and retries every `lock_retry_interval`.
 //!
 //! A held lock is a [`JobGuard`]: dropped without [`JobGuard::release`]
 //! (a panic, an early return) it still unlocks, in the background, so a

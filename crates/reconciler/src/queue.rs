@@ -8,8 +8,8 @@
 //!   when the running job is [`WorkQueue::done`], so it runs exactly once
 //!   more however many triggers arrived meanwhile, and never twice at once
 //!   (this is the in-process layer of the seed's per-job lock);
-//! - nothing waiting holds a pool slot: the dispatcher takes a slot, then
-//!   asks for the next key.
+//! - nothing waiting holds a pool slot: a job takes one only once it holds
+//!   its job lock (see `dispatch` in the crate root).
 //!
 //! Order: activations (namespaces, first syncs) first, in arrival order;
 //! then ongoing work round-robin across APIs, so one API's fan-out of
