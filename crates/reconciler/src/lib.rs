@@ -517,10 +517,9 @@ async fn dispatch(
 }
 
 /// One job: prepared (view, lock, on etcd the fresh reads) without a slot,
-/// then run in the next free one, whose number it returns. Where other
-/// processes share the work, a locked job waits for a slot at most a lock
-/// retry interval before it unlocks and goes back to the queue, so a pool
-/// busy with long pipelines never keeps jobs from another reconciler.
+/// then run in the next free one, whose number it returns. A locked job
+/// waits for a slot at most [`JobLocks::slot_patience`], then unlocks and
+/// goes back to the queue.
 async fn job(
     worker: &Worker,
     pool: &Pool,
@@ -534,11 +533,10 @@ async fn job(
         Ok(Prepared::Ready(guard)) => guard,
         Err(panic) => return (Err(panic), None),
     };
-    let patience = worker.locks.shared().then(|| worker.locks.retry_interval());
     let slot = tokio::select! {
         slot = pool.acquire() => slot,
         _ = worker.cancel.cancelled() => None,
-        _ = sleep_or_forever(patience) => {
+        _ = sleep_or_forever(worker.locks.slot_patience()) => {
             guard.release().await;
             return (Ok(JobEnd::LockBusy), None);
         }

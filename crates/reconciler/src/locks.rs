@@ -98,6 +98,14 @@ impl JobLocks {
     pub fn retry_interval(&self) -> Duration {
         self.distributed.as_ref().map_or(Duration::from_millis(250), |l| l.retry_interval())
     }
+
+    /// How long a job that holds its lock may wait for a pool slot before
+    /// it unlocks and goes back to the queue: a retry interval where other
+    /// processes share the work (so a busy pool keeps no job from them),
+    /// without end where this process is the only one.
+    pub fn slot_patience(&self) -> Option<Duration> {
+        self.shared().then(|| self.retry_interval())
+    }
 }
 
 impl JobGuard {
