@@ -1,9 +1,9 @@
 //! Watch streams at scale (§4.5, issue 14), on a real `kayra serve`
 //! process so its RSS is its own:
 //!
-//! - the API GET benchmark (one namespace, a narrow role, 32 in flight)
-//!   without streams, with `streams` idle watch streams open, and without
-//!   them again, all in the same run;
+//! - the API GET benchmark (one namespace, a narrow role, 32 in flight,
+//!   at least 3 s each) without streams, with `streams` idle watch streams
+//!   open, and without them again, all in the same run;
 //! - memory per idle stream: the serve's RSS with the streams open minus
 //!   its RSS before, divided by their number;
 //! - delivery: `writes` namespace creations through the API, one at a
@@ -93,18 +93,28 @@ fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1e3
 }
 
-/// GETs per second of one namespace each, [`INFLIGHT`] at a time.
+/// How long each GET measurement runs at least: a few thousand GETs take
+/// a fifth of a second locally, too short for a ratio between two of them
+/// to mean anything on a busy 2-core machine.
+const GET_WINDOW: Duration = Duration::from_secs(3);
+
+/// GETs per second of one namespace each, [`INFLIGHT`] at a time, in
+/// rounds of `ops` until [`GET_WINDOW`] has passed.
 async fn get_rate(http: &reqwest::Client, base: &str, token: &str, ops: usize) -> anyhow::Result<f64> {
     let started = Instant::now();
-    let gets = futures::stream::iter(0..ops).map(|i| {
-        let url = format!("{base}{CATALOG}/namespaces/b{}", i % PRESENT);
-        let request = http.get(url).bearer_auth(token);
-        async move { ok(request.send().await?).await.map(|_| ()) }
-    });
-    for result in gets.buffer_unordered(INFLIGHT).collect::<Vec<_>>().await {
-        result?;
+    let mut done = 0;
+    while done == 0 || started.elapsed() < GET_WINDOW {
+        let gets = futures::stream::iter(0..ops).map(|i| {
+            let url = format!("{base}{CATALOG}/namespaces/b{}", i % PRESENT);
+            let request = http.get(url).bearer_auth(token);
+            async move { ok(request.send().await?).await.map(|_| ()) }
+        });
+        for result in gets.buffer_unordered(INFLIGHT).collect::<Vec<_>>().await {
+            result?;
+        }
+        done += ops;
     }
-    Ok(ops as f64 / started.elapsed().as_secs_f64())
+    Ok(done as f64 / started.elapsed().as_secs_f64())
 }
 
 /// The number in a line `{"type":"ADDED","object":{"name":"w<N>"...`.
