@@ -13,11 +13,14 @@
 //!   axum): `POST /namespaces` and `GET /namespaces/{name}`, 32 in flight,
 //!   against raw creates and gets at the same concurrency;
 //! - the reconciler (`reconcile.rs`): fan-out, run recording, a 20 ms
-//!   step, scale-out, round trips per reconcile.
+//!   step, scale-out, round trips per reconcile;
+//! - a real `kayra reconciler`'s restart over 100,000 synced
+//!   subscriptions (`restart.rs`, `--restart`): time to ready, RSS, idle.
 
 mod client;
 mod console;
 mod reconcile;
+mod restart;
 mod serve;
 mod streams;
 
@@ -71,6 +74,12 @@ struct Args {
     /// Watch streams held open by `--streams`.
     #[arg(long, default_value_t = 1000)]
     stream_count: usize,
+    /// Only the restart figures (`restart.rs`), on this `kayra` binary.
+    #[arg(long)]
+    restart: Option<std::path::PathBuf>,
+    /// Synced subscriptions the restart starts over.
+    #[arg(long, default_value_t = 100_000)]
+    restart_subscribers: usize,
     /// Writes whose delivery `--streams` times.
     #[arg(long, default_value_t = 20)]
     stream_writes: usize,
@@ -89,6 +98,9 @@ async fn main() -> anyhow::Result<()> {
         .init();
     if let Some(binary) = &args.streams {
         return streams_only(binary, &args).await;
+    }
+    if let Some(binary) = &args.restart {
+        return restart_only(binary, &args).await;
     }
     println!("| backend | measurement | ops/s | ratio to raw |");
     println!("|---|---|---:|---:|");
@@ -129,6 +141,20 @@ async fn serve_figures(args: &Args, etcd: &kayra_testkit::Etcd) -> anyhow::Resul
     serve::run("local", database, None, args.ops).await?;
     let database = kayra_config::DatabaseConfig::etcd(etcd.config("/serve"));
     serve::run("etcd", database, Some(etcd.endpoint()), args.ops).await
+}
+
+async fn restart_only(binary: &std::path::Path, args: &Args) -> anyhow::Result<()> {
+    println!("| backend | measurement | figure | target |");
+    println!("|---|---|---:|---|");
+    let etcd = kayra_testkit::Etcd::start().await;
+    let store = Store::new(kayra_store::etcd::EtcdStore::connect(&etcd.config("/restart")).await?);
+    let database = format!("  etcd:\n    endpoints: [{}]\n    prefix: /restart\n", etcd.endpoint());
+    restart::run("etcd", &store, &database, binary, args.restart_subscribers).await?;
+    let dir = tempfile::tempdir()?;
+    let local = kayra_testkit::local_config(dir.path());
+    let store = Store::new(kayra_store::local::LocalStore::open(&local.path, local.poll_interval.0)?);
+    let database = format!("  local:\n    path: {}\n    poll_interval: 20ms\n", local.path.display());
+    restart::run("local", &store, &database, binary, args.restart_subscribers).await
 }
 
 async fn streams_only(binary: &std::path::Path, args: &Args) -> anyhow::Result<()> {
