@@ -95,8 +95,54 @@ pub struct Reconciler {
 /// Where one resource's list → watch → re-list machine is.
 enum Phase {
     /// Between `Init` and `InitDone`: the list so far.
-    Listing(Vec<kayra_store::KeyValue>),
+    Listing(Listing),
     Watching,
+}
+
+/// A list in progress, decoded record by record as it arrives, so a large
+/// list is never held both raw and decoded (the restart over 100,000
+/// subscriptions peaks at its view, not at twice its list).
+enum Listing {
+    Namespaces(Vec<(String, bool, Revision)>),
+    Registrations(Vec<(ApiRegistration, Revision)>),
+    Subscriptions(Vec<(Subscription, Revision)>),
+    Attempts(Vec<((String, String), Attempt)>),
+}
+
+impl Listing {
+    fn new(kind: Kind) -> Self {
+        match kind {
+            Kind::Namespace => Self::Namespaces(Vec::new()),
+            Kind::Registration => Self::Registrations(Vec::new()),
+            Kind::Subscription => Self::Subscriptions(Vec::new()),
+            Kind::Attempt => Self::Attempts(Vec::new()),
+        }
+    }
+
+    /// Adds one listed record; an unreadable one is logged and left out,
+    /// as its watch event would be.
+    fn push(&mut self, kv: kayra_store::KeyValue, attempts_prefix: &str) {
+        let rev = kv.mod_revision;
+        let decoded = match self {
+            Self::Namespaces(items) => {
+                serde_json::from_slice::<Namespace>(&kv.value).map(|n| items.push((n.name, n.active, rev)))
+            }
+            Self::Registrations(items) => {
+                serde_json::from_slice::<ApiRegistration>(&kv.value).map(|r| items.push((r, rev)))
+            }
+            Self::Subscriptions(items) => {
+                serde_json::from_slice::<Subscription>(&kv.value).map(|s| items.push((s, rev)))
+            }
+            Self::Attempts(items) => match attempt_parts(attempts_prefix, &kv.key) {
+                Some((ns, api)) => serde_json::from_slice::<Attempt>(&kv.value)
+                    .map(|attempt| items.push(((ns.to_string(), api.to_string()), attempt))),
+                None => Ok(()),
+            },
+        };
+        if let Err(e) = decoded {
+            tracing::warn!(key = %kv.key, error = %e, "unreadable record left out of the list");
+        }
+    }
 }
 
 /// Which resource a watch event is about.
@@ -211,7 +257,8 @@ impl Reconciler {
             store.watcher(prefix).map(move |e| (kind, e)).boxed()
         });
         let mut events = futures::stream::select_all(streams);
-        let mut phases: HashMap<Kind, Phase> = prefixes.iter().map(|(k, _)| (*k, Phase::Listing(Vec::new()))).collect();
+        let mut phases: HashMap<Kind, Phase> =
+            prefixes.iter().map(|(k, _)| (*k, Phase::Listing(Listing::new(*k)))).collect();
         let mut listed: HashSet<Kind> = HashSet::new();
         let mut gauges = tokio::time::interval(GAUGE_INTERVAL);
         loop {
@@ -229,18 +276,18 @@ impl Reconciler {
             };
             let phase = phases.entry(kind).or_insert(Phase::Watching);
             match event {
-                WatcherEvent::Init => *phase = Phase::Listing(Vec::new()),
+                WatcherEvent::Init => *phase = Phase::Listing(Listing::new(kind)),
                 WatcherEvent::InitApply(kv) => match phase {
-                    Phase::Listing(buffer) => buffer.push(kv),
+                    Phase::Listing(listing) => listing.push(kv, &attempts_prefix),
                     Phase::Watching => self.handle(kind, Event::Put(kv), &attempts_prefix),
                 },
                 WatcherEvent::InitDone { .. } => {
-                    let buffer = match std::mem::replace(phase, Phase::Watching) {
-                        Phase::Listing(buffer) => buffer,
-                        Phase::Watching => Vec::new(),
+                    let listing = match std::mem::replace(phase, Phase::Watching) {
+                        Phase::Listing(listing) => listing,
+                        Phase::Watching => Listing::new(kind),
                     };
                     let first = listed.insert(kind);
-                    self.replace(kind, buffer, &attempts_prefix);
+                    self.replace(listing);
                     if listed.len() == prefixes.len() {
                         if first {
                             tracing::info!(kind = ?kind, "listed; reconciling existing records");
@@ -273,43 +320,22 @@ impl Reconciler {
         self.worker.view.write().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Replaces `kind`'s records in the view with a complete list.
+    /// Replaces one kind's records in the view with a complete list.
     /// Subscriptions gone from it were deleted in a gap: their given-up
     /// records go too.
-    fn replace(&mut self, kind: Kind, records: Vec<kayra_store::KeyValue>, attempts_prefix: &str) {
+    fn replace(&mut self, listing: Listing) {
         let mut view = self.view();
-        match kind {
-            Kind::Namespace => {
-                let namespaces = records
-                    .iter()
-                    .filter_map(|kv| serde_json::from_slice::<Namespace>(&kv.value).ok().map(|n| (n, kv.mod_revision)));
-                view.replace_namespaces(namespaces.map(|(n, rev)| (n.name, n.active, rev)).collect());
-            }
-            Kind::Registration => {
-                let regs = records.iter().filter_map(|kv| {
-                    serde_json::from_slice::<ApiRegistration>(&kv.value).ok().map(|r| (r, kv.mod_revision))
-                });
-                view.replace_registrations(regs.collect());
-            }
-            Kind::Subscription => {
-                let subs = records.iter().filter_map(|kv| {
-                    serde_json::from_slice::<Subscription>(&kv.value).ok().map(|s| (s, kv.mod_revision))
-                });
-                view.replace_subscriptions(subs.collect());
-            }
-            Kind::Attempt => {
-                let attempts = records.iter().filter_map(|kv| {
-                    let (ns, api) = attempt_parts(attempts_prefix, &kv.key)?;
-                    let attempt = serde_json::from_slice::<Attempt>(&kv.value).ok()?;
-                    Some(((ns.to_string(), api.to_string()), attempt))
-                });
-                view.replace_given_up(attempts.collect());
-            }
+        let gaps_matter = matches!(listing, Listing::Subscriptions(_) | Listing::Attempts(_));
+        match listing {
+            Listing::Namespaces(items) => view.replace_namespaces(items),
+            Listing::Registrations(items) => view.replace_registrations(items),
+            Listing::Subscriptions(items) => view.replace_subscriptions(items),
+            Listing::Attempts(items) => view.replace_given_up(items),
         }
         // Attempt records of subscriptions deleted while nobody watched.
         let orphans = view.orphaned_given_up();
         drop(view);
-        if !matches!(kind, Kind::Subscription | Kind::Attempt) {
+        if !gaps_matter {
             return;
         }
         for (ns, api) in orphans {
@@ -613,4 +639,37 @@ fn attempts_prefix(platform: &str, region: &str) -> String {
 /// `(namespace, api)` of an attempt record's key.
 fn attempt_parts<'k>(prefix: &str, key: &'k str) -> Option<(&'k str, &'k str)> {
     key.strip_prefix(prefix)?.split_once('/')
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn kv(key: &str, value: &[u8], revision: Revision) -> kayra_store::KeyValue {
+        kayra_store::KeyValue {
+            key: key.into(),
+            value: value.to_vec(),
+            create_revision: revision,
+            mod_revision: revision,
+        }
+    }
+
+    #[test]
+    fn a_list_is_decoded_as_it_arrives_and_unreadable_records_are_left_out() {
+        let mut listing = Listing::new(Kind::Subscription);
+        let sub = Subscription::new("team-a", "compute.example.com");
+        listing.push(kv("/subscriptions/p/r/team-a/compute.example.com", &serde_json::to_vec(&sub).unwrap(), 7), "");
+        listing.push(kv("/subscriptions/p/r/team-b/compute.example.com", b"{not json", 8), "");
+        let Listing::Subscriptions(items) = listing else { panic!("a subscription listing") };
+        assert_eq!(items, vec![(sub, 7)]);
+
+        let prefix = attempts_prefix("p", "r");
+        let mut listing = Listing::new(Kind::Attempt);
+        let attempt = Attempt { subscription_revision: 3, registration_revision: 2 };
+        let value = serde_json::to_vec(&attempt).unwrap();
+        listing.push(kv(&format!("{prefix}team-a/compute.example.com"), &value, 9), &prefix);
+        listing.push(kv("/elsewhere/team-a/compute.example.com", &value, 10), &prefix);
+        let Listing::Attempts(items) = listing else { panic!("an attempt listing") };
+        assert_eq!(items, vec![(("team-a".to_string(), "compute.example.com".to_string()), attempt)]);
+    }
 }
