@@ -1,7 +1,8 @@
 //! The reconciler's figures (issue 12, issue 14), each against the raw
 //! store or the pool's ideal time measured in the same run:
 //! - placeholder fan-out after a SyncID bump, pool 30, with `run_history`
-//!   20 and 0 (four bumps each, alternating), against raw single-key puts
+//!   20 and 0 (four bumps each, alternating, while the ring of runs fills;
+//!   then its other slots filled, four more with it full), against raw single-key puts
 //!   at 32 in flight (the mean of a run before and one after the bumps,
 //!   which grow the store) and raw read + CAS updates at 30, with the
 //!   store round trips per reconcile;
@@ -33,8 +34,39 @@ use tokio_util::sync::CancellationToken;
 
 const API: &str = "compute.example.com";
 const PLATFORM: &str = "bench";
-/// SyncID bumps of each placeholder fan-out deployment.
+/// SyncID bumps of each placeholder fan-out deployment, in each phase
+/// (the run ring filling, then full).
 const FAN_OUT_BUMPS: usize = 4;
+/// `run_history` of the fan-out deployments: the default, and none.
+const HISTORIES: [usize; 2] = [20, 0];
+
+/// Bumps `rounds` of the two fan-out deployments (`HISTORIES`),
+/// alternating which goes first, each with a reconciler of its own:
+/// appends their rates and adds up their store round trips.
+async fn alternate_bumps(
+    store: &Store,
+    deployments: &[Deployment],
+    rounds: std::ops::Range<usize>,
+    rates: &mut [Vec<f64>; 2],
+    trips: &mut [f64; 2],
+) -> anyhow::Result<()> {
+    for round in rounds {
+        let order = if round % 2 == 0 { [0, 1] } else { [1, 0] };
+        for i in order {
+            let config =
+                ReconcilerConfig { max_concurrent_reconciles: 30, run_history: HISTORIES[i], ..Default::default() };
+            let running = vec![start(store, &deployments[i].region, config)?];
+            deployments[i].wait_synced(&format!("s{}", round + 1)).await?;
+            settle(store).await;
+            let before = store.round_trips();
+            let took = deployments[i].bump_and_wait(&format!("s{}", round + 2)).await?;
+            trips[i] += (store.round_trips() - before) as f64;
+            stop(running).await?;
+            rates[i].push(deployments[i].n as f64 / took.as_secs_f64());
+        }
+    }
+    Ok(())
+}
 
 /// A new client of the same store (another process's connection).
 pub type Connect = Arc<dyn Fn() -> Pin<Box<dyn Future<Output = anyhow::Result<Store>> + Send>> + Send + Sync>;
@@ -77,29 +109,22 @@ pub async fn run(backend: &str, connect: Connect, sizes: &Sizes) -> anyhow::Resu
 
     // Run recording's cost: bumps of a deployment recording runs and of one
     // recording none, alternating (20, 0, 0, 20, 20, 0, …) so that drift of
-    // the machine or the store's size weighs on both alike.
-    const HISTORIES: [usize; 2] = [20, 0];
+    // the machine or the store's size weighs on both alike. First while the
+    // ring of 20 runs per subscription fills (each run a new record), then
+    // with it full (each run overwrites the oldest: a subscription's every
+    // sync after its twentieth).
     let mut deployments = Vec::new();
     for history in HISTORIES {
         deployments.push(Deployment::seed(&probe, &format!("fan{history}"), "placeholder", sizes.fan_out).await?);
     }
     let mut rates: [Vec<f64>; 2] = Default::default();
     let mut trips = [0.0; 2];
-    for round in 0..FAN_OUT_BUMPS {
-        let order = if round % 2 == 0 { [0, 1] } else { [1, 0] };
-        for i in order {
-            let config =
-                ReconcilerConfig { max_concurrent_reconciles: 30, run_history: HISTORIES[i], ..Default::default() };
-            let running = vec![start(&store, &deployments[i].region, config)?];
-            deployments[i].wait_synced(&format!("s{}", round + 1)).await?;
-            settle(&store).await;
-            let before = store.round_trips();
-            let took = deployments[i].bump_and_wait(&format!("s{}", round + 2)).await?;
-            trips[i] += (store.round_trips() - before) as f64 / sizes.fan_out as f64 / FAN_OUT_BUMPS as f64;
-            stop(running).await?;
-            rates[i].push(sizes.fan_out as f64 / took.as_secs_f64());
-        }
-    }
+    alternate_bumps(&store, &deployments, 0..FAN_OUT_BUMPS, &mut rates, &mut trips).await?;
+    // The initial sync and each bump recorded a run: fill the rest.
+    deployments[0].fill_runs(FAN_OUT_BUMPS + 1, HISTORIES[0]).await?;
+    let mut full: [Vec<f64>; 2] = Default::default();
+    alternate_bumps(&store, &deployments, FAN_OUT_BUMPS..2 * FAN_OUT_BUMPS, &mut full, &mut trips).await?;
+    let trips = trips.map(|t| t / sizes.fan_out as f64 / (2 * FAN_OUT_BUMPS) as f64);
     // The store grew by eight fan-outs' writes: its raw puts again, and the
     // fan-outs' baseline is the mean of before and after.
     let raw_after = raw_puts("after").await?;
@@ -122,16 +147,18 @@ pub async fn run(backend: &str, connect: Connect, sizes: &Sizes) -> anyhow::Resu
         row(&what, format!("{fan:.0}/s"), format!("{:.2} of puts, {:.2} of CAS", fan / raw_put, fan / raw_cas));
         row(&format!("store round trips per reconcile, run_history {history}"), format!("{:.2}", trips[i]), "-".into());
     }
-    let each: Vec<String> = rates[0]
-        .iter()
-        .zip(&rates[1])
-        .map(|(with, without)| format!("{:+.0}", (without / with - 1.0) * 100.0))
-        .collect();
-    row(
-        "run recording cost (run_history 20 vs 0)",
-        format!("{:+.1} %", (overall(&rates[1]) / overall(&rates[0]) - 1.0) * 100.0),
-        format!("bump by bump: {} %", each.join(", ")),
-    );
+    for (what, rates) in [("while the ring fills", &rates), ("with the ring full", &full)] {
+        let each: Vec<String> = rates[0]
+            .iter()
+            .zip(&rates[1])
+            .map(|(with, without)| format!("{:+.0}", (without / with - 1.0) * 100.0))
+            .collect();
+        row(
+            &format!("run recording cost (run_history 20 vs 0), {what}"),
+            format!("{:+.1} %", (overall(&rates[1]) / overall(&rates[0]) - 1.0) * 100.0),
+            format!("bump by bump: {} %", each.join(", ")),
+        );
+    }
 
     // One 20 ms step per reconcile.
     let region = "step20";
@@ -338,6 +365,41 @@ impl Deployment {
             c?;
         }
         Ok(Self { repo, region: region.into(), n })
+    }
+
+    /// Writes placeholder runs into ring slots `from..to` of every
+    /// subscriber: with slots `0..from` recorded already, every slot then
+    /// holds a run and each new run overwrites one.
+    async fn fill_runs(&self, from: usize, to: usize) -> anyhow::Result<()> {
+        let filled: Vec<anyhow::Result<()>> = futures::stream::iter(0..self.n)
+            .map(|i| async move {
+                let namespace = format!("t{i}");
+                let prefix = keys::runs(PLATFORM, &self.region, &namespace, API);
+                let txn = (from..to).fold(Txn::new(), |txn, slot| {
+                    let run = kayra_core::Run {
+                        id: format!("filled-{i}-{slot}"),
+                        namespace: namespace.clone(),
+                        api: API.into(),
+                        sync_id: format!("filled{slot}"),
+                        mode: "placeholder".into(),
+                        started_at: "2026-01-01T00:00:00.000Z".into(),
+                        finished_at: "2026-01-01T00:00:00.001Z".into(),
+                        reconciler: "bench:1".into(),
+                        ..Default::default()
+                    };
+                    // Serializing a plain struct cannot fail.
+                    txn.then(Op::Put {
+                        key: format!("{prefix}{slot}"),
+                        value: serde_json::to_vec(&run).unwrap_or_default(),
+                    })
+                });
+                self.repo.store().txn(txn).await?;
+                Ok(())
+            })
+            .buffer_unordered(32)
+            .collect()
+            .await;
+        filled.into_iter().collect()
     }
 
     async fn bump_and_wait(&self, sync_id: &str) -> anyhow::Result<Duration> {
