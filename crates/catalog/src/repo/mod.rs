@@ -110,11 +110,14 @@ impl Repository {
         revision
     }
 
-    /// Runs `txn` and reports what it wrote to the caches, like
-    /// [`Repository::wrote`]: every put (but a create, a put guarded by
-    /// `Absent` on its key), delete and deleted prefix of the branch that ran.
+    /// Runs `txn`, sharing a round trip with others on their way to the
+    /// store ([`Store::txn_grouped`]: each answers as if alone, and many
+    /// tenants' writes at once share commits), and reports what it wrote
+    /// to the caches, like [`Repository::wrote`]: every put (but a create,
+    /// a put guarded by `Absent` on its key), delete and deleted prefix of
+    /// the branch that ran.
     pub(crate) async fn txn(&self, txn: kayra_store::Txn) -> Result<kayra_store::TxnResponse> {
-        let response = self.store.txn(txn.clone()).await?;
+        let response = self.store.txn_grouped(txn.clone()).await?;
         if self.cache.is_some() {
             let ops = if response.succeeded { &txn.success } else { &txn.failure };
             let created =

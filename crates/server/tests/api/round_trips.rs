@@ -85,6 +85,49 @@ async fn case(backend: Backend) {
     }
 }
 
+/// Creates from many tenants at once share round trips (group commit of
+/// the catalog's transactions), and each still answers as if alone: the
+/// one whose subscription exists already gets its 409.
+async fn concurrent_creates_share_round_trips(backend: Backend) {
+    const TENANTS: usize = 40;
+    let (server, trips) = Server::start_counted(backend).await;
+    server.registration("compute.example.com", json!({"short_name": "compute", "sync_id": "s1"})).await;
+    for i in 0..TENANTS {
+        server.namespace(&format!("t{i}")).await;
+    }
+    let taken = "/namespaces/t0/subscriptions";
+    let body = json!({"api": "compute.example.com"});
+    assert_eq!(server.call(Method::POST, taken, Some(&server.admin), Some(body.clone())).await.status, 201);
+    kayra_testkit::eventually("the caches to answer for admin", || async {
+        measured(&server, &trips, Method::GET, "/namespaces/t1", None).await == (200, 1)
+    })
+    .await;
+
+    let before = trips.count();
+    let statuses = futures::future::join_all((0..TENANTS).map(|i| {
+        let (server, body) = (&server, body.clone());
+        async move {
+            let path = format!("/namespaces/t{i}/subscriptions");
+            server.call(Method::POST, &path, Some(&server.admin), Some(body)).await.status
+        }
+    }))
+    .await;
+    let spent = trips.count() - before;
+    assert_eq!(statuses[0], 409, "t0's subscription was there already");
+    assert!(statuses[1..].iter().all(|s| *s == 201), "{statuses:?}");
+    assert!(spent < TENANTS, "{TENANTS} creates at once shared round trips ({spent})");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_creates_share_round_trips_local() {
+    concurrent_creates_share_round_trips(Backend::Local).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_creates_share_round_trips_etcd() {
+    concurrent_creates_share_round_trips(Backend::Etcd).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn handler_round_trips_local() {
     case(Backend::Local).await;

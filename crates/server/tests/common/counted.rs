@@ -70,6 +70,14 @@ impl<B: Backend> Backend for Counted<B> {
         self.trips.add();
         self.inner.txn(txn).await
     }
+    /// A group is one round trip of the backend's own kind.
+    async fn txn_group(&self, txns: Vec<Txn>, started: std::time::Instant) -> Vec<Result<TxnResponse>> {
+        self.trips.add();
+        self.inner.txn_group(txns, started).await
+    }
+    fn group_limits(&self) -> (usize, usize) {
+        self.inner.group_limits()
+    }
     async fn snapshot(&self, prefix: &str) -> Result<(Vec<KeyValue>, Revision)> {
         self.inner.snapshot(prefix).await
     }
