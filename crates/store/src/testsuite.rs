@@ -702,6 +702,12 @@ impl<B: Backend> Backend for Switched<B> {
     async fn txn(&self, txn: Txn) -> Result<TxnResponse> {
         self.inner.txn(txn).await
     }
+    async fn txn_group(&self, txns: Vec<Txn>, started: std::time::Instant) -> Vec<Result<TxnResponse>> {
+        self.inner.txn_group(txns, started).await
+    }
+    fn group_limits(&self) -> (usize, usize) {
+        self.inner.group_limits()
+    }
     async fn snapshot(&self, prefix: &str) -> Result<(Vec<KeyValue>, Revision)> {
         self.inner.snapshot(prefix).await
     }
