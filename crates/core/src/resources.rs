@@ -91,6 +91,17 @@ pub struct Subscription {
     /// The subscription's own last-reconciled-to SyncID.
     #[serde(default)]
     pub current_sync_id: String,
+    /// How many runs (platform §4.4) had been recorded for it when the
+    /// reconciler last wrote it. Stored only (the wire form,
+    /// [`SubscriptionView`], has no such field): the reconciler numbers a
+    /// run's ring slot from the greater of this and its run cursor, and
+    /// advances whichever of the two the run's transaction writes anyway.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub runs: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 impl Subscription {

@@ -356,11 +356,10 @@ impl Worker {
             reconciler: runs::identity().to_string(),
             steps,
         };
-        let run_ops = runs::record_ops(&self.repo, self.config.run_history, seq, &record);
         // Nothing follows a final result under this lock: the result's
         // transaction is also the unlock.
         let unlock = matches!(then, Then::Done);
-        let recorded = self.record(sub, &write, run_ops, run, unlock).await?;
+        let recorded = self.record(sub, &write, (&record, seq), run, unlock).await?;
         let after = match recorded {
             Recorded::Fenced => {
                 tracing::warn!("job lock lost during the reconcile (lease expired?); its result is not recorded");
@@ -370,8 +369,10 @@ impl Worker {
                 tracing::info!("subscription changed during reconcile; deciding again");
                 return Ok(Step::Again { failures: 0, trigger: None });
             }
-            Recorded::Written(revision) => {
-                self.feed_back(sub, &write, revision);
+            Recorded::Written(next, revision) => {
+                // This job's own write goes into the view, so a job run
+                // again right after it does not wait for the watch's echo.
+                self.view_mut().put_subscription(next, revision);
                 revision
             }
             Recorded::Unchanged => sub.revision,
@@ -398,12 +399,13 @@ impl Worker {
         }
     }
 
-    /// Writes the result and its run record (`run_ops`) in one transaction
-    /// that commits only if the subscription is still at the revision the
-    /// decision was made on and, on etcd, the job lock is still ours
-    /// (fencing, platform contract §7). When only the run is new (a second
-    /// failure, a superseded run) the subscription is not rewritten, so its
-    /// watchers see no event. With `unlock`, the transaction also deletes
+    /// Writes the result and its run record (`run`, number `seq`) in one
+    /// transaction that commits only if the subscription is still at the
+    /// revision the decision was made on and, on etcd, the job lock is still
+    /// ours (fencing, platform contract §7). When only the run is new (a
+    /// second failure, a superseded run) the subscription is not rewritten,
+    /// so its watchers see no event, and the run cursor counts the run;
+    /// otherwise the rewritten subscription does. With `unlock`, the transaction also deletes
     /// the lock key (etcd), and `run.unlocked` says whether it did. The
     /// results of jobs finishing together share one transaction (group
     /// commit, [`kayra_store::Store::txn_grouped`]).
@@ -411,12 +413,19 @@ impl Worker {
         &self,
         seen: &Versioned<Subscription>,
         write: &Write,
-        run_ops: Vec<Op>,
+        (record, seq): (&Run, u64),
         run: RunIds<'_>,
         unlock: bool,
     ) -> kayra_catalog::repo::Result<Recorded> {
         let fence = run.fence;
-        let next = written(&seen.value, write).filter(|next| *next != seen.value);
+        let history = self.config.run_history;
+        let mut next = written(&seen.value, write).filter(|next| *next != seen.value);
+        if let Some(next) = next.as_mut()
+            && history > 0
+        {
+            next.runs = seq + 1;
+        }
+        let run_ops = runs::record_ops(&self.repo, history, seq, record, next.is_none());
         if next.is_none() && run_ops.is_empty() {
             return Ok(Recorded::Unchanged);
         }
@@ -424,12 +433,11 @@ impl Worker {
         let (namespace, api) = (&seen.value.namespace, &seen.value.api);
         let key = kayra_catalog::repo::keys::subscription(p, r, namespace, api);
         let mut txn = Txn::new().when(Compare::ModRevision(key.clone(), seen.revision));
-        let rewrites = next.is_some();
-        if let Some(next) = next {
-            let value = serde_json::to_vec(&next)
+        if let Some(next) = &next {
+            let value = serde_json::to_vec(next)
                 .map_err(|e| kayra_catalog::repo::Error::Corrupt { key: key.clone(), message: e.to_string() })?;
             txn = txn.then(Op::Put { key, value });
-            if self.config.run_history == 0 {
+            if history == 0 {
                 // run_history 0: older runs go at the next write.
                 txn = txn.then(Op::DeletePrefix { prefix: kayra_catalog::repo::keys::runs(p, r, namespace, api) });
             }
@@ -446,19 +454,10 @@ impl Worker {
             run.unlocked.store(true, Ordering::Relaxed);
         }
         Ok(match (resp.succeeded, fence, resp.gets.first()) {
-            (true, _, _) if rewrites => Recorded::Written(resp.revision),
-            (true, _, _) => Recorded::Unchanged,
+            (true, _, _) => next.map_or(Recorded::Unchanged, |next| Recorded::Written(next, resp.revision)),
             (false, Some(_), Some(None)) => Recorded::Fenced,
             (false, _, _) => Recorded::Stale,
         })
-    }
-
-    /// Puts this job's own write into the view, so a job run again right
-    /// after it does not wait for the watch's echo.
-    fn feed_back(&self, sub: &Versioned<Subscription>, write: &Write, revision: kayra_store::Revision) {
-        if let Some(next) = written(&sub.value, write) {
-            self.view_mut().put_subscription(next, revision);
-        }
     }
 
     /// reconcile(reg): run the mode's pipeline, or the placeholder.
@@ -579,8 +578,9 @@ fn parse_fresh(
     revision: kayra_store::Revision,
 ) -> kayra_catalog::repo::Result<Fresh> {
     let got = |i: usize| gets.get(i).cloned().flatten();
-    let seq = decode::<runs::Cursor>(got(3))?.map_or(0, |c| c.value.next);
-    Ok((decode(got(0))?, decode(got(1))?, decode::<Attempt>(got(2))?.map(|v| v.value), revision, seq))
+    let sub = decode::<Subscription>(got(0))?;
+    let seq = runs::next_seq(sub.as_ref().map(|s| &s.value), decode::<runs::Cursor>(got(3))?.map(|c| c.value));
+    Ok((sub, decode(got(1))?, decode::<Attempt>(got(2))?.map(|v| v.value), revision, seq))
 }
 
 /// The fresh read: subscription, registration, given-up record, the read's
@@ -624,7 +624,8 @@ struct RunIds<'a> {
 
 /// What a fenced result write did.
 enum Recorded {
-    Written(kayra_store::Revision),
+    /// The subscription was rewritten, to this, at this revision.
+    Written(Subscription, kayra_store::Revision),
     Unchanged,
     /// The subscription changed since it was read: decide again.
     Stale,

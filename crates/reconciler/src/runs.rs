@@ -3,17 +3,22 @@
 //!
 //! Key layout: `keys::runs(p, r, ns, api)` + a ring slot `seq % run_history`,
 //! so each new run overwrites the oldest and a subscription never holds more
-//! than `run_history` runs, with no extra read or delete. `seq` is kept in a
-//! small cursor record (`keys::run_cursor`, outside `/runs/` so readers of
-//! run records never see it): read in the job's one fresh read under the
-//! lock, advanced in the result's transaction, deleted with the
-//! subscription (in the catalog's delete transaction).
+//! than `run_history` runs, with no extra read or delete. `seq` counts the
+//! subscription's runs. It is kept where the run's transaction writes
+//! anyway: in the subscription record (`Subscription::runs`, stored only)
+//! when the result rewrites it, as nearly every run's does; otherwise (a
+//! second failure, a superseded or cancelled run, which leave the
+//! subscription untouched) in a small cursor record (`keys::run_cursor`,
+//! outside `/runs/` so readers of run records never see it). The next run's
+//! number is the greater of the two, both read in the job's one fresh read
+//! under the lock; both go with the subscription (the cursor in the
+//! catalog's delete transaction).
 
 use std::sync::OnceLock;
 use std::time::SystemTime;
 
 use kayra_catalog::repo::{Repository, keys};
-use kayra_core::{ApiRegistration, Run, RunTrigger};
+use kayra_core::{ApiRegistration, Run, RunTrigger, Subscription};
 use kayra_store::Op;
 use serde::{Deserialize, Serialize};
 
@@ -61,10 +66,18 @@ pub fn cursor_key(repo: &Repository, namespace: &str, api: &str) -> String {
     keys::run_cursor(repo.platform(), repo.region(), namespace, api)
 }
 
+/// The number of the next run of a subscription whose record says `sub`
+/// and whose run cursor says `cursor`.
+pub fn next_seq(sub: Option<&Subscription>, cursor: Option<Cursor>) -> u64 {
+    sub.map_or(0, |s| s.runs).max(cursor.map_or(0, |c| c.next))
+}
+
 /// The ops that record `run` as run number `seq` of its subscription,
-/// keeping `history` runs. Empty when `history` is 0 (the caller clears the
-/// prefix when it writes the subscription anyway).
-pub fn record_ops(repo: &Repository, history: usize, seq: u64, run: &Run) -> Vec<Op> {
+/// keeping `history` runs; with `cursor`, also the cursor's advance (the
+/// caller advances `Subscription::runs` instead when it rewrites the
+/// subscription). Empty when `history` is 0 (the caller clears the prefix
+/// when it writes the subscription anyway).
+pub fn record_ops(repo: &Repository, history: usize, seq: u64, run: &Run, cursor: bool) -> Vec<Op> {
     if history == 0 {
         return Vec::new();
     }
@@ -72,11 +85,12 @@ pub fn record_ops(repo: &Repository, history: usize, seq: u64, run: &Run) -> Vec
     let slot = seq % history as u64;
     // Serializing these plain structs cannot fail.
     let value = serde_json::to_vec(run).unwrap_or_default();
-    let cursor = serde_json::to_vec(&Cursor { next: seq + 1 }).unwrap_or_default();
-    vec![
-        Op::Put { key: format!("{prefix}{slot}"), value },
-        Op::Put { key: cursor_key(repo, &run.namespace, &run.api), value: cursor },
-    ]
+    let mut ops = vec![Op::Put { key: format!("{prefix}{slot}"), value }];
+    if cursor {
+        let value = serde_json::to_vec(&Cursor { next: seq + 1 }).unwrap_or_default();
+        ops.push(Op::Put { key: cursor_key(repo, &run.namespace, &run.api), value });
+    }
+    ops
 }
 
 /// `kayra_sync_lag_seconds` of a sync to `reg`'s SyncID finishing now:
@@ -98,6 +112,17 @@ mod tests {
         assert_eq!(sync_lag(&reg), None);
         reg.sync_id_updated_at = humantime::format_rfc3339_millis(SystemTime::now()).to_string();
         assert!(sync_lag(&reg).is_some_and(|lag| (0.0..60.0).contains(&lag)));
+    }
+
+    #[test]
+    fn the_next_run_is_numbered_from_the_greater_count() {
+        let sub = |runs| Subscription { runs, ..Subscription::new("core", "x.io") };
+        let cursor = |next| Some(Cursor { next });
+        assert_eq!(next_seq(None, None), 0, "a subscription's first run");
+        assert_eq!(next_seq(Some(&sub(4)), None), 4);
+        assert_eq!(next_seq(Some(&sub(4)), cursor(2)), 4, "later runs rewrote the subscription");
+        assert_eq!(next_seq(Some(&sub(4)), cursor(5)), 5, "the last run left it untouched");
+        assert_eq!(next_seq(None, cursor(3)), 3);
     }
 
     #[test]

@@ -237,6 +237,49 @@ async fn placeholder_runs_have_no_steps_and_retention_holds(kind: Kind) {
     assert!(left.is_empty(), "the run cursor went too");
 }
 
+/// A run that rewrites the subscription counts itself there, one that does
+/// not (the immediate retry's second failure) in the run cursor; the ring
+/// numbers every run from the greater of the two, so retention keeps the
+/// newest runs whichever way each was counted.
+async fn the_ring_counts_runs_that_leave_the_subscription_untouched(kind: Kind) {
+    let store = store(kind).await;
+    let repo = Repository::new(store.store.clone(), "dev", "local");
+    let (seed, backend) = (Seed(&repo), TestBackend::start().await);
+    let mut cfg = ReconcilerConfig { run_history: 3, ..config() };
+    one_step_mode(&mut cfg, "api", &format!("{}/fail/x", backend.base));
+    seed.registration(API, "placeholder", "s1").await;
+    seed.subscription("core", API).await;
+    let running = start_reconciler(&repo, cfg);
+    eventually("synced s1", || synced(&seed, "core", API, "s1")).await;
+    // A failing pipeline: `state: error` rewrites the subscription, its
+    // retry's second failure does not.
+    let reg_key = keys::registration("dev", "local", API);
+    let to = |mode: &'static str, sync_id: &'static str| {
+        repo.modify::<kayra_core::ApiRegistration, _>(&reg_key, "registration", move |r| {
+            (r.mode, r.sync_id) = (mode.into(), sync_id.into());
+            kayra_catalog::repo::Change::Write
+        })
+    };
+    to("api", "s2").await.unwrap();
+    backend.wait_for("/fail/x", 2).await;
+    wait_runs(&repo, "core", API, 3).await;
+    to("placeholder", "s3").await.unwrap();
+    eventually("synced s3", || synced(&seed, "core", API, "s3")).await;
+    let kept = runs(&repo, "core", API).await;
+    running.stop().await;
+    let got: Vec<(&str, RunTrigger, RunResult)> =
+        kept.iter().map(|r| (r.sync_id.as_str(), r.trigger, r.result)).collect();
+    assert_eq!(
+        got,
+        [
+            ("s2", RunTrigger::Ongoing, RunResult::Error),
+            ("s2", RunTrigger::Retry, RunResult::Error),
+            ("s3", RunTrigger::Ongoing, RunResult::Success),
+        ],
+        "the three newest of four runs: {kept:?}"
+    );
+}
+
 async fn run_history_zero_records_none_and_clears_older_ones(kind: Kind) {
     let store = store(kind).await;
     let repo = Repository::new(store.store.clone(), "dev", "local");
@@ -341,6 +384,7 @@ runs_tests!(
     a_failed_decision_leaves_an_error_run_and_a_retry_run,
     steps_are_recorded_exactly_and_carry_the_run_id,
     placeholder_runs_have_no_steps_and_retention_holds,
+    the_ring_counts_runs_that_leave_the_subscription_untouched,
     run_history_zero_records_none_and_clears_older_ones,
     a_run_stopped_by_shutdown_is_recorded_as_cancelled,
 );
