@@ -13,18 +13,16 @@
 //! configured, and so that a backend cannot drift from it unnoticed.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::Duration;
 
-use futures::StreamExt;
-
-use std::sync::Arc;
-
 use async_trait::async_trait;
+use futures::StreamExt;
 use futures::stream::BoxStream;
 
 use crate::{
-    Backend, ChangeStream, Compare, Error, Event, JobLocker, KeyValue, ListPage, Op, Result, Revision, Store, Txn,
-    TxnResponse, WatchStream, WatcherEvent,
+    Backend, ChangeStream, Compare, Error, Event, JobLocker, KeyValue, Leases, ListPage, Op, Result, Revision, Store,
+    Txn, TxnResponse, WatchStream, WatcherEvent,
 };
 
 /// The longest any single wait in the suite may take.
@@ -725,6 +723,12 @@ impl<B: Backend> Backend for Switched<B> {
     }
     fn job_locker(&self) -> Option<Arc<dyn JobLocker>> {
         self.inner.job_locker()
+    }
+    fn leases(&self) -> Option<Arc<dyn Leases>> {
+        self.inner.leases()
+    }
+    fn round_trips(&self) -> Option<u64> {
+        self.inner.round_trips()
     }
 }
 
