@@ -72,6 +72,12 @@ pub enum JobEnd {
 /// runs again.
 pub const STORE_BACKOFF: std::time::Duration = std::time::Duration::from_secs(1);
 
+/// How long a job whose steps ran keeps trying to record the result while
+/// the store is unavailable ([`Worker::record_patiently`]), and its first
+/// pause between tries (doubling up to [`STORE_BACKOFF`]).
+const RECORD_PATIENCE: std::time::Duration = std::time::Duration::from_secs(30);
+const RECORD_RETRY_PAUSE: std::time::Duration = std::time::Duration::from_millis(100);
+
 /// The SyncID a job works toward, readable by the dispatcher if the job panics.
 #[derive(Default)]
 pub struct SyncNote(Mutex<String>);
@@ -359,7 +365,7 @@ impl Worker {
         // Nothing follows a final result under this lock: the result's
         // transaction is also the unlock.
         let unlock = matches!(then, Then::Done);
-        let recorded = self.record(sub, &write, (&record, seq), run, unlock).await?;
+        let recorded = self.record_patiently(sub, &write, (&record, seq), run, unlock).await?;
         let after = match recorded {
             Recorded::Fenced => {
                 tracing::warn!("job lock lost during the reconcile (lease expired?); its result is not recorded");
@@ -395,6 +401,48 @@ impl Worker {
                 self.record_given_up(&sub.value.namespace, &sub.value.api, &attempt).await?;
                 tracing::warn!("giving up until the subscription or its registration is written again");
                 Ok(Step::Done)
+            }
+        }
+    }
+
+    /// [`Worker::record`], tried again while the store is unavailable (an
+    /// etcd election, a member's loss), so that an outage does not throw
+    /// away a reconcile whose steps already ran: the job still holds its
+    /// lock, and the write's guards (the subscription's revision, the
+    /// fence) make every retry safe. Gives up after [`RECORD_PATIENCE`] or
+    /// at shutdown, leaving the job to the queue, which decides it again
+    /// from a fresh read. A failed attempt's outcome may be unknown (it may
+    /// have committed, unlock included), so a later attempt that finds the
+    /// lock gone may be looking at its own earlier commit: that job goes
+    /// back to the queue too, rather than ending as fenced.
+    async fn record_patiently(
+        &self,
+        seen: &Versioned<Subscription>,
+        write: &Write,
+        result: (&Run, u64),
+        run: RunIds<'_>,
+        unlock: bool,
+    ) -> kayra_catalog::repo::Result<Recorded> {
+        let started = Instant::now();
+        let mut pause = RECORD_RETRY_PAUSE;
+        let mut failed: Option<String> = None;
+        let unavailable = |message: String| kayra_catalog::repo::Error::Store(kayra_store::Error::Unavailable(message));
+        loop {
+            match self.record(seen, write, result, run, unlock).await {
+                Err(kayra_catalog::repo::Error::Store(kayra_store::Error::Unavailable(message))) => {
+                    if started.elapsed() + pause > RECORD_PATIENCE {
+                        return Err(unavailable(message));
+                    }
+                    tracing::warn!(error = %message, "could not record the result; trying again");
+                    tokio::select! {
+                        () = tokio::time::sleep(pause) => {}
+                        () = self.cancel.cancelled() => return Err(unavailable(message)),
+                    }
+                    pause = (pause * 2).min(STORE_BACKOFF);
+                    failed = Some(message);
+                }
+                Ok(Recorded::Fenced) if let Some(message) = failed => return Err(unavailable(message)),
+                other => return other,
             }
         }
     }

@@ -1,7 +1,12 @@
-//! Re-list with deletes in the gap (both backends): the store's watcher
-//! re-lists after an etcd compaction or a trimmed local change log, and
-//! the reconciler replaces its view whole, so a subscription deleted while
-//! it was not watching leaves no stale view entry and no attempt record.
+//! Store outages (both backends).
+//!
+//! - Re-list with deletes in the gap: the store's watcher re-lists after an
+//!   etcd compaction or a trimmed local change log, and the reconciler
+//!   replaces its view whole, so a subscription deleted while it was not
+//!   watching leaves no stale view entry and no attempt record.
+//! - A result the store fails to record (an etcd election outlasting the
+//!   request timeout) is recorded again, not reconciled again: the steps
+//!   that already ran are not called a second time.
 
 mod common;
 
@@ -13,8 +18,8 @@ use kayra_catalog::repo::{Repository, keys};
 use kayra_config::ReconcilerConfig;
 use kayra_core::SubscriptionState;
 use kayra_reconciler::Reconciler;
-use kayra_store::Store;
 use kayra_store::testsuite::{FeedSwitch, Switched};
+use kayra_store::{Op, Store};
 use tokio_util::sync::CancellationToken;
 
 const API: &str = "compute.example.com";
@@ -102,4 +107,32 @@ async fn deletes_in_a_relist_gap_are_learnt(kind: Kind) {
     handle.await.unwrap();
 }
 
-both_backends!(deletes_in_a_relist_gap_are_learnt);
+async fn a_result_the_store_fails_to_record_is_recorded_not_reconciled_again(kind: Kind) {
+    let gap = Gap::new(kind).await;
+    let repo = Repository::new(gap.store.clone(), "dev", "local");
+    let seed = Seed(&repo);
+    let backend = TestBackend::start().await;
+    let mut cfg = ReconcilerConfig::default();
+    one_step_mode(&mut cfg, "api", &format!("{}/ok/x", backend.base));
+    seed.registration(API, "api", "s1").await;
+    // The result's transaction is the one that records a run.
+    gap.switch.fail_txns(3, |txn| {
+        txn.success.iter().any(|op| matches!(op, Op::Put { key, .. } if key.starts_with("/runs/")))
+    });
+    seed.subscription("core", API).await;
+    let cancel = CancellationToken::new();
+    let reconciler = Reconciler::new(repo.clone(), cfg, cancel.clone()).unwrap();
+    let handle = tokio::spawn(async move { reconciler.run().await.unwrap() });
+
+    eventually("synced", || async { seed.get("core", API).await.is_synced("s1") }).await;
+    assert_eq!(gap.switch.txns_left_to_fail(), 0, "the result write failed three times first");
+    // Past the queue's store backoff, when a reconcile thrown away would run again.
+    tokio::time::sleep(kayra_reconciler::ensure::STORE_BACKOFF * 2).await;
+    assert_eq!(backend.count("/ok/x"), 1, "the step ran once");
+    let (runs, _) = repo.store().list_all(&keys::runs("dev", "local", "core", API)).await.unwrap();
+    assert_eq!(runs.len(), 1, "one run recorded");
+    cancel.cancel();
+    handle.await.unwrap();
+}
+
+both_backends!(deletes_in_a_relist_gap_are_learnt, a_result_the_store_fails_to_record_is_recorded_not_reconciled_again,);

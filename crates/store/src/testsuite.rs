@@ -13,7 +13,7 @@
 //! configured, and so that a backend cannot drift from it unnoticed.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -643,19 +643,55 @@ pub async fn watcher_reports_progress(store: &Store) {
 
 /// A real backend whose change feeds can be cut, as a lost connection
 /// would: [`FeedSwitch::cut`] ends every open feed and makes new ones fail
-/// until [`FeedSwitch::restore`]. Everything else passes straight through.
-/// For testing what consumers of [`Store::watcher`] do across outages.
+/// until [`FeedSwitch::restore`]; and whose transactions can fail, as an
+/// unreachable store's would ([`FeedSwitch::fail_txns`]). Everything else
+/// passes straight through. For testing what consumers of the store do
+/// across outages.
 pub struct Switched<B> {
     inner: B,
     /// `(on, cuts so far)`: a feed ends once the count moves past its own.
     on: tokio::sync::watch::Receiver<(bool, u64)>,
+    failing: Arc<Mutex<Failing>>,
 }
 
-/// Turns the feeds of a [`Switched`] backend off and on.
+/// Transactions a [`Switched`] backend fails: the next `left` that `matches`.
+#[derive(Default)]
+struct Failing {
+    left: usize,
+    matches: Option<TxnFilter>,
+}
+
+type TxnFilter = Box<dyn Fn(&Txn) -> bool + Send + Sync>;
+
+impl Failing {
+    /// Whether `txn` fails (and is counted).
+    fn take(&mut self, txn: &Txn) -> bool {
+        let hit = self.left > 0 && self.matches.as_ref().is_some_and(|m| m(txn));
+        if hit {
+            self.left -= 1;
+        }
+        hit
+    }
+}
+
+/// Turns the feeds of a [`Switched`] backend off and on, and fails its
+/// transactions.
 #[derive(Clone)]
-pub struct FeedSwitch(Arc<tokio::sync::watch::Sender<(bool, u64)>>);
+pub struct FeedSwitch(Arc<tokio::sync::watch::Sender<(bool, u64)>>, Arc<Mutex<Failing>>);
 
 impl FeedSwitch {
+    /// Fails the next `n` transactions that `matches` with
+    /// [`Error::Unavailable`], applying nothing of them.
+    pub fn fail_txns(&self, n: usize, matches: impl Fn(&Txn) -> bool + Send + Sync + 'static) {
+        *self.1.lock().unwrap_or_else(PoisonError::into_inner) = Failing { left: n, matches: Some(Box::new(matches)) };
+    }
+
+    /// How many of the transactions [`FeedSwitch::fail_txns`] asked for are
+    /// still to fail.
+    pub fn txns_left_to_fail(&self) -> usize {
+        self.1.lock().unwrap_or_else(PoisonError::into_inner).left
+    }
+
     pub fn cut(&self) {
         self.0.send_modify(|(on, cuts)| {
             *on = false;
@@ -670,8 +706,17 @@ impl FeedSwitch {
 impl<B: Backend> Switched<B> {
     pub fn new(inner: B) -> (Self, FeedSwitch) {
         let (tx, rx) = tokio::sync::watch::channel((true, 0));
-        (Self { inner, on: rx }, FeedSwitch(Arc::new(tx)))
+        let failing = Arc::new(Mutex::new(Failing::default()));
+        (Self { inner, on: rx, failing: failing.clone() }, FeedSwitch(Arc::new(tx), failing))
     }
+
+    fn fails(&self, txn: &Txn) -> bool {
+        self.failing.lock().unwrap_or_else(PoisonError::into_inner).take(txn)
+    }
+}
+
+fn failed_by_the_test() -> Error {
+    Error::Unavailable("transaction failed by the test".into())
 }
 
 #[async_trait]
@@ -698,10 +743,22 @@ impl<B: Backend> Backend for Switched<B> {
         self.inner.revision().await
     }
     async fn txn(&self, txn: Txn) -> Result<TxnResponse> {
+        if self.fails(&txn) {
+            return Err(failed_by_the_test());
+        }
         self.inner.txn(txn).await
     }
+    /// The failing ones answer alone; the others still go as one group.
     async fn txn_group(&self, txns: Vec<Txn>, started: std::time::Instant) -> Vec<Result<TxnResponse>> {
-        self.inner.txn_group(txns, started).await
+        let failed: Vec<bool> = txns.iter().map(|t| self.fails(t)).collect();
+        let sent: Vec<Txn> = txns.into_iter().zip(&failed).filter(|(_, f)| !**f).map(|(t, _)| t).collect();
+        let mut answers = self.inner.txn_group(sent, started).await.into_iter();
+        failed
+            .into_iter()
+            .map(|f| {
+                if f { Err(failed_by_the_test()) } else { answers.next().unwrap_or_else(|| Err(failed_by_the_test())) }
+            })
+            .collect()
     }
     fn group_limits(&self) -> (usize, usize) {
         self.inner.group_limits()
