@@ -222,10 +222,10 @@ async fn a_panicking_job_wedges_nothing(kind: Kind) {
 
 /// A job the store failed (the local file's write lock held elsewhere past
 /// the write timeout, so its result write is refused and never commits)
-/// is queued again and finishes once the store answers: a transient outage
+/// tries again and finishes once the store answers: a transient outage
 /// loses no work.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_job_the_store_failed_runs_again_once_it_answers() {
+async fn a_job_the_store_failed_finishes_once_it_answers() {
     let dir = tempfile::tempdir().unwrap();
     let config = kayra_testkit::local_config(dir.path());
     let open = || kayra_store::local::LocalStore::open(&config.path, config.poll_interval.0).unwrap();
