@@ -66,6 +66,11 @@ pub enum JobEnd {
     /// The store failed it (unreachable, timed out): retry from the queue
     /// after [`STORE_BACKOFF`], so a transient outage loses no work.
     StoreFailed,
+    /// Its job lock was lost while it ran (an expired lease) and its result
+    /// was not recorded: decide it again from the queue after
+    /// [`STORE_BACKOFF`]. Whoever holds the lock now may be running it; if
+    /// nobody is, the subscription would otherwise wait for its next write.
+    Fenced,
 }
 
 /// How long a job that failed on the store waits in the queue before it
@@ -221,8 +226,7 @@ impl Worker {
         let run =
             RunIds { lock_id, fencing_token: guard.fencing_token(), fence: guard.fence_key(), unlocked: &unlocked };
         let end = match self.ensure_locked(key, (namespace, api), cause, run, note, prefetched).await {
-            Ok(None) => JobEnd::Done,
-            Ok(Some(wait)) => JobEnd::Limited(wait),
+            Ok(end) => end,
             Err(e) => {
                 tracing::warn!(namespace, api, lock_id, sync_id = %note.get(), error = %e,
                     "reconcile aborted: store error; queued again");
@@ -245,13 +249,13 @@ impl Worker {
         run: RunIds<'_>,
         note: &SyncNote,
         mut prefetched: Option<(Vec<Option<kayra_store::KeyValue>>, kayra_store::Revision)>,
-    ) -> kayra_catalog::repo::Result<Option<std::time::Duration>> {
+    ) -> kayra_catalog::repo::Result<JobEnd> {
         let lock_id = run.lock_id;
         let mut failures = 0;
         let mut next_trigger = Some(cause.trigger);
         loop {
             if self.cancel.is_cancelled() {
-                return Ok(None);
+                return Ok(JobEnd::Done);
             }
             let (sub, reg, given_up, read_at, seq) = match prefetched.take() {
                 Some((gets, revision)) => parse_fresh(&gets, revision)?,
@@ -266,7 +270,7 @@ impl Worker {
             let (Decision::Reconcile { sync_id, .. }, Some(sub), Some(reg)) =
                 (decide::decide(&observed, cause.startup), &sub, &reg)
             else {
-                return Ok(None);
+                return Ok(JobEnd::Done);
             };
             note.set(&sync_id);
             // §7 limits: never waited on here; a used-up limit sends the job
@@ -274,7 +278,7 @@ impl Worker {
             let _permit = match self.config.resolve_mode(&reg.value.mode) {
                 Some(mode) => match self.limits.try_acquire(mode).await.map_err(kayra_catalog::repo::Error::from)? {
                     Ok(permit) => Some(permit),
-                    Err(wait) => return Ok(Some(wait)),
+                    Err(wait) => return Ok(JobEnd::Limited(wait)),
                 },
                 None => None,
             };
@@ -290,7 +294,8 @@ impl Worker {
             let span =
                 tracing::info_span!("reconcile", namespace, api, lock_id, sync_id = %sync_id, run_id = %begun.id);
             match self.attempt(sub, reg, failures, run, &begun, seq).instrument(span).await? {
-                Step::Done => return Ok(None),
+                Step::Done => return Ok(JobEnd::Done),
+                Step::Fenced => return Ok(JobEnd::Fenced),
                 Step::Again { failures: f, trigger } => {
                     failures = f;
                     next_trigger = trigger;
@@ -368,8 +373,11 @@ impl Worker {
         let recorded = self.record_patiently(sub, &write, (&record, seq), run, unlock).await?;
         let after = match recorded {
             Recorded::Fenced => {
-                tracing::warn!("job lock lost during the reconcile (lease expired?); its result is not recorded");
-                return Ok(Step::Done);
+                tracing::warn!(
+                    "job lock lost during the reconcile (lease expired?); its result is not recorded, \
+                     and the job is queued again"
+                );
+                return Ok(Step::Fenced);
             }
             Recorded::Stale => {
                 tracing::info!("subscription changed during reconcile; deciding again");
@@ -413,8 +421,8 @@ impl Worker {
     /// at shutdown, leaving the job to the queue, which decides it again
     /// from a fresh read. A failed attempt's outcome may be unknown (it may
     /// have committed, unlock included), so a later attempt that finds the
-    /// lock gone may be looking at its own earlier commit: that job goes
-    /// back to the queue too, rather than ending as fenced.
+    /// lock gone may be looking at its own earlier commit: as any fenced
+    /// job, it goes back to the queue and finds that out from a fresh read.
     async fn record_patiently(
         &self,
         seen: &Versioned<Subscription>,
@@ -425,7 +433,6 @@ impl Worker {
     ) -> kayra_catalog::repo::Result<Recorded> {
         let started = Instant::now();
         let mut pause = RECORD_RETRY_PAUSE;
-        let mut failed: Option<String> = None;
         let unavailable = |message: String| kayra_catalog::repo::Error::Store(kayra_store::Error::Unavailable(message));
         loop {
             match self.record(seen, write, result, run, unlock).await {
@@ -439,9 +446,7 @@ impl Worker {
                         () = self.cancel.cancelled() => return Err(unavailable(message)),
                     }
                     pause = (pause * 2).min(STORE_BACKOFF);
-                    failed = Some(message);
                 }
-                Ok(Recorded::Fenced) if let Some(message) = failed => return Err(unavailable(message)),
                 other => return other,
             }
         }
@@ -685,6 +690,8 @@ enum Recorded {
 /// What [`Worker::attempt`] leaves to do.
 enum Step {
     Done,
+    /// The job lock was lost: nothing was recorded.
+    Fenced,
     /// Read the records fresh and decide again, with this many failures so
     /// far, as a run with this trigger (`None`: from the fresh record).
     Again {

@@ -521,7 +521,9 @@ async fn dispatch(
                 Ok(JobEnd::Done) => {}
                 Ok(JobEnd::LockBusy) => queue.add_after(key, cause, class, worker.locks.retry_interval()),
                 Ok(JobEnd::Limited(wait)) => queue.add_after(key, cause, class, wait),
-                Ok(JobEnd::StoreFailed) => queue.add_after(key, cause, class, ensure::STORE_BACKOFF),
+                Ok(JobEnd::StoreFailed | JobEnd::Fenced) => {
+                    queue.add_after(key, cause, class, ensure::STORE_BACKOFF);
+                }
                 Err(panic) => {
                     let why = panic_message(panic.as_ref());
                     let (namespace, api) = match &key {
