@@ -458,10 +458,10 @@ impl Worker {
     /// ours (fencing, platform contract §7). When only the run is new (a
     /// second failure, a superseded run) the subscription is not rewritten,
     /// so its watchers see no event, and the run cursor counts the run;
-    /// otherwise the rewritten subscription does. With `unlock`, the transaction also deletes
-    /// the lock key (etcd), and `run.unlocked` says whether it did. The
-    /// results of jobs finishing together share one transaction (group
-    /// commit, [`kayra_store::Store::txn_grouped`]).
+    /// otherwise the rewritten subscription does. With `unlock`, the
+    /// transaction also deletes the lock key (etcd), and `run.unlocked`
+    /// says whether it did. The results of jobs finishing together share
+    /// one transaction (group commit, [`kayra_store::Store::txn_grouped`]).
     async fn record(
         &self,
         seen: &Versioned<Subscription>,
