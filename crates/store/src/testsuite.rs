@@ -752,7 +752,8 @@ impl<B: Backend> Backend for Switched<B> {
     async fn txn_group(&self, txns: Vec<Txn>, started: std::time::Instant) -> Vec<Result<TxnResponse>> {
         let failed: Vec<bool> = txns.iter().map(|t| self.fails(t)).collect();
         let sent: Vec<Txn> = txns.into_iter().zip(&failed).filter(|(_, f)| !**f).map(|(t, _)| t).collect();
-        let mut answers = self.inner.txn_group(sent, started).await.into_iter();
+        let answers = if sent.is_empty() { Vec::new() } else { self.inner.txn_group(sent, started).await };
+        let mut answers = answers.into_iter();
         failed
             .into_iter()
             .map(|f| {
