@@ -229,8 +229,10 @@ async fn leader_killed_during_a_fan_out(tls: bool, subscribers: usize) {
     let mut reconcilers = [world.reconciler("r0", "slow").0, world.reconciler("r1", "slow").0];
     eventually("all synced to s1", || world.all_synced(&namespaces, "s1")).await;
 
-    let clients = Clients::start(world.http.clone(), &base, "e");
+    // The bump is acknowledged before the first create: every subscription
+    // the clients create is first synced to s2, its only SyncID.
     world.bump("s2").await;
+    let clients = Clients::start(world.http.clone(), &base, "e");
     world.backend.wait_for("/slow/f", subscribers + subscribers / 4).await;
     let leader = world.cluster.leader().await;
     world.cluster.kill(leader);
