@@ -13,7 +13,7 @@ mod common;
 use std::time::Duration;
 
 use common::backend::TestBackend;
-use common::{Kind, Seed, eventually, one_step_mode};
+use common::{Kind, Seed, eventually, one_step_mode, start_reconciler};
 use kayra_catalog::repo::{Repository, keys};
 use kayra_config::ReconcilerConfig;
 use kayra_core::SubscriptionState;
@@ -120,9 +120,7 @@ async fn a_result_the_store_fails_to_record_is_recorded_not_reconciled_again(kin
         txn.success.iter().any(|op| matches!(op, Op::Put { key, .. } if key.starts_with("/runs/")))
     });
     seed.subscription("core", API).await;
-    let cancel = CancellationToken::new();
-    let reconciler = Reconciler::new(repo.clone(), cfg, cancel.clone()).unwrap();
-    let handle = tokio::spawn(async move { reconciler.run().await.unwrap() });
+    let running = start_reconciler(&repo, cfg);
 
     eventually("synced", || async { seed.get("core", API).await.is_synced("s1") }).await;
     assert_eq!(gap.switch.txns_left_to_fail(), 0, "the result write failed three times first");
@@ -131,8 +129,7 @@ async fn a_result_the_store_fails_to_record_is_recorded_not_reconciled_again(kin
     assert_eq!(backend.count("/ok/x"), 1, "the step ran once");
     let (runs, _) = repo.store().list_all(&keys::runs("dev", "local", "core", API)).await.unwrap();
     assert_eq!(runs.len(), 1, "one run recorded");
-    cancel.cancel();
-    handle.await.unwrap();
+    running.stop().await;
 }
 
 both_backends!(deletes_in_a_relist_gap_are_learnt, a_result_the_store_fails_to_record_is_recorded_not_reconciled_again,);
