@@ -508,13 +508,6 @@ async fn watcher_survives_an_etcd_restart() {
     }
 }
 
-/// Sends `signal` (`-STOP`, `-CONT`) to etcd.
-fn signal(etcd: &Etcd, signal: &str) {
-    let pid = etcd.pid().expect("etcd runs").to_string();
-    let status = Command::new("kill").args([signal, &pid]).status().expect("run kill");
-    assert!(status.success(), "kill {signal} {pid}");
-}
-
 /// A frozen etcd (SIGSTOP) holds every call until the request timeout at
 /// most: then `Unavailable`, for reads, writes and transactions alike; and
 /// the watcher stops reporting progress (what a fail-closed cache needs).
@@ -528,7 +521,7 @@ async fn a_frozen_etcd_answers_unavailable_within_the_request_timeout() {
     let mut view = BTreeMap::new();
     kayra_store::testsuite::follow_until(&mut watcher, &mut view, |v| v.len() == 1).await;
 
-    signal(&etcd, "-STOP");
+    kayra_testkit::freeze(etcd.pid().expect("etcd runs"));
     let calls: Vec<(&str, futures::future::BoxFuture<'_, kayra_store::Result<()>>)> = vec![
         ("get", Box::pin(async { store.get("/frozen/a").await.map(drop) })),
         ("list", Box::pin(async { store.list("/frozen/", None, 0).await.map(drop) })),
@@ -547,7 +540,7 @@ async fn a_frozen_etcd_answers_unavailable_within_the_request_timeout() {
     // anything in flight to have arrived).
     let frozen = tokio::time::timeout(Duration::from_millis(1500), futures::StreamExt::next(&mut watcher)).await;
     assert!(frozen.is_err(), "no watcher event while etcd is frozen, got {frozen:?}");
-    signal(&etcd, "-CONT");
+    kayra_testkit::thaw(etcd.pid().expect("etcd runs"));
 
     // Everything recovers without a new handle.
     eventually("the store to answer again", || {

@@ -173,7 +173,7 @@ impl EtcdCluster {
     /// Freezes member `i` (SIGSTOP): its connections stay open, unanswered.
     pub fn freeze(&mut self, i: usize) {
         if let Some(child) = &self.members[i].child {
-            signal(child, "STOP");
+            crate::freeze(child.id());
         }
         self.frozen_set(i, true);
     }
@@ -181,7 +181,7 @@ impl EtcdCluster {
     /// Thaws member `i` (SIGCONT).
     pub fn thaw(&mut self, i: usize) {
         if let Some(child) = &self.members[i].child {
-            signal(child, "CONT");
+            crate::thaw(child.id());
         }
         self.frozen_set(i, false);
     }

@@ -13,6 +13,8 @@
 //! - [`free_port`]: a loopback port nobody listens on right now.
 //! - [`backend`]: a recording HTTP backend for reconciler tests.
 //! - [`fixtures`]: sample records (a run).
+//! - [`freeze`] / [`thaw`]: SIGSTOP a process and wait until it has
+//!   stopped; SIGCONT it.
 //!
 //! Timeouts here are deliberately long ([`WAIT`]): they only matter when
 //! something is broken, and CI machines are slow and shared.
@@ -24,16 +26,19 @@
 //! - `apt.rs`: installing a missing tool, once per machine.
 //! - `backend.rs`: the recording HTTP backend.
 //! - `fixtures.rs`: sample records.
+//! - `process.rs`: freezing and thawing a process.
 
 mod apt;
 pub mod backend;
 mod cluster;
 mod etcd;
 pub mod fixtures;
+mod process;
 mod tls;
 
 pub use cluster::{EtcdCluster, MEMBERS};
 pub use etcd::Etcd;
+pub use process::{freeze, thaw};
 pub use tls::Certificates;
 
 use std::future::Future;

@@ -148,11 +148,6 @@ both_backends! {
     }
 }
 
-fn signal(pid: u32, signal: &str) {
-    let status = std::process::Command::new("kill").arg(format!("-{signal}")).arg(pid.to_string()).status();
-    assert!(status.is_ok_and(|s| s.success()), "kill -{signal} {pid}");
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_frozen_etcd_gives_503s_and_recovers_without_a_restart() {
     let first = Server::start(Backend::Etcd).await;
@@ -164,7 +159,7 @@ async fn a_frozen_etcd_gives_503s_and_recovers_without_a_restart() {
     server.get("/readyz").await.expect(200);
 
     let (pid, _) = server.etcd_process().await;
-    signal(pid, "STOP");
+    kayra_testkit::freeze(pid);
     let frozen = Instant::now();
     let mut answers = Vec::new();
     while frozen.elapsed() < Duration::from_secs(10) {
@@ -182,7 +177,7 @@ async fn a_frozen_etcd_gives_503s_and_recovers_without_a_restart() {
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    signal(pid, "CONT");
+    kayra_testkit::thaw(pid);
     kayra_testkit::eventually("the replica to recover", || async {
         server.call(Method::GET, "/namespaces/core", Some(&token), None).await.status == 200
     })

@@ -20,11 +20,6 @@ async fn with_timeout(server: &Server, change: impl FnOnce(&mut kayra_config::Co
         .await
 }
 
-fn signal(etcd: &kayra_testkit::Etcd, signal: &str) {
-    let pid = etcd.pid().expect("etcd runs").to_string();
-    assert!(std::process::Command::new("kill").args([signal, &pid]).status().expect("kill").success());
-}
-
 /// etcd frozen with SIGSTOP: a catalog GET answers 503 within
 /// request_timeout + 1 s, `/readyz` too; after SIGCONT all is well again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -35,7 +30,7 @@ async fn a_frozen_etcd_answers_503_within_the_request_timeout() {
     server.namespace("core").await;
     server.get("/namespaces/core").await.expect(200);
 
-    signal(&etcd, "-STOP");
+    kayra_testkit::freeze(etcd.pid().expect("etcd runs"));
     for path in ["/namespaces/core", "/namespaces", "/readyz"] {
         let started = Instant::now();
         let reply = server.get(path).await;
@@ -46,7 +41,7 @@ async fn a_frozen_etcd_answers_503_within_the_request_timeout() {
     let started = Instant::now();
     server.post("/namespaces", json!({"name": "later"})).await.error(503, &[]);
     assert!(started.elapsed() < TIMEOUT + Duration::from_secs(1));
-    signal(&etcd, "-CONT");
+    kayra_testkit::thaw(etcd.pid().expect("etcd runs"));
 
     kayra_testkit::eventually("the API to answer again", || async {
         server.get("/namespaces/core").await.status == 200
