@@ -10,6 +10,7 @@
 
 use std::io::Read;
 
+use kayra_core::json_kind;
 use serde_json::Value;
 
 use crate::error::{Error, invalid};
@@ -51,18 +52,7 @@ pub fn parse(text: &str) -> Result<Value, String> {
     match value {
         Value::Object(_) | Value::Array(_) => Ok(value),
         Value::Null => Err("empty document: expected a JSON or YAML object".into()),
-        other => Err(format!("expected a JSON or YAML object, got {}", kind(&other))),
-    }
-}
-
-fn kind(value: &Value) -> &'static str {
-    match value {
-        Value::Null => "null",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "an array",
-        Value::Object(_) => "an object",
+        other => Err(format!("expected a JSON or YAML object, got {}", json_kind(&other))),
     }
 }
 

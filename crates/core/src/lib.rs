@@ -21,3 +21,17 @@ pub use runs::{Run, RunResult, RunStep, RunTrigger};
 
 /// The API group of kayra's own catalog API.
 pub const CATALOG_API: &str = "catalog.example.com";
+
+/// What kind of JSON value `value` is, as an error message names it
+/// ("expected an object, got an array").
+pub fn json_kind(value: &serde_json::Value) -> &'static str {
+    use serde_json::Value;
+    match value {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}

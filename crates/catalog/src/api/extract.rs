@@ -18,6 +18,7 @@ use axum::extract::{FromRequest, FromRequestParts, Request};
 use axum::http::header::CONTENT_LENGTH;
 use axum::http::request::Parts;
 use futures::StreamExt;
+use kayra_core::json_kind;
 use serde::de::DeserializeOwned;
 use serde_json::{Map, Value};
 
@@ -97,7 +98,9 @@ async fn read_object(req: Request, limit: usize, empty_is_object: bool) -> Resul
     }
     match serde_json::from_slice::<Value>(&bytes) {
         Ok(Value::Object(object)) => Ok(object),
-        Ok(other) => Err(ApiError::bad_request(format!("request body must be a JSON object, not {}", kind(&other)))),
+        Ok(other) => {
+            Err(ApiError::bad_request(format!("request body must be a JSON object, not {}", json_kind(&other))))
+        }
         Err(e) => Err(ApiError::bad_request(format!("request body is not valid JSON: {e}"))),
     }
 }
@@ -114,17 +117,6 @@ async fn drain(stream: &mut BodyDataStream) {
         }
     };
     let _ = tokio::time::timeout(DRAIN_TIME, discard).await;
-}
-
-fn kind(value: &Value) -> &'static str {
-    match value {
-        Value::Null => "null",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "an array",
-        Value::Object(_) => "an object",
-    }
 }
 
 /// Refuses a body that sets one of `computed`, naming it.
