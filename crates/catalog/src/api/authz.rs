@@ -28,6 +28,8 @@ use kayra_rbac::{Decision, Verb};
 
 use super::ApiState;
 use super::error::ApiError;
+use super::extract::Query;
+use super::list::ListQuery;
 use super::watch::{self, Watched, Watcher};
 use crate::repo::Repository;
 
@@ -175,7 +177,7 @@ async fn serve_watch(
     request: Request,
     next: Next,
 ) -> Result<Response, Response> {
-    let (Some(kind), Access::Cluster { resource, .. }) = (requirement.watch, requirement.access) else {
+    let (Some(kind), Access::Cluster { resource, verb }) = (requirement.watch, requirement.access) else {
         return Err(
             ApiError::bad_request("this route cannot be watched: only a collection or one object can").into_response()
         );
@@ -200,6 +202,12 @@ async fn serve_watch(
         .iter()
         .filter_map(|v| v.to_str().ok())
         .any(|v| v.to_ascii_lowercase().contains("text/event-stream"));
+    // `limit` and `continue` page a list; a stream has no pages, so a
+    // collection's watch ignores them, but a malformed one is the same 400
+    // as the list's (a GET of one object ignores them either way).
+    if verb == Verb::List {
+        Query::<ListQuery>::from_request_parts(&mut parts, &()).await.map_err(IntoResponse::into_response)?;
+    }
     // The validation GET reads at most one item of a collection.
     if let Ok(uri) = format!("{}?limit=1", parts.uri.path()).parse::<Uri>() {
         parts.uri = uri;

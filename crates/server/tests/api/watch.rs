@@ -254,6 +254,18 @@ both_backends! {
         // `watch` grants no plain GET, and a bad value or an unwatchable route is a 400.
         server.call(Method::GET, "/namespaces", Some(&watcher), None).await.error(403, &["list"]);
         server.get("/namespaces?watch=maybe").await.error(400, &["watch"]);
+        // A stream has no pages: a collection's watch ignores `limit`, but
+        // not a malformed one.
+        for limit in ["abc", "-1"] {
+            let refused = Events::request(&server, &format!("/namespaces?limit={limit}"), &watcher, false).await;
+            assert_eq!(refused.status(), 400, "limit={limit}");
+            let body = refused.text().await.expect("the error body");
+            assert!(body.contains("limit"), "limit={limit}: {body}");
+        }
+        server.namespace("more").await;
+        let mut unpaged = Events::open(&server, "/namespaces?limit=1", &watcher, false).await;
+        unpaged.expect("ADDED", "name", "core").await;
+        unpaged.expect("ADDED", "name", "more").await;
         server.registration(API, json!({})).await;
         server.get("/whoami?watch=true").await.error(400, &["watch"]);
         // Errors of the GET come first: a missing object is a 404.
