@@ -11,6 +11,7 @@
 //! report them as merely "unknown", and so PATCH can merge into a JSON
 //! object before the typed parse (RFC 7386).
 
+use std::fmt;
 use std::time::Duration;
 
 use axum::body::BodyDataStream;
@@ -19,8 +20,9 @@ use axum::http::header::CONTENT_LENGTH;
 use axum::http::request::Parts;
 use futures::StreamExt;
 use kayra_core::json_kind;
-use serde::de::DeserializeOwned;
-use serde_json::{Map, Value};
+use serde::de::{self, DeserializeOwned, MapAccess, SeqAccess, Visitor};
+use serde::{Deserialize, Deserializer};
+use serde_json::{Map, Number, Value};
 
 use super::ApiState;
 use super::error::ApiError;
@@ -96,12 +98,73 @@ async fn read_object(req: Request, limit: usize, empty_is_object: bool) -> Resul
             Err(ApiError::bad_request("request body is empty; expected a JSON object"))
         };
     }
-    match serde_json::from_slice::<Value>(&bytes) {
+    match serde_json::from_slice::<UniqueKeys>(&bytes).map(|UniqueKeys(value)| value) {
         Ok(Value::Object(object)) => Ok(object),
         Ok(other) => {
             Err(ApiError::bad_request(format!("request body must be a JSON object, not {}", json_kind(&other))))
         }
         Err(e) => Err(ApiError::bad_request(format!("request body is not valid JSON: {e}"))),
+    }
+}
+
+/// A JSON value none of whose objects names a key twice. serde_json keeps
+/// the last of `{"name": "x", "name": "y"}`; another parser (a proxy that
+/// checked the body) may keep the first, so such a body is refused rather
+/// than read one way here and another way there.
+struct UniqueKeys(Value);
+
+impl<'de> Deserialize<'de> for UniqueKeys {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_any(UniqueKeysVisitor).map(UniqueKeys)
+    }
+}
+
+struct UniqueKeysVisitor;
+
+impl<'de> Visitor<'de> for UniqueKeysVisitor {
+    type Value = Value;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a JSON value")
+    }
+    fn visit_bool<E>(self, v: bool) -> Result<Value, E> {
+        Ok(Value::Bool(v))
+    }
+    fn visit_i64<E>(self, v: i64) -> Result<Value, E> {
+        Ok(v.into())
+    }
+    fn visit_u64<E>(self, v: u64) -> Result<Value, E> {
+        Ok(v.into())
+    }
+    fn visit_f64<E>(self, v: f64) -> Result<Value, E> {
+        Ok(Number::from_f64(v).map_or(Value::Null, Value::Number))
+    }
+    fn visit_str<E>(self, v: &str) -> Result<Value, E> {
+        Ok(Value::String(v.to_string()))
+    }
+    fn visit_string<E>(self, v: String) -> Result<Value, E> {
+        Ok(Value::String(v))
+    }
+    fn visit_unit<E>(self) -> Result<Value, E> {
+        Ok(Value::Null)
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Value, A::Error> {
+        let mut items = Vec::new();
+        while let Some(UniqueKeys(item)) = seq.next_element()? {
+            items.push(item);
+        }
+        Ok(Value::Array(items))
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Value, A::Error> {
+        let mut object = Map::new();
+        while let Some(key) = map.next_key::<String>()? {
+            if object.contains_key(&key) {
+                return Err(de::Error::custom(format_args!("duplicate key {key:?}")));
+            }
+            let UniqueKeys(value) = map.next_value()?;
+            object.insert(key, value);
+        }
+        Ok(Value::Object(object))
     }
 }
 
@@ -215,6 +278,18 @@ mod tests {
     use serde_json::json;
 
     use super::*;
+
+    #[test]
+    fn a_key_named_twice_is_refused_at_any_depth() {
+        let parse = |body: &str| serde_json::from_str::<UniqueKeys>(body).map(|UniqueKeys(value)| value);
+        for body in [r#"{"a": 1, "a": 2}"#, r#"{"a": {"b": 1, "b": 1}}"#, r#"[{"c": [{"d": 0, "d": 0}]}]"#] {
+            let error = parse(body).expect_err(body).to_string();
+            assert!(error.starts_with("duplicate key"), "{body}: {error}");
+        }
+        // Anything else parses exactly as serde_json's own `Value` does.
+        let body = r#"{"a": [1, -2, 3.5, 18446744073709551615, "x", true, null, {}], "b": {"a": 1}, "": 0}"#;
+        assert_eq!(parse(body).unwrap(), serde_json::from_str::<Value>(body).unwrap());
+    }
 
     #[test]
     fn merge_patch_follows_rfc_7386() {

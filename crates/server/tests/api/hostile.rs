@@ -29,7 +29,9 @@ async fn setup(server: &Server) {
 both_backends! {
     async fn malformed_bodies_are_400_naming_the_problem(server: Server) {
         setup(&server).await;
-        let bodies: [(&str, &[&str]); 12] = [
+        let bodies: [(&str, &[&str]); 14] = [
+            ("{\"name\": \"x\", \"name\": \"y\"}", &["duplicate key", "name"]),
+            ("{\"name\": \"x\", \"rules\": [{\"verbs\": [], \"verbs\": []}]}", &["duplicate key", "verbs"]),
             ("{", &["JSON"]),
             ("{\"name\": }", &["JSON"]),
             ("not json", &["JSON"]),
