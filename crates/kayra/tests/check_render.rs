@@ -70,6 +70,18 @@ fn check_names_mode_step_and_field_of_each_kind_of_error() {
             "      - {method: get, endpoint: \"http://h/x\", data: {a: [\"{{ .A | nosuch }}\"]}}\n",
             "reconciler.mode.m[1].data.a[0]: template: function \"nosuch\" not defined",
         ),
+        (
+            "      - {method: get, endpoint: \"http://h/{{ .Subscription.Namespce }}\"}\n",
+            "reconciler.mode.m[1].endpoint: template: can't evaluate field .Subscription.Namespce",
+        ),
+        (
+            "      - {method: get, endpoint: \"http://h/{{ if .Run.ID }}x\"}\n",
+            "reconciler.mode.m[1].endpoint: template: unexpected EOF",
+        ),
+        (
+            "      - {method: get, endpoint: \"http://h/x\", headers: {A: \"{{ end }}b\"}}\n",
+            "reconciler.mode.m[1].headers.A: template: unexpected {{ end }}",
+        ),
         ("      - {method: get, endpoint: \"http://h/x\", outputs: {Id: \"id\"}}\n", "reconciler.mode.m[1].outputs.Id"),
         ("      - {method: get, endpoint: \"ftp://h/x\"}\n", "reconciler.mode.m[1].endpoint: unsupported scheme"),
         ("      - {method: get, endpoint: \"http://h/x\", retries: 3}\n", "reconciler.mode.m[1]"),

@@ -2,15 +2,20 @@
 //!
 //! Operators write templates the way the seed (a Go product) shows them, so
 //! they are rendered by `gotmpl`, a port of Go's `text/template`, rather than
-//! a look-alike engine: a missing key prints `<no value>` exactly as Go does,
-//! and an unterminated action is a parse error instead of a hang.
+//! a look-alike engine: an output the previous step did not have prints
+//! `<no value>` exactly as Go does, and an unterminated action is a parse
+//! error instead of a hang.
 //!
 //! Every template is parsed when [`super::Pipelines::compile`] runs, at
-//! startup. `gotmpl` is more lenient than Go in one way that matters here: it
-//! only notices an undefined function when it executes it. Go rejects that at
-//! parse time, so [`Text::parse`] walks the parsed tree and does the same; a
-//! typo such as `{{ .Subscription.Namespace | uper }}` stops the process
-//! instead of failing every reconcile.
+//! startup (and by `kayra check`). `gotmpl` is more lenient than Go where it
+//! matters here: it notices an undefined function or template only when it
+//! executes it, and it stops reading at an `{{ end }}` with no block open or
+//! at the end of a block left open, dropping the rest without a word. Go
+//! rejects all of these at parse time, so [`Text::parse`] does too. It also
+//! refuses a field the data does not have (`.Subscription.Namespce`): the
+//! data's shape is fixed, and Go, executing on it, would fail too, where
+//! gotmpl would print `<no value>` into a URL. A typo stops the process
+//! instead of failing, or misdirecting, every reconcile.
 //!
 //! [`Data`] is a step's `data` with every string, at any depth, compiled to a
 //! [`Text`]; object keys, numbers, booleans and nulls are kept as they are.
@@ -203,13 +208,21 @@ impl Text {
             Template::new("").func(SECRET_FUNCTION, secret_function).parse(source).map_err(|e| error(e.to_string()))?;
         let (tree, defines) =
             Parser::new(source, "{{", "}}").and_then(Parser::parse).map_err(|e| error(e.to_string()))?;
-        let mut walk = Walk::default();
+        blocks_closed(source).map_err(|e| error(e.to_string()))?;
+        let mut walk = Walk { dot_is_root: true, ..Walk::default() };
         walk.list(&tree);
+        walk.dot_is_root = false;
         for define in &defines {
             walk.list(&define.body);
         }
         if let Some(name) = walk.undefined.first() {
             return Err(error(format!("template: function {name:?} not defined")));
+        }
+        if let Some(name) = walk.called.iter().find(|name| !defines.iter().any(|d| d.name == **name)) {
+            return Err(error(format!("template: no template {name:?} is defined")));
+        }
+        if let Some(field) = &walk.unknown_field {
+            return Err(error(format!("template: can't evaluate field {field}: the fields are {FIELDS}")));
         }
         if walk.bad_secret_call {
             return Err(error(r#"template: secret takes one quoted name: {{ secret "NAME" }}"#.into()));
@@ -349,10 +362,69 @@ impl Data {
     }
 }
 
+/// What a step template can read, for the error that names a field
+/// outside it.
+const FIELDS: &str = ".Subscription.{Api, ShortName, Namespace, Platform, Region, CurrentSyncID, ExpectedSyncID}, \
+                      .Previous.Outputs.NAME, .Run.{ID, FencingToken}";
+
+/// Whether `chain`, read from the template's root, names a field the data
+/// has (see [`Scope::new`]); any name under `.Previous.Outputs` may be read
+/// (an output the previous step did not have prints `<no value>`).
+fn known_field(chain: &[gotmpl::parse::SmolStr]) -> bool {
+    const SUBSCRIPTION: [&str; 7] =
+        ["Api", "ShortName", "Namespace", "Platform", "Region", "CurrentSyncID", "ExpectedSyncID"];
+    let names: Vec<&str> = chain.iter().map(gotmpl::parse::SmolStr::as_str).collect();
+    match names.as_slice() {
+        [] | ["Subscription" | "Run" | "Previous"] | ["Previous", "Outputs", ..] => true,
+        ["Subscription", field] => SUBSCRIPTION.contains(field),
+        ["Run", "ID" | "FencingToken"] => true,
+        _ => false,
+    }
+}
+
+/// Go's parser refuses a block (`if`, `range`, `with`, `define`, `block`)
+/// left without its `{{ end }}`, and an `{{ end }}` with no block open;
+/// gotmpl's stops reading at either, silently. So the source is parsed
+/// once more inside a wrapper of its own, `{{ if true }}SOURCE{{ end }}`
+/// and a sentinel text: balanced, the top level is the wrapper and then
+/// the sentinel. An unclosed block inside swallows the wrapper's `end` (the
+/// sentinel ends up inside the wrapper); a stray `end` closes the wrapper
+/// early, and the wrapper's own `end` then stops the parse before the
+/// sentinel.
+fn blocks_closed(source: &str) -> Result<(), &'static str> {
+    const SENTINEL: &str = "\u{0}kayra-sentinel\u{0}";
+    const UNCLOSED: &str =
+        "template: unexpected EOF: an {{ if }}, {{ range }}, {{ with }}, {{ define }} or {{ block }} has no {{ end }}";
+    const STRAY: &str = "template: unexpected {{ end }}: no block is open";
+    fn holds_sentinel(list: &ListNode) -> bool {
+        list.nodes.iter().any(|node| match node {
+            Node::Text(text) => &*text.text == SENTINEL,
+            Node::List(inner) => holds_sentinel(inner),
+            Node::If(b) | Node::Range(b) | Node::With(b) => {
+                holds_sentinel(&b.body) || b.else_body.as_ref().is_some_and(holds_sentinel)
+            }
+            _ => false,
+        })
+    }
+    let wrapped = format!("{{{{ if true }}}}{source}{{{{ end }}}}{SENTINEL}");
+    let (tree, defines) = Parser::new(&wrapped, "{{", "}}").and_then(Parser::parse).map_err(|_| STRAY)?;
+    match tree.nodes.as_slice() {
+        [Node::If(_), Node::Text(text)] if &*text.text == SENTINEL => Ok(()),
+        _ if holds_sentinel(&tree) || defines.iter().any(|d| holds_sentinel(&d.body)) => Err(UNCLOSED),
+        _ => Err(STRAY),
+    }
+}
+
 /// One pass over a parsed template: functions that are not defined,
-/// `secret` calls, and reads of `.Previous.Outputs`.
+/// templates called, fields read from the root that the data does not
+/// have, `secret` calls, and reads of `.Previous.Outputs`.
 #[derive(Default)]
 struct Walk {
+    /// Whether `.` is the template's root here: not inside a `with` or a
+    /// `range` (which move it) or a `define` (whose caller sets it).
+    dot_is_root: bool,
+    unknown_field: Option<String>,
+    called: Vec<String>,
     undefined: Vec<String>,
     secrets: Vec<String>,
     bad_secret_call: bool,
@@ -365,14 +437,26 @@ impl Walk {
             match node {
                 Node::List(inner) => self.list(inner),
                 Node::Action(action) => self.pipe(&action.pipe),
-                Node::If(branch) | Node::Range(branch) | Node::With(branch) => {
+                Node::If(branch) => {
                     self.pipe(&branch.pipe);
                     self.list(&branch.body);
                     if let Some(else_body) = &branch.else_body {
                         self.list(else_body);
                     }
                 }
+                Node::Range(branch) | Node::With(branch) => {
+                    self.pipe(&branch.pipe);
+                    // Dot is the pipeline's value in the body; in `else`
+                    // it is what it was.
+                    let outer = std::mem::replace(&mut self.dot_is_root, false);
+                    self.list(&branch.body);
+                    self.dot_is_root = outer;
+                    if let Some(else_body) = &branch.else_body {
+                        self.list(else_body);
+                    }
+                }
                 Node::Template(call) => {
+                    self.called.push(call.name.to_string());
                     if let Some(pipe) = &call.pipe {
                         self.pipe(pipe);
                     }
@@ -412,16 +496,34 @@ impl Walk {
             }
             Expr::Pipe(_, pipe) => self.pipe(pipe),
             Expr::Chain(_, inner, _) => self.expr(inner),
-            Expr::Field(_, chain) => match chain.as_slice() {
+            Expr::Field(_, chain) | Expr::Variable(_, _, chain) => {
+                let from_root = match expr {
+                    Expr::Variable(_, name, _) => name == "$",
+                    _ => self.dot_is_root,
+                };
+                if from_root && !known_field(chain) && self.unknown_field.is_none() {
+                    self.unknown_field = Some(format!(".{}", chain.join(".")));
+                }
+                self.outputs_read(expr, chain);
+            }
+            Expr::Dot(_) => self.outputs = OutputUse::All,
+            _ => {}
+        }
+    }
+
+    /// Which outputs of the previous step `expr` (a field or variable
+    /// chain) may read.
+    fn outputs_read(&mut self, expr: &Expr, chain: &[gotmpl::parse::SmolStr]) {
+        match expr {
+            Expr::Field(..) => match chain {
                 [previous, outputs, name, ..] if previous == "Previous" && outputs == "Outputs" => {
                     self.outputs.merge(&OutputUse::Names(BTreeSet::from([name.to_string()])))
                 }
                 [previous, ..] if previous == "Previous" => self.outputs = OutputUse::All,
                 _ => {}
             },
-            // `.` or a variable may hold anything, `.Previous` included.
-            Expr::Dot(_) | Expr::Variable(..) => self.outputs = OutputUse::All,
-            _ => {}
+            // A variable may hold anything, `.Previous` included.
+            _ => self.outputs = OutputUse::All,
         }
     }
 }
@@ -463,7 +565,65 @@ mod tests {
     #[test]
     fn missing_keys_render_like_go() {
         assert_eq!(render("id={{ .Previous.Outputs.PipelineID }}", &[]).unwrap(), "id=<no value>");
-        assert_eq!(render("{{ .Subscription.Nope }}", &[]).unwrap(), "<no value>");
+    }
+
+    #[test]
+    fn fields_the_data_does_not_have_are_parse_errors() {
+        for (source, field) in [
+            ("{{ .Subscription.Namespce }}", ".Subscription.Namespce"),
+            ("{{ .Nope }}", ".Nope"),
+            ("{{ .Run.Id }}", ".Run.ID"),
+            ("{{ .Previous.Status }}", ".Previous.Status"),
+            ("{{ .Subscription.Api.Length }}", ".Subscription.Api.Length"),
+            ("{{ if .Subscription.ShortName }}{{ .Subscription.shortname }}{{ end }}", ".Subscription.shortname"),
+            ("{{ with .Subscription }}{{ $.Subscription.Nope }}{{ end }}", ".Subscription.Nope"),
+        ] {
+            let err = Text::parse("endpoint", source, false).expect_err(source);
+            let named = field.trim_end_matches(".ID").trim_end_matches(".Length");
+            assert!(
+                err.message.contains("can't evaluate field") && err.message.contains(named),
+                "{source}: {}",
+                err.message
+            );
+            assert!(err.message.contains(".Subscription.{Api"), "the error lists the fields: {}", err.message);
+        }
+        // Inside `with` and `range` dot moves, and a `define`'s is its caller's.
+        for source in [
+            "{{ .Subscription.ExpectedSyncID }}/{{ .Run.ID }}/{{ .Run.FencingToken }}/{{ .Previous.Outputs.Anything }}",
+            "{{ with .Subscription }}{{ .Namespace }}{{ end }}",
+            "{{ range $k, $v := .Previous.Outputs }}{{ $k }}={{ $v.Whatever }}{{ else }}{{ .Run.ID }}{{ end }}",
+            r#"{{ define "ns" }}{{ .Namespace }}{{ end }}{{ template "ns" .Subscription }}"#,
+            "{{ $.Subscription.Region }} {{ . }} {{ .Subscription }}",
+        ] {
+            Text::parse("endpoint", source, false).unwrap_or_else(|e| panic!("{source}: {}", e.message));
+        }
+    }
+
+    #[test]
+    fn blocks_without_their_end_and_ends_without_a_block_are_parse_errors() {
+        for source in
+            ["a/{{ if .Run.ID }}b", "{{ range .Previous.Outputs }}", "{{ with .Subscription }}{{ if . }}{{ end }}"]
+        {
+            let err = Text::parse("endpoint", source, false).expect_err(source);
+            assert!(err.message.contains("unexpected EOF"), "{source}: {}", err.message);
+        }
+        for source in ["a{{ end }}b", "{{ if .Run.ID }}{{ end }}{{ end }}"] {
+            let err = Text::parse("endpoint", source, false).expect_err(source);
+            assert!(err.message.contains("unexpected {{ end }}"), "{source}: {}", err.message);
+        }
+        for source in [
+            "{{ if .Run.ID }}a{{ else if .Run.FencingToken }}b{{ else }}c{{ end }}",
+            "{{- if .Run.ID -}} x {{- end -}}",
+        ] {
+            Text::parse("endpoint", source, false).unwrap_or_else(|e| panic!("{source}: {}", e.message));
+        }
+    }
+
+    #[test]
+    fn calling_a_template_that_is_not_defined_is_a_parse_error() {
+        let err = Text::parse("endpoint", r#"{{ template "nope" }}"#, false).unwrap_err();
+        assert!(err.message.contains(r#"no template "nope""#), "{}", err.message);
+        Text::parse("endpoint", r#"{{ block "b" . }}{{ .Run.ID }}{{ end }}{{ template "b" . }}"#, false).unwrap();
     }
 
     #[test]
@@ -493,10 +653,11 @@ mod tests {
     fn undefined_functions_are_parse_errors() {
         let err = Text::parse("f", "{{ .Subscription.Namespace | uper }}", false).unwrap_err();
         assert!(err.message.contains(r#"function "uper" not defined"#), "{}", err.message);
-        let nested = "{{ if .A }}{{ range .B }}{{ (frob .) }}{{ end }}{{ end }}";
+        let nested = "{{ if .Run.ID }}{{ range .Previous.Outputs }}{{ (frob .) }}{{ end }}{{ end }}";
         assert!(Text::parse("f", nested, false).unwrap_err().message.contains("frob"));
         assert!(Text::parse("f", r#"{{ define "x" }}{{ zap }}{{ end }}"#, false).is_err());
-        Text::parse("f", r#"{{ printf "%s-%s" (index .M "k") (len .L) | html }}"#, false).unwrap();
+        let calls = r#"{{ printf "%s-%s" (index .Previous.Outputs "k") (len .Subscription.Api) | html }}"#;
+        Text::parse("f", calls, false).unwrap();
     }
 
     #[test]
