@@ -383,19 +383,21 @@ fn known_field(chain: &[gotmpl::parse::SmolStr]) -> bool {
 }
 
 /// Go's parser refuses a block (`if`, `range`, `with`, `define`, `block`)
-/// left without its `{{ end }}`, and an `{{ end }}` with no block open;
-/// gotmpl's stops reading at either, silently. So the source is parsed
-/// once more inside a wrapper of its own, `{{ if true }}SOURCE{{ end }}`
-/// and a sentinel text: balanced, the top level is the wrapper and then
-/// the sentinel. An unclosed block inside swallows the wrapper's `end` (the
-/// sentinel ends up inside the wrapper); a stray `end` closes the wrapper
-/// early, and the wrapper's own `end` then stops the parse before the
-/// sentinel.
+/// left without its `{{ end }}`, and an `{{ end }}` or `{{ else }}` with no
+/// block open; gotmpl's stops reading at either end, silently. So the
+/// source is parsed once more inside a wrapper of its own,
+/// `{{ if true }}SOURCE{{ end }}` and a sentinel text: balanced, the top
+/// level is the wrapper and then the sentinel. An unclosed block inside
+/// swallows the wrapper's `end` (the sentinel ends up inside the wrapper);
+/// a stray `end` closes the wrapper early, and the wrapper's own `end` then
+/// stops the parse before the sentinel; a stray `else` becomes the
+/// wrapper's.
 fn blocks_closed(source: &str) -> Result<(), &'static str> {
     const SENTINEL: &str = "\u{0}kayra-sentinel\u{0}";
     const UNCLOSED: &str =
         "template: unexpected EOF: an {{ if }}, {{ range }}, {{ with }}, {{ define }} or {{ block }} has no {{ end }}";
     const STRAY: &str = "template: unexpected {{ end }}: no block is open";
+    const STRAY_ELSE: &str = "template: unexpected {{ else }}: no {{ if }}, {{ range }} or {{ with }} is open";
     fn holds_sentinel(list: &ListNode) -> bool {
         list.nodes.iter().any(|node| match node {
             Node::Text(text) => &*text.text == SENTINEL,
@@ -409,6 +411,8 @@ fn blocks_closed(source: &str) -> Result<(), &'static str> {
     let wrapped = format!("{{{{ if true }}}}{source}{{{{ end }}}}{SENTINEL}");
     let (tree, defines) = Parser::new(&wrapped, "{{", "}}").and_then(Parser::parse).map_err(|_| STRAY)?;
     match tree.nodes.as_slice() {
+        // The wrapper has no `else`: one there is the source's, stray.
+        [Node::If(wrapper), Node::Text(_)] if wrapper.else_body.is_some() => Err(STRAY_ELSE),
         [Node::If(_), Node::Text(text)] if &*text.text == SENTINEL => Ok(()),
         _ if holds_sentinel(&tree) || defines.iter().any(|d| holds_sentinel(&d.body)) => Err(UNCLOSED),
         _ => Err(STRAY),
@@ -610,6 +614,10 @@ mod tests {
         for source in ["a{{ end }}b", "{{ if .Run.ID }}{{ end }}{{ end }}"] {
             let err = Text::parse("endpoint", source, false).expect_err(source);
             assert!(err.message.contains("unexpected {{ end }}"), "{source}: {}", err.message);
+        }
+        for source in ["a{{ else }}b", "{{ if .Run.ID }}{{ end }}{{ else }}"] {
+            let err = Text::parse("endpoint", source, false).expect_err(source);
+            assert!(err.message.contains("unexpected {{ else }}"), "{source}: {}", err.message);
         }
         for source in [
             "{{ if .Run.ID }}a{{ else if .Run.FencingToken }}b{{ else }}c{{ end }}",
