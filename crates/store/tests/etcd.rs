@@ -521,7 +521,7 @@ async fn a_frozen_etcd_answers_unavailable_within_the_request_timeout() {
     let mut view = BTreeMap::new();
     kayra_store::testsuite::follow_until(&mut watcher, &mut view, |v| v.len() == 1).await;
 
-    kayra_testkit::freeze(etcd.pid().expect("etcd runs"));
+    etcd.freeze();
     let calls: Vec<(&str, futures::future::BoxFuture<'_, kayra_store::Result<()>>)> = vec![
         ("get", Box::pin(async { store.get("/frozen/a").await.map(drop) })),
         ("list", Box::pin(async { store.list("/frozen/", None, 0).await.map(drop) })),
@@ -540,7 +540,7 @@ async fn a_frozen_etcd_answers_unavailable_within_the_request_timeout() {
     // anything in flight to have arrived).
     let frozen = tokio::time::timeout(Duration::from_millis(1500), futures::StreamExt::next(&mut watcher)).await;
     assert!(frozen.is_err(), "no watcher event while etcd is frozen, got {frozen:?}");
-    kayra_testkit::thaw(etcd.pid().expect("etcd runs"));
+    etcd.thaw();
 
     // Everything recovers without a new handle.
     eventually("the store to answer again", || {

@@ -98,6 +98,17 @@ impl Etcd {
         self.child.as_ref().map(Child::id)
     }
 
+    /// Freezes the server ([`crate::freeze`]): its connections stay open,
+    /// unanswered, until [`Etcd::thaw`].
+    pub fn freeze(&self) {
+        crate::freeze(self.pid().expect("etcd runs"));
+    }
+
+    /// Thaws the server (SIGCONT).
+    pub fn thaw(&self) {
+        crate::thaw(self.pid().expect("etcd runs"));
+    }
+
     /// Kills the server (SIGKILL), keeping its data and ports for [`Etcd::restart`].
     pub fn stop(&mut self) {
         if let Some(mut child) = self.child.take() {

@@ -30,7 +30,7 @@ async fn a_frozen_etcd_answers_503_within_the_request_timeout() {
     server.namespace("core").await;
     server.get("/namespaces/core").await.expect(200);
 
-    kayra_testkit::freeze(etcd.pid().expect("etcd runs"));
+    etcd.freeze();
     for path in ["/namespaces/core", "/namespaces", "/readyz"] {
         let started = Instant::now();
         let reply = server.get(path).await;
@@ -41,7 +41,7 @@ async fn a_frozen_etcd_answers_503_within_the_request_timeout() {
     let started = Instant::now();
     server.post("/namespaces", json!({"name": "later"})).await.error(503, &[]);
     assert!(started.elapsed() < TIMEOUT + Duration::from_secs(1));
-    kayra_testkit::thaw(etcd.pid().expect("etcd runs"));
+    etcd.thaw();
 
     kayra_testkit::eventually("the API to answer again", || async {
         server.get("/namespaces/core").await.status == 200
