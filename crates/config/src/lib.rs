@@ -441,6 +441,9 @@ impl Config {
                 }
             }
         }
+        for (key, value) in [("server.listen", &self.server.listen), ("reconciler.listen", &self.reconciler.listen)] {
+            check_listen(value).map_err(|message| invalid(key, &message))?;
+        }
         if self.server.max_body_bytes == 0 {
             return Err(invalid("server.max_body_bytes", "must be greater than zero"));
         }
@@ -503,6 +506,32 @@ impl Config {
         }
         Ok(())
     }
+}
+
+/// A listen address is `ip:port` or `hostname:port`: a host that looks
+/// like an IPv4 address (digits and dots only) must be one, so
+/// `999.1.1.1:80` is refused here instead of at bind time, after a DNS
+/// lookup of a name no resolver has.
+fn check_listen(value: &str) -> Result<(), String> {
+    if value.parse::<std::net::SocketAddr>().is_ok() {
+        return Ok(());
+    }
+    let Some((host, port)) = value.rsplit_once(':') else {
+        return Err(format!("{value:?} is not host:port"));
+    };
+    if port.parse::<u16>().is_err() {
+        return Err(format!("{value:?}: port {port:?} is not a number from 0 to 65535"));
+    }
+    if host.starts_with('[') || host.contains(':') {
+        return Err(format!("{value:?}: {host:?} is not an IPv6 address"));
+    }
+    if host.bytes().all(|b| b.is_ascii_digit() || b == b'.') {
+        return Err(format!("{value:?}: {host:?} is not an IPv4 address"));
+    }
+    if !host.split('.').all(|label| kayra_core::names::is_label(&label.to_ascii_lowercase())) {
+        return Err(format!("{value:?}: {host:?} is not an IP address or a host name"));
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -722,5 +751,23 @@ reconciler:
         r.default_mode = "trigger".into();
         assert_eq!(r.resolve_mode(""), Some("trigger"));
         assert_eq!(r.resolve_mode("api"), Some("api"));
+    }
+
+    #[test]
+    fn listen_addresses_are_ip_or_host_name_with_a_port() {
+        for good in ["127.0.0.1:8080", "0.0.0.0:0", "[::1]:8081", "localhost:8080", "api.Example.com:443"] {
+            assert_eq!(check_listen(good), Ok(()), "{good}");
+        }
+        for bad in
+            ["999.1.1.1:80", "127.0.0.1", "127.0.0.1:99999", "localhost:", ":8080", "[::1:80", "a b:80", "x..y:80"]
+        {
+            assert!(check_listen(bad).is_err(), "{bad} accepted");
+        }
+        let mut c = Config::default();
+        c.database.local = Some(Default::default());
+        c.validate().unwrap();
+        c.reconciler.listen = "999.1.1.1:80".into();
+        let err = c.validate().unwrap_err().to_string();
+        assert!(err.contains("reconciler.listen") && err.contains("999.1.1.1"), "{err}");
     }
 }
