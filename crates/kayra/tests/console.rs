@@ -253,7 +253,16 @@ async fn fan_out(backend: Backend) {
     shot(&b, "namespaces").await;
     b.client.find(Locator::LinkText("core")).await.unwrap().click().await.unwrap();
     b.until("core's subscriptions", "return document.querySelectorAll('#subscriptions tbody tr').length === 2").await;
-    assert_eq!(b.text("dl.fields dd:nth-of-type(2)").await, HOSTILE_SCRIPT);
+    // The namespace's fields come from a request of their own, which may
+    // answer after the subscriptions'.
+    b.until(
+        "core's description, as text",
+        &format!(
+            "const d = document.querySelector('dl.fields dd:nth-of-type(2)'); return !!d && d.textContent === {}",
+            lit(HOSTILE_SCRIPT)
+        ),
+    )
+    .await;
     b.client.find(Locator::LinkText("APIs")).await.unwrap().click().await.unwrap();
     b.until("back on APIs", "return document.querySelectorAll('#apis tbody tr').length === 3").await;
     assert!(!b.dialog_open().await, "a dialog opened");
