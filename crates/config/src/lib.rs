@@ -512,7 +512,7 @@ impl Config {
 /// like an IPv4 address (digits and dots only) must be one, so
 /// `999.1.1.1:80` is refused here instead of at bind time, after a DNS
 /// lookup of a name no resolver has.
-fn check_listen(value: &str) -> Result<(), String> {
+pub fn check_listen(value: &str) -> Result<(), String> {
     if value.parse::<std::net::SocketAddr>().is_ok() {
         return Ok(());
     }

@@ -100,6 +100,7 @@ fn main() -> ExitCode {
 async fn serve(common: Common) -> anyhow::Result<()> {
     let mut config = common.load()?;
     if let Some(listen) = &common.listen {
+        kayra_config::check_listen(listen).map_err(|message| anyhow::anyhow!("--listen: {message}"))?;
         config.server.listen = listen.clone();
     }
     logging::init(config.logging.format);
@@ -117,6 +118,7 @@ async fn serve(common: Common) -> anyhow::Result<()> {
 async fn reconciler(common: Common) -> anyhow::Result<()> {
     let mut config = common.load()?;
     if let Some(listen) = &common.listen {
+        kayra_config::check_listen(listen).map_err(|message| anyhow::anyhow!("--listen: {message}"))?;
         config.reconciler.listen = listen.clone();
     }
     logging::init(config.logging.format);

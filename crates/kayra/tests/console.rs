@@ -255,14 +255,7 @@ async fn fan_out(backend: Backend) {
     b.until("core's subscriptions", "return document.querySelectorAll('#subscriptions tbody tr').length === 2").await;
     // The namespace's fields come from a request of their own, which may
     // answer after the subscriptions'.
-    b.until(
-        "core's description, as text",
-        &format!(
-            "const d = document.querySelector('dl.fields dd:nth-of-type(2)'); return !!d && d.textContent === {}",
-            lit(HOSTILE_SCRIPT)
-        ),
-    )
-    .await;
+    b.until_text("core's description, as text", "dl.fields dd:nth-of-type(2)", HOSTILE_SCRIPT).await;
     b.client.find(Locator::LinkText("APIs")).await.unwrap().click().await.unwrap();
     b.until("back on APIs", "return document.querySelectorAll('#apis tbody tr').length === 3").await;
     assert!(!b.dialog_open().await, "a dialog opened");
@@ -731,14 +724,7 @@ async fn console_shows_any_text_as_text() {
     )
     .await;
     b.client.goto(&w.ui(&format!("#/namespaces/{}", expected[1].0))).await.unwrap();
-    b.until(
-        "the namespace",
-        &format!(
-            "const d = document.querySelector('dl.fields dd:nth-of-type(2)'); return !!d && d.textContent === {}",
-            lit(&expected[1].1)
-        ),
-    )
-    .await;
+    b.until_text("the namespace", "dl.fields dd:nth-of-type(2)", &expected[1].1).await;
     assert_eq!(
         b.js("return document.querySelectorAll('#view img, #view script, #view svg, #view iframe').length").await,
         0

@@ -218,6 +218,22 @@ fn unknown_config_key_stops_serve_naming_the_key() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("max_body_bytez"));
 }
 
+#[test]
+fn a_listen_address_that_is_no_address_stops_both_processes() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("bad.yaml");
+    std::fs::write(&path, "server:\n  listen: 999.1.1.1:80\n").unwrap();
+    let run = |args: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_kayra")).args(args).current_dir(dir.path()).output().unwrap();
+        assert!(!out.status.success(), "{args:?} started");
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let from_config = run(&["serve", "--config", path.to_str().unwrap()]);
+    assert!(from_config.contains("server.listen") && from_config.contains("999.1.1.1"), "{from_config}");
+    let from_flag = run(&["reconciler", "--listen", "999.1.1.1:80"]);
+    assert!(from_flag.contains("--listen") && from_flag.contains("999.1.1.1"), "{from_flag}");
+}
+
 /// Modules whose every line is on the reconcile path.
 const RECONCILE_PATH: [&str; 2] = ["kayra_reconciler::ensure", "kayra_pipeline"];
 

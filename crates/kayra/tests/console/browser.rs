@@ -106,6 +106,17 @@ impl Browser {
         }
     }
 
+    /// Waits until the first element matching `css` holds exactly `text`
+    /// (as `textContent`: markup in it shows as text, not as elements).
+    pub async fn until_text(&self, what: &str, css: &str, text: &str) {
+        let script = format!(
+            "const e = document.querySelector({}); return !!e && e.textContent === {}",
+            serde_json::to_string(css).unwrap(),
+            serde_json::to_string(text).unwrap()
+        );
+        self.until(what, &script).await;
+    }
+
     /// The rendered text of the first element matching `css`, read in one
     /// script (the page may replace the element between two WebDriver calls).
     pub async fn text(&self, css: &str) -> String {
