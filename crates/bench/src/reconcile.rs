@@ -5,9 +5,13 @@
 //!   then its other slots filled, four more with it full), against raw single-key puts
 //!   at 32 in flight (the mean of a run before and one after the bumps,
 //!   which grow the store) and raw read + CAS updates at 30, with the
-//!   store round trips per reconcile;
+//!   store round trips per reconcile, and the raw store's own cost of a
+//!   run-sized second record in each grouped write (the floor of run
+//!   recording's cost);
 //! - one 20 ms HTTP step (a real local HTTP backend), pool 30, against the
-//!   ideal N × 20 ms / 30;
+//!   ideal N × 20 ms / 30, with the floor of that figure measured without
+//!   kayra (the same calls from 30 callers, with and without one raw put
+//!   after each), and on etcd also with a real `kayra reconciler` process;
 //! - scale-out on one etcd: 1, 2, 3 reconcilers (each its own `Reconciler`
 //!   and store client), a 100 ms step, pool 30, against N × 100 ms /
 //!   (30 × R), checking each subscriber's step ran exactly once per bump.
@@ -160,32 +164,70 @@ pub async fn run(backend: &str, connect: Connect, sizes: &Sizes) -> anyhow::Resu
         );
     }
 
-    // One 20 ms step per reconcile.
-    let region = "step20";
-    let mut config = ReconcilerConfig { max_concurrent_reconciles: 30, ..Default::default() };
-    one_step(&mut config, &http, 20, region);
-    let deployment = Deployment::seed(&probe, region, "step", sizes.step).await?;
-    let running = vec![start(&store, region, config)?];
-    deployment.wait_synced("s1").await?;
-    let bumped = Instant::now();
-    let took = deployment.bump_and_wait("s2").await?;
-    stop(running).await?;
-    let ideal = sizes.step as f64 * 0.020 / 30.0;
-    let what = format!("one 20 ms step, {} subscribers, pool 30 (ideal {ideal:.2} s)", sizes.step);
-    row(&what, format!("{:.2} s", took.as_secs_f64()), format!("{:.2}x ideal", took.as_secs_f64() / ideal));
-    let arrivals = http.arrivals(&format!("/sleep/20/{region}/s2/"));
-    if let (Some(first), Some(last)) = (arrivals.first(), arrivals.last()) {
-        let steady = arrivals.len().saturating_sub(1) as f64 / last.duration_since(*first).as_secs_f64();
-        row(
-            "  its phases: bump to first step call, steady per-slot job time, last call to converged",
-            format!(
-                "{:.0} ms, {:.2} ms, {:.0} ms",
-                first.duration_since(bumped).as_secs_f64() * 1e3,
-                30.0 / steady * 1e3,
-                (bumped + took).duration_since(*last).as_secs_f64() * 1e3
-            ),
-            "-".into(),
-        );
+    let (alone, with_run) = second_record_cost(&store, sizes.fan_out).await?;
+    row(
+        &format!(
+            "floor: the raw store's cost of a run-sized second record in each of {} grouped subscription-sized writes, 30 in flight",
+            sizes.fan_out
+        ),
+        format!("{:+.1} %", (alone / with_run - 1.0) * 100.0),
+        format!("{alone:.0}/s alone, {with_run:.0}/s with it"),
+    );
+
+    // The floor of the 20 ms step's slot, without kayra: 30 tasks, each
+    // taking jobs one after another, a job one POST to the same backend
+    // through the reconciler's HTTP client and then (as any reconcile whose
+    // result is written inside its pool slot) one raw single-key put.
+    for write in [false, true] {
+        let took = step_floor(&store, &http, sizes.step, write).await?;
+        let ideal = sizes.step as f64 * 0.020 / 30.0;
+        let then = if write { "each then one raw put" } else { "no store" };
+        let what =
+            format!("floor: {} calls of the 20 ms backend from 30 tasks, {then} (ideal {ideal:.2} s)", sizes.step);
+        row(&what, format!("{took:.2} s"), format!("{:.2}x ideal", took / ideal));
+    }
+
+    // One 20 ms step per reconcile: a reconciler in this process, and (with
+    // `--reconciler-processes`, etcd) a real `kayra reconciler` process,
+    // as deployed: its runtime shares nothing with this process's backend.
+    let mut kinds = vec![None];
+    if let Some(ScaleOut::Processes { .. }) = &sizes.scale_out {
+        kinds.push(sizes.scale_out.as_ref());
+    }
+    for how in kinds {
+        let region = if how.is_some() { "step20p" } else { "step20" };
+        let mut config = ReconcilerConfig { max_concurrent_reconciles: 30, ..Default::default() };
+        one_step(&mut config, &http, 20, region);
+        let deployment = Deployment::seed(&probe, region, "step", sizes.step).await?;
+        let (running, process) = match how {
+            Some(ScaleOut::Processes { binary, endpoint, prefix }) => {
+                (Vec::new(), Some(Process::start(binary, endpoint, prefix, region, &http, 0, 20)?))
+            }
+            _ => (vec![start(&store, region, config)?], None),
+        };
+        deployment.wait_synced("s1").await?;
+        let bumped = Instant::now();
+        let took = deployment.bump_and_wait("s2").await?;
+        stop(running).await?;
+        drop(process);
+        let ideal = sizes.step as f64 * 0.020 / 30.0;
+        let kind = if how.is_some() { "a reconciler process" } else { "in-process" };
+        let what = format!("one 20 ms step, {} subscribers, pool 30, {kind} (ideal {ideal:.2} s)", sizes.step);
+        row(&what, format!("{:.2} s", took.as_secs_f64()), format!("{:.2}x ideal", took.as_secs_f64() / ideal));
+        let arrivals = http.arrivals(&format!("/sleep/20/{region}/s2/"));
+        if let (Some(first), Some(last)) = (arrivals.first(), arrivals.last()) {
+            let steady = arrivals.len().saturating_sub(1) as f64 / last.duration_since(*first).as_secs_f64();
+            row(
+                "  its phases: bump to first step call, steady per-slot job time, last call to converged",
+                format!(
+                    "{:.0} ms, {:.2} ms, {:.0} ms",
+                    first.duration_since(bumped).as_secs_f64() * 1e3,
+                    30.0 / steady * 1e3,
+                    (bumped + took).duration_since(*last).as_secs_f64() * 1e3
+                ),
+                "-".into(),
+            );
+        }
     }
 
     if let Some(how) = &sizes.scale_out {
@@ -204,7 +246,7 @@ pub async fn run(backend: &str, connect: Connect, sizes: &Sizes) -> anyhow::Resu
                 match how {
                     ScaleOut::InProcess => running.push(start(&connect().await?, &region, config.clone())?),
                     ScaleOut::Processes { binary, endpoint, prefix } => {
-                        processes.push(Process::start(binary, endpoint, prefix, &region, &http, i)?);
+                        processes.push(Process::start(binary, endpoint, prefix, &region, &http, i, 100)?);
                     }
                 }
             }
@@ -227,7 +269,7 @@ pub async fn run(backend: &str, connect: Connect, sizes: &Sizes) -> anyhow::Resu
 }
 
 /// A real `kayra reconciler` process of deployment (`bench`, `region`),
-/// mode `step` as [`one_step`] with 100 ms; killed on drop.
+/// mode `step` as [`one_step`] with `ms`; killed on drop.
 struct Process {
     child: std::process::Child,
     _config: tempfile::NamedTempFile,
@@ -241,9 +283,10 @@ impl Process {
         region: &str,
         http: &TestBackend,
         index: usize,
+        ms: u64,
     ) -> anyhow::Result<Self> {
         let endpoint_template = format!(
-            "{}/sleep/100/{region}/{{{{ .Subscription.ExpectedSyncID }}}}/{{{{ .Subscription.Namespace }}}}",
+            "{}/sleep/{ms}/{region}/{{{{ .Subscription.ExpectedSyncID }}}}/{{{{ .Subscription.Namespace }}}}",
             http.base
         );
         let listen = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
@@ -473,6 +516,87 @@ async fn raw_cas(store: &Store, n: usize) -> anyhow::Result<f64> {
         }
     })
     .await
+}
+
+/// The raw store's rates of `n` writes of a subscription-sized record (its
+/// value as the reconciler writes it), 30 in flight by group commit as the
+/// reconciler's results are, each transaction alone and each with a
+/// placeholder run's record (a ring slot of its own) added: what a second
+/// record in the same transaction costs the store itself. Eight rounds,
+/// alternating which goes first, as the fan-outs above.
+async fn second_record_cost(store: &Store, n: usize) -> anyhow::Result<(f64, f64)> {
+    let subscription = |i: usize| {
+        let mut sub = Subscription::new(format!("t{i}"), API);
+        (sub.active, sub.state) = (true, kayra_core::SubscriptionState::Success);
+        sub.current_sync_id = "s1".into();
+        sub.runs = 1;
+        serde_json::to_vec(&sub).unwrap_or_default()
+    };
+    let run = |i: usize, round: usize| {
+        let run = kayra_core::Run {
+            id: format!("0193a6c1-0000-7000-8000-{i:012}"),
+            namespace: format!("t{i}"),
+            api: API.into(),
+            sync_id: format!("s{round}"),
+            mode: "placeholder".into(),
+            started_at: "2026-01-01T00:00:00.000Z".into(),
+            finished_at: "2026-01-01T00:00:00.001Z".into(),
+            reconciler: "bench:1".into(),
+            ..Default::default()
+        };
+        serde_json::to_vec(&run).unwrap_or_default()
+    };
+    let mut rates = [Vec::new(), Vec::new()];
+    for round in 0..2 * FAN_OUT_BUMPS {
+        let order = if round % 2 == 0 { [false, true] } else { [true, false] };
+        for with_run in order {
+            let rate = rate(n, 30, |i| {
+                let store = store.clone();
+                let key = format!("/bench/second/{with_run}/subscriptions/{i:08}");
+                let mut txn = Txn::new().then(Op::Put { key, value: subscription(i) });
+                if with_run {
+                    let key = format!("/bench/second/{with_run}/runs/{i:08}/{round}");
+                    txn = txn.then(Op::Put { key, value: run(i, round) });
+                }
+                async move { store.txn_grouped(txn).await.map(|_| ()) }
+            })
+            .await?;
+            rates[usize::from(with_run)].push(rate);
+        }
+    }
+    let overall = |rates: &[f64]| rates.len() as f64 / rates.iter().map(|r| 1.0 / r).sum::<f64>();
+    Ok((overall(&rates[0]), overall(&rates[1])))
+}
+
+/// Seconds for 30 tasks to make `n` calls of the backend's 20 ms sleep, one
+/// after another within each task (a pool slot's loop), each call followed
+/// by one raw single-key put when `write`.
+async fn step_floor(store: &Store, http: &TestBackend, n: usize, write: bool) -> anyhow::Result<f64> {
+    let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let started = Instant::now();
+    let tasks: Vec<_> = (0..30)
+        .map(|_| {
+            let (client, store, next) = (kayra_pipeline::http_client(), store.clone(), next.clone());
+            let base = http.base.clone();
+            tokio::spawn(async move {
+                loop {
+                    let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    if i >= n {
+                        return anyhow::Ok(());
+                    }
+                    client.post(format!("{base}/sleep/20/floor/{write}/{i}")).send().await?.bytes().await?;
+                    if write {
+                        let key = format!("/bench/floor/{i:08}");
+                        store.txn(Txn::new().then(Op::Put { key, value: vec![b'x'; 256] })).await?;
+                    }
+                }
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await??;
+    }
+    Ok(started.elapsed().as_secs_f64())
 }
 
 /// Ops per second of `ops` calls of `op`, `inflight` at a time.
