@@ -210,7 +210,7 @@ async fn reconciler(args: &Args, local: &kayra_config::LocalConfig, etcd: &kayra
         Box::pin(async move { Ok(Store::new(kayra_store::local::LocalStore::open(&path, poll)?)) })
     });
     if args.backend.as_deref() != Some("etcd") {
-        reconcile::run("local", connect, &sizes).await?;
+        reconcile::run("local", connect, None, &sizes).await?;
     }
     if args.backend.as_deref() == Some("local") {
         return Ok(());
@@ -228,7 +228,16 @@ async fn reconciler(args: &Args, local: &kayra_config::LocalConfig, etcd: &kayra
         },
         None => reconcile::ScaleOut::InProcess,
     });
-    reconcile::run("etcd", connect, &sizes).await
+    let client = etcd.client().await;
+    let compact: reconcile::Compact = Arc::new(move || {
+        let mut client = client.clone();
+        Box::pin(async move {
+            let revision = client.get("/", None).await?.header().map_or(0, |h| h.revision());
+            client.compact(revision, Some(etcd_client::CompactionOptions::new().with_physical())).await?;
+            Ok(())
+        })
+    });
+    reconcile::run("etcd", connect, Some(compact), &sizes).await
 }
 
 /// The catalog API on a real server on loopback, against the raw store.
