@@ -46,9 +46,12 @@ const HISTORIES: [usize; 2] = [20, 0];
 
 /// Bumps `rounds` of the two fan-out deployments (`HISTORIES`),
 /// alternating which goes first, each with a reconciler of its own:
-/// appends their rates and adds up their store round trips.
+/// appends their rates and adds up their store round trips. Each bump
+/// starts on a compacted history where the store has one (`compact`), as
+/// bumps minutes apart on a production etcd do.
 async fn alternate_bumps(
     store: &Store,
+    compact: Option<&Compact>,
     deployments: &[Deployment],
     rounds: std::ops::Range<usize>,
     rates: &mut [Vec<f64>; 2],
@@ -62,6 +65,9 @@ async fn alternate_bumps(
             let running = vec![start(store, &deployments[i].region, config)?];
             deployments[i].wait_synced(&format!("s{}", round + 1)).await?;
             settle(store).await;
+            if let Some(compact) = compact {
+                compact().await?;
+            }
             let before = store.round_trips();
             let took = deployments[i].bump_and_wait(&format!("s{}", round + 2)).await?;
             trips[i] += (store.round_trips() - before) as f64;
@@ -127,11 +133,12 @@ pub async fn run(backend: &str, connect: Connect, compact: Option<Compact>, size
     }
     let mut rates: [Vec<f64>; 2] = Default::default();
     let mut trips = [0.0; 2];
-    alternate_bumps(&store, &deployments, 0..FAN_OUT_BUMPS, &mut rates, &mut trips).await?;
+    alternate_bumps(&store, compact.as_ref(), &deployments, 0..FAN_OUT_BUMPS, &mut rates, &mut trips).await?;
     // The initial sync and each bump recorded a run: fill the rest.
     deployments[0].fill_runs(FAN_OUT_BUMPS + 1, HISTORIES[0]).await?;
     let mut full: [Vec<f64>; 2] = Default::default();
-    alternate_bumps(&store, &deployments, FAN_OUT_BUMPS..2 * FAN_OUT_BUMPS, &mut full, &mut trips).await?;
+    alternate_bumps(&store, compact.as_ref(), &deployments, FAN_OUT_BUMPS..2 * FAN_OUT_BUMPS, &mut full, &mut trips)
+        .await?;
     let trips = trips.map(|t| t / sizes.fan_out as f64 / (2 * FAN_OUT_BUMPS) as f64);
     // The store grew by eight fan-outs' writes: its raw puts again, and the
     // fan-outs' baseline is the mean of before and after.
@@ -168,10 +175,10 @@ pub async fn run(backend: &str, connect: Connect, compact: Option<Compact>, size
         );
     }
 
-    // Eight fan-outs left the store a history of millions of revisions,
-    // which slows etcd's writes by half when nothing compacts it. A
-    // production etcd compacts (`--auto-compaction-retention`): so does
-    // this one before the measurements that follow.
+    // Uncompacted, the fan-outs' history of millions of revisions slows
+    // etcd's writes by half. A production etcd compacts
+    // (`--auto-compaction-retention`): so does this one before each
+    // measurement (each bump above, each below).
     if let Some(compact) = &compact {
         compact().await?;
         let raw = raw_puts("compacted").await?;
@@ -209,6 +216,9 @@ pub async fn run(backend: &str, connect: Connect, compact: Option<Compact>, size
         kinds.push(sizes.scale_out.as_ref());
     }
     for how in kinds {
+        if let Some(compact) = &compact {
+            compact().await?;
+        }
         let region = if how.is_some() { "step20p" } else { "step20" };
         let mut config = ReconcilerConfig { max_concurrent_reconciles: 30, ..Default::default() };
         one_step(&mut config, &http, 20, region);
@@ -250,6 +260,9 @@ pub async fn run(backend: &str, connect: Connect, compact: Option<Compact>, size
             ScaleOut::Processes { .. } => "processes",
         };
         for replicas in 1..=3 {
+            if let Some(compact) = &compact {
+                compact().await?;
+            }
             let region = format!("scale{replicas}");
             let mut config = ReconcilerConfig { max_concurrent_reconciles: 30, ..Default::default() };
             one_step(&mut config, &http, 100, &region);
