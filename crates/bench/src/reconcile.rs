@@ -198,7 +198,8 @@ pub async fn run(backend: &str, connect: Connect, compact: Option<Compact>, size
     // The floor of the 20 ms step's slot, without kayra: 30 tasks, each
     // taking jobs one after another, a job one POST to the same backend
     // through the reconciler's HTTP client and then (as any reconcile whose
-    // result is written inside its pool slot) one raw single-key put.
+    // result is written inside its pool slot) one raw single-key put, by
+    // group commit as the reconciler's results are.
     for write in [false, true] {
         let took = step_floor(&store, &http, sizes.step, write).await?;
         let ideal = sizes.step as f64 * 0.020 / 30.0;
@@ -597,7 +598,8 @@ async fn second_record_cost(store: &Store, n: usize) -> anyhow::Result<(f64, f64
 
 /// Seconds for 30 tasks to make `n` calls of the backend's 20 ms sleep, one
 /// after another within each task (a pool slot's loop), each call followed
-/// by one raw single-key put when `write`.
+/// by one raw single-key put when `write`, by group commit as the
+/// reconciler's results are.
 async fn step_floor(store: &Store, http: &TestBackend, n: usize, write: bool) -> anyhow::Result<f64> {
     let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let started = Instant::now();
@@ -614,7 +616,7 @@ async fn step_floor(store: &Store, http: &TestBackend, n: usize, write: bool) ->
                     client.post(format!("{base}/sleep/20/floor/{write}/{i}")).send().await?.bytes().await?;
                     if write {
                         let key = format!("/bench/floor/{i:08}");
-                        store.txn(Txn::new().then(Op::Put { key, value: vec![b'x'; 256] })).await?;
+                        store.txn_grouped(Txn::new().then(Op::Put { key, value: vec![b'x'; 256] })).await?;
                     }
                 }
             })
