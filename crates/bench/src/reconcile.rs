@@ -447,22 +447,8 @@ impl Deployment {
                 let namespace = format!("t{i}");
                 let prefix = keys::runs(PLATFORM, &self.region, &namespace, API);
                 let txn = (from..to).fold(Txn::new(), |txn, slot| {
-                    let run = kayra_core::Run {
-                        id: format!("filled-{i}-{slot}"),
-                        namespace: namespace.clone(),
-                        api: API.into(),
-                        sync_id: format!("filled{slot}"),
-                        mode: "placeholder".into(),
-                        started_at: "2026-01-01T00:00:00.000Z".into(),
-                        finished_at: "2026-01-01T00:00:00.001Z".into(),
-                        reconciler: "bench:1".into(),
-                        ..Default::default()
-                    };
-                    // Serializing a plain struct cannot fail.
-                    txn.then(Op::Put {
-                        key: format!("{prefix}{slot}"),
-                        value: serde_json::to_vec(&run).unwrap_or_default(),
-                    })
+                    let value = placeholder_run(format!("filled-{i}-{slot}"), &namespace, &format!("filled{slot}"));
+                    txn.then(Op::Put { key: format!("{prefix}{slot}"), value })
                 });
                 self.repo.store().txn(txn).await?;
                 Ok(())
@@ -546,6 +532,23 @@ async fn raw_cas(store: &Store, n: usize) -> anyhow::Result<f64> {
     .await
 }
 
+/// A placeholder run's record (no steps) as the reconciler stores it.
+fn placeholder_run(id: String, namespace: &str, sync_id: &str) -> Vec<u8> {
+    let run = kayra_core::Run {
+        id,
+        namespace: namespace.into(),
+        api: API.into(),
+        sync_id: sync_id.into(),
+        mode: "placeholder".into(),
+        started_at: "2026-01-01T00:00:00.000Z".into(),
+        finished_at: "2026-01-01T00:00:00.001Z".into(),
+        reconciler: "bench:1".into(),
+        ..Default::default()
+    };
+    // Serializing a plain struct cannot fail.
+    serde_json::to_vec(&run).unwrap_or_default()
+}
+
 /// The raw store's rates of `n` writes of a subscription-sized record (its
 /// value as the reconciler writes it), 30 in flight by group commit as the
 /// reconciler's results are, each transaction alone and each with a
@@ -561,18 +564,7 @@ async fn second_record_cost(store: &Store, n: usize) -> anyhow::Result<(f64, f64
         serde_json::to_vec(&sub).unwrap_or_default()
     };
     let run = |i: usize, round: usize| {
-        let run = kayra_core::Run {
-            id: format!("0193a6c1-0000-7000-8000-{i:012}"),
-            namespace: format!("t{i}"),
-            api: API.into(),
-            sync_id: format!("s{round}"),
-            mode: "placeholder".into(),
-            started_at: "2026-01-01T00:00:00.000Z".into(),
-            finished_at: "2026-01-01T00:00:00.001Z".into(),
-            reconciler: "bench:1".into(),
-            ..Default::default()
-        };
-        serde_json::to_vec(&run).unwrap_or_default()
+        placeholder_run(format!("0193a6c1-0000-7000-8000-{i:012}"), &format!("t{i}"), &format!("s{round}"))
     };
     let mut rates = [Vec::new(), Vec::new()];
     for round in 0..2 * FAN_OUT_BUMPS {
