@@ -123,13 +123,12 @@ async fn reconciler(common: Common) -> anyhow::Result<()> {
     }
     logging::init(config.logging.format);
     let cancel = signal::shutdown_token();
-    // The recorder first: the store describes its metrics when it connects.
+    // The recorder first: the store describes its metrics when it connects,
+    // and the reconciler describes its own and sets them to zero as it
+    // starts (present from startup, platform §8).
     kayra_server::metrics::handle();
     let store = kayra_store::Store::open(&config.database).await.context("open store")?;
     let repo = kayra_catalog::repo::Repository::new(store.clone(), &config.platform, &config.region);
-    // The recorder first: the reconciler describes its metrics and sets
-    // them to zero as it starts (present from startup, platform §8).
-    let _ = kayra_server::metrics::handle();
     let reconciler = kayra_reconciler::Reconciler::new(repo, config.reconciler.clone(), cancel.clone())?;
     let listener = tokio::net::TcpListener::bind(&config.reconciler.listen)
         .await
