@@ -65,9 +65,7 @@ async fn alternate_bumps(
             let running = vec![start(store, &deployments[i].region, config)?];
             deployments[i].wait_synced(&format!("s{}", round + 1)).await?;
             settle(store).await;
-            if let Some(compact) = compact {
-                compact().await?;
-            }
+            compacted(compact).await?;
             let before = store.round_trips();
             let took = deployments[i].bump_and_wait(&format!("s{}", round + 2)).await?;
             trips[i] += (store.round_trips() - before) as f64;
@@ -150,8 +148,6 @@ pub async fn run(backend: &str, connect: Connect, compact: Option<Compact>, size
         "1.00".into(),
     );
     row("raw read + CAS update, 30 in flight", format!("{raw_cas:.0}/s"), format!("{:.2} of puts", raw_cas / raw_put));
-    // The rate over all bumps: the harmonic mean of theirs.
-    let overall = |rates: &[f64]| rates.len() as f64 / rates.iter().map(|r| 1.0 / r).sum::<f64>();
     for (i, history) in HISTORIES.into_iter().enumerate() {
         let fan = overall(&rates[i]);
         let (low, high) = rates[i].iter().fold((f64::MAX, 0.0_f64), |(l, h), r| (l.min(*r), h.max(*r)));
@@ -217,18 +213,18 @@ pub async fn run(backend: &str, connect: Connect, compact: Option<Compact>, size
         kinds.push(sizes.scale_out.as_ref());
     }
     for how in kinds {
-        if let Some(compact) = &compact {
-            compact().await?;
-        }
+        compacted(compact.as_ref()).await?;
         let region = if how.is_some() { "step20p" } else { "step20" };
-        let mut config = ReconcilerConfig { max_concurrent_reconciles: 30, ..Default::default() };
-        one_step(&mut config, &http, 20, region);
         let deployment = Deployment::seed(&probe, region, "step", sizes.step).await?;
         let (running, process) = match how {
             Some(ScaleOut::Processes { binary, endpoint, prefix }) => {
                 (Vec::new(), Some(Process::start(binary, endpoint, prefix, region, &http, 0, 20)?))
             }
-            _ => (vec![start(&store, region, config)?], None),
+            _ => {
+                let mut config = ReconcilerConfig { max_concurrent_reconciles: 30, ..Default::default() };
+                one_step(&mut config, &http, 20, region);
+                (vec![start(&store, region, config)?], None)
+            }
         };
         deployment.wait_synced("s1").await?;
         let bumped = Instant::now();
@@ -261,9 +257,7 @@ pub async fn run(backend: &str, connect: Connect, compact: Option<Compact>, size
             ScaleOut::Processes { .. } => "processes",
         };
         for replicas in 1..=3 {
-            if let Some(compact) = &compact {
-                compact().await?;
-            }
+            compacted(compact.as_ref()).await?;
             let region = format!("scale{replicas}");
             let mut config = ReconcilerConfig { max_concurrent_reconciles: 30, ..Default::default() };
             one_step(&mut config, &http, 100, &region);
@@ -584,7 +578,6 @@ async fn second_record_cost(store: &Store, n: usize) -> anyhow::Result<(f64, f64
             rates[usize::from(with_run)].push(rate);
         }
     }
-    let overall = |rates: &[f64]| rates.len() as f64 / rates.iter().map(|r| 1.0 / r).sum::<f64>();
     Ok((overall(&rates[0]), overall(&rates[1])))
 }
 
@@ -618,6 +611,19 @@ async fn step_floor(store: &Store, http: &TestBackend, n: usize, write: bool) ->
         task.await??;
     }
     Ok(started.elapsed().as_secs_f64())
+}
+
+/// The rate over several runs of the same work: the harmonic mean of theirs.
+fn overall(rates: &[f64]) -> f64 {
+    rates.len() as f64 / rates.iter().map(|r| 1.0 / r).sum::<f64>()
+}
+
+/// Compacts the store's history where it has one ([`Compact`]).
+async fn compacted(compact: Option<&Compact>) -> anyhow::Result<()> {
+    match compact {
+        Some(compact) => compact().await,
+        None => Ok(()),
+    }
 }
 
 /// Ops per second of `ops` calls of `op`, `inflight` at a time.
