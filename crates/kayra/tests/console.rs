@@ -733,3 +733,128 @@ async fn console_shows_any_text_as_text() {
     assert!(!b.dialog_open().await, "a dialog opened");
     b.assert_no_script_errors().await;
 }
+
+/// A token of a new user bound to `sysadmin`: (token, token id).
+async fn operator_token(w: &World, user: &str) -> (String, String) {
+    w.call(Method::POST, "/users", Some(json!({"name": user})), 201).await;
+    let binding = json!({"name": format!("{user}-sysadmin"), "role": "sysadmin", "user": user});
+    w.call(Method::POST, "/clusterrolebindings", Some(binding), 201).await;
+    let created = w.call(Method::POST, &format!("/users/{user}/tokens"), Some(json!({})), 201).await;
+    (created["token"].as_str().unwrap().to_string(), created["id"].as_str().unwrap().to_string())
+}
+
+/// Makes two 401s of a page meet in the worst order, every time: the first
+/// refused response is held until a second one has arrived, then let
+/// through; the second is held until the first has brought the sign-in
+/// back (which leaves the page and aborts its calls), and then reaches the
+/// page too. `window.__refusals.done` turns true once the page has read
+/// (or failed to read) that second answer and handled it.
+const HOLD_REFUSALS: &str = r#"
+window.__refusals = { seen: 0, done: false };
+const realFetch = window.fetch;
+window.fetch = async (...args) => {
+  const response = await realFetch(...args);
+  const r = window.__refusals;
+  if (response.status !== 401) return response;
+  r.seen += 1;
+  if (r.seen === 1) {
+    // A bound, not a wait for luck: without a second refusal the test times out on `done`.
+    await new Promise((resolve) => { r.releaseFirst = resolve; setTimeout(resolve, 20000); });
+  } else if (r.seen === 2) {
+    r.releaseFirst();
+    await new Promise((resolve) => {
+      const check = () => (document.getElementById('signin').hidden ? setTimeout(check, 10) : resolve());
+      check();
+    });
+    const json = response.json.bind(response);
+    // After every reaction to the body (microtasks) has run.
+    response.json = () => json().finally(() => setTimeout(() => { r.done = true; }, 0));
+  }
+  return response;
+};
+"#;
+
+/// Records every text the sign-in's error line takes from now on, in
+/// `window.__signinErrors` (until the next page load).
+async fn record_signin_errors(b: &Browser) {
+    b.js("window.__signinErrors = [];
+          const e = document.getElementById('signin-error');
+          new MutationObserver(() => window.__signinErrors.push(e.textContent))
+            .observe(e, {childList: true, characterData: true, subtree: true});
+          return true")
+        .await;
+}
+
+/// A token revoked while a live page follows its streams (platform §4.5:
+/// the server closes them; the reconnects are refused together) returns
+/// to the sign-in with the server's 401 message, not a status line from a
+/// second refusal the sign-out itself cut short. The same when a page is
+/// loaded with a revoked token (`/whoami` and the page's streams refused
+/// at once), and on a page that polls because it may not watch.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn console_revoked_token_returns_to_the_sign_in_with_the_servers_message() {
+    let w = World::start(false).await;
+    w.namespace("core", "").await;
+    // `hold` with no reconciler: compute stays pending, so its /status is streamed.
+    w.registration(COMPUTE, json!({"mode": "hold"})).await;
+    w.subscribe("core", COMPUTE).await;
+    let b = Browser::start().await;
+    b.on_new_document(HOLD_REFUSALS).await;
+    b.client.goto(&w.ui("")).await.unwrap();
+
+    // Live pages of two streams each: the reconnects of both are refused.
+    let pages = [format!("#/apis/{COMPUTE}"), "#/namespaces/core".to_string()];
+    for (i, page) in pages.iter().enumerate() {
+        let user = format!("operator-{i}");
+        let (token, id) = operator_token(&w, &user).await;
+        b.client.goto(&w.ui(page)).await.unwrap();
+        submit_token(&b, &token).await;
+        b.until("the page's streams", "return document.getElementById('live').textContent === 'live'").await;
+        b.js("window.__refusals = { seen: 0, done: false }; return true").await;
+        record_signin_errors(&b).await;
+
+        w.call(Method::DELETE, &format!("/users/{user}/tokens/{id}"), None, 204).await;
+        b.until("both reconnects refused and handled", "return window.__refusals.done === true").await;
+        let message = w.refusal(&token).await;
+        assert_eq!(b.js("return document.getElementById('signin').hidden").await, false, "{page}");
+        assert_eq!(b.text("#signin-error").await, message, "{page}");
+        let texts = b.js("return window.__signinErrors").await;
+        assert!(texts.as_array().unwrap().iter().all(|t| t == message.as_str()), "{page}: the sign-in said {texts}");
+        assert_eq!(b.js("return sessionStorage.length").await, 0, "{page}");
+    }
+
+    // A page loaded with a revoked token: /whoami (a plain call) and the
+    // page's two streams are refused at once.
+    let (token, id) = operator_token(&w, "reloader").await;
+    b.client.goto(&w.ui("#/namespaces/core")).await.unwrap();
+    submit_token(&b, &token).await;
+    b.until("the page's streams", "return document.getElementById('live').textContent === 'live'").await;
+    w.call(Method::DELETE, &format!("/users/reloader/tokens/{id}"), None, 204).await;
+    b.client.refresh().await.unwrap();
+    b.until("the refusals handled after the reload", "return window.__refusals.done === true").await;
+    assert_eq!(b.js("return document.getElementById('signin').hidden").await, false);
+    assert_eq!(b.text("#signin-error").await, w.refusal(&token).await);
+
+    // A caller who may read but not watch: the page polls with plain
+    // calls (403 on the streams), and those are what the revocation refuses.
+    let rules = json!([{"resources": ["namespaces", "subscriptions"], "verbs": ["get", "list"]}]);
+    w.call(Method::POST, "/roles", Some(json!({"name": "poller-role", "rules": rules})), 201).await;
+    w.call(Method::POST, "/users", Some(json!({"name": "poller"})), 201).await;
+    let binding = json!({"name": "poller-binding", "role": "poller-role", "user": "poller"});
+    w.call(Method::POST, "/clusterrolebindings", Some(binding), 201).await;
+    let created = w.call(Method::POST, "/users/poller/tokens", Some(json!({})), 201).await;
+    let (token, id) = (created["token"].as_str().unwrap().to_string(), created["id"].as_str().unwrap().to_string());
+    submit_token(&b, &token).await;
+    b.until("the page polling", "return document.getElementById('live').textContent === 'polling'").await;
+    b.until("the namespace shown", "return !!document.querySelector('#view dl.fields')").await;
+    b.js("window.__refusals = { seen: 0, done: false }; return true").await;
+    record_signin_errors(&b).await;
+    w.call(Method::DELETE, &format!("/users/poller/tokens/{id}"), None, 204).await;
+    b.until("both polls refused and handled", "return window.__refusals.done === true").await;
+    let message = w.refusal(&token).await;
+    assert_eq!(b.js("return document.getElementById('signin').hidden").await, false);
+    assert_eq!(b.text("#signin-error").await, message);
+    let texts = b.js("return window.__signinErrors").await;
+    assert!(texts.as_array().unwrap().iter().all(|t| t == message.as_str()), "the sign-in said {texts}");
+    b.assert_no_script_errors().await;
+}

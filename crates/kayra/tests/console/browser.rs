@@ -130,6 +130,15 @@ impl Browser {
         }
     }
 
+    /// Runs `script` in every document this tab loads from now on, before
+    /// the page's own scripts (DevTools `Page.addScriptToEvaluateOnNewDocument`).
+    pub async fn on_new_document(&self, script: &str) {
+        let url = format!("http://127.0.0.1:{}/session/{}/goog/cdp/execute", self.port, self.session);
+        let params = json!({"cmd": "Page.addScriptToEvaluateOnNewDocument", "params": {"source": script}});
+        let response = reqwest::Client::new().post(url).json(&params).send().await.expect("call DevTools");
+        assert!(response.status().is_success(), "DevTools refused: {}", response.text().await.unwrap_or_default());
+    }
+
     /// Whether a JavaScript dialog (alert/confirm/prompt) is open.
     pub async fn dialog_open(&self) -> bool {
         self.client.get_alert_text().await.is_ok()

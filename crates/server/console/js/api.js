@@ -50,9 +50,17 @@ async function errorOf(response) {
  * `options.token` (the sign-in's candidate). Resolves to the Response;
  * rejects with an ApiError for an error status. A 401 is also reported to
  * the app unless it is the sign-in's own check.
+ *
+ * Only the first 401 for the tab's token is reported: a page's calls are
+ * often refused together (its streams reconnect at once after a
+ * revocation), and the first report signs out, which aborts the others
+ * mid-body. Their fallback text ("401 Unauthorized") must not replace the
+ * server's message, nor may a late 401 for an old token sign out a newer
+ * session.
  */
 export async function request(path, { signal, accept = 'application/json', token: candidate } = {}) {
-  const bearer = candidate ?? token.get() ?? '';
+  const sent = candidate === undefined ? token.get() : null; // the tab's token, if this call uses it
+  const bearer = candidate ?? sent ?? '';
   const response = await fetch(BASE + path, {
     headers: { Authorization: `Bearer ${bearer}`, Accept: accept },
     signal,
@@ -62,7 +70,9 @@ export async function request(path, { signal, accept = 'application/json', token
   });
   if (!response.ok) {
     const error = await errorOf(response);
-    if (error.status === 401 && candidate === undefined) unauthorized(error.message);
+    if (error.status === 401 && sent !== null && token.get() === sent && !signal?.aborted) {
+      unauthorized(error.message);
+    }
     throw error;
   }
   return response;
