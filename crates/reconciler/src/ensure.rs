@@ -604,6 +604,8 @@ impl Worker {
 /// / `SetSubscriptionSyncID`; §7 `state: error`, everything else unchanged).
 fn written(sub: &Subscription, write: &Write) -> Option<Subscription> {
     let mut next = sub.clone();
+    // A result is no re-sync request: its echo must not read as one.
+    next.resync_requested = false;
     match write {
         Write::Success { sync_id } => {
             next.active = true;
@@ -642,9 +644,9 @@ type Fresh =
     (Option<Versioned<Subscription>>, Option<Versioned<ApiRegistration>>, Option<Attempt>, kayra_store::Revision, u64);
 
 /// The trigger of a run caused by a write to the subscription itself: the
-/// `/sync` reset (active with `current_sync_id` emptied) or any other write.
+/// `/sync` reset (which marks the record it writes) or any other write.
 fn written_trigger(sub: &Subscription) -> RunTrigger {
-    if sub.active && sub.current_sync_id.is_empty() { RunTrigger::Resync } else { RunTrigger::Initial }
+    if sub.resync_requested { RunTrigger::Resync } else { RunTrigger::Initial }
 }
 
 fn decode<T: serde::de::DeserializeOwned>(
