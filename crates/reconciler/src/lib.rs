@@ -180,6 +180,7 @@ impl Reconciler {
             fault: None,
             limits,
             running: Default::default(),
+            owed_retries: Default::default(),
         };
         Ok(Self {
             worker: Arc::new(worker),

@@ -203,6 +203,34 @@ async fn a_resync_during_a_first_sync_runs_again_as_a_resync(kind: Kind) {
     assert!(!seed.get("core", API).await.resync_requested, "the result write is no re-sync request");
 }
 
+/// A backend that answers `429` with `Retry-After: 1`: the immediate retry
+/// waits for the mode's hold in the queue, and the run it makes is still
+/// the `retry`, the decision's second and last attempt.
+async fn a_retry_held_by_retry_after_is_recorded_as_the_retry(kind: Kind) {
+    let store = store(kind).await;
+    let repo = Repository::new(store.store.clone(), "dev", "local");
+    let (seed, backend) = (Seed(&repo), EchoBackend::start().await);
+    let mut cfg = config();
+    one_step_mode(&mut cfg, "api", &format!("{}/throttle/x", backend.base));
+    seed.registration(API, "api", "s1").await;
+    let running = start_listed(&repo, cfg).await;
+    seed.subscription("core", API).await;
+    let all = wait_runs(&repo, "core", API, 2).await;
+    let got: Vec<(RunTrigger, RunResult)> = all.iter().map(|r| (r.trigger, r.result)).collect();
+    assert_eq!(got, [(RunTrigger::Initial, RunResult::Error), (RunTrigger::Retry, RunResult::Error)], "{all:?}");
+    for run in &all {
+        assert_eq!(run.steps[0].status, 429, "{run:?}");
+    }
+    // Two failures of one decision: it gives up, with no third run.
+    eventually("given up", || given_up(&repo, "core", API)).await;
+    let all_now = runs(&repo, "core", API).await;
+    running.stop().await;
+    assert_eq!(all_now, all, "exactly two runs for one decision");
+    assert_eq!(backend.requests().len(), 2);
+    let sub = seed.get("core", API).await;
+    assert!(!sub.active && sub.state == SubscriptionState::Error, "{sub:?}");
+}
+
 async fn steps_are_recorded_exactly_and_carry_the_run_id(kind: Kind) {
     let store = store(kind).await;
     let repo = Repository::new(store.store.clone(), "dev", "local");
@@ -437,6 +465,7 @@ runs_tests!(
     a_failed_decision_leaves_an_error_run_and_a_retry_run,
     a_resync_of_a_subscription_that_never_synced_is_a_resync,
     a_resync_during_a_first_sync_runs_again_as_a_resync,
+    a_retry_held_by_retry_after_is_recorded_as_the_retry,
     steps_are_recorded_exactly_and_carry_the_run_id,
     placeholder_runs_have_no_steps_and_retention_holds,
     the_ring_counts_runs_that_leave_the_subscription_untouched,
