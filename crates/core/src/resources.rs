@@ -98,10 +98,23 @@ pub struct Subscription {
     /// advances whichever of the two the run's transaction writes anyway.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub runs: u64,
+    /// Whether the write that left the record so is a `/sync` re-sync
+    /// request: set by the reset, cleared by every other write (the
+    /// reconciler's results included), so the cause of a run travels with
+    /// the write instead of being guessed from `current_sync_id` (which a
+    /// reset of a never-synced subscription leaves as it was). Stored only,
+    /// as `runs`: [`SubscriptionView`] has no such field and no request
+    /// body sets it.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub resync_requested: bool,
 }
 
 fn is_zero(n: &u64) -> bool {
     *n == 0
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
 }
 
 impl Subscription {
@@ -221,6 +234,22 @@ mod tests {
         }
         assert_eq!(json["state"], "init");
         assert_eq!(json["synced"], false);
+    }
+
+    #[test]
+    fn a_resync_request_is_stored_only_and_old_records_decode_without_it() {
+        let mut sub = Subscription::new("core", "compute.example.com");
+        let old = serde_json::to_value(&sub).unwrap();
+        assert!(old.get("resync_requested").is_none(), "not written while false: {old}");
+        let decoded: Subscription =
+            serde_json::from_str(r#"{"namespace":"core","api":"compute.example.com","active":true}"#).unwrap();
+        assert!(!decoded.resync_requested);
+        sub.resync_requested = true;
+        let stored = serde_json::to_value(&sub).unwrap();
+        assert_eq!(stored["resync_requested"], true);
+        assert_eq!(serde_json::from_value::<Subscription>(stored).unwrap(), sub);
+        let wire = serde_json::to_value(sub.view("")).unwrap();
+        assert!(wire.get("resync_requested").is_none(), "the API never shows it: {wire}");
     }
 
     #[test]

@@ -77,11 +77,12 @@ pub fn decide(observed: &Observed<'_>, startup: bool) -> Decision {
     Decision::Reconcile { sync_id: reg.sync_id.clone(), activate: !sub.active }
 }
 
-/// Whether `attempt` covers this state. A subscription that never
+/// Whether `attempt` covers this state (also: whether a held-back retry
+/// is still of the state that failed). A subscription that never
 /// activated is retried only by a write to itself: the seed's ongoing
 /// action "never retries one that failed to activate" on a registration
 /// write (docs/decisions.md, "Where the seed reads two ways").
-fn gave_up_on(attempt: &Attempt, sub: &Subscription, sub_rev: Revision, reg_rev: Revision) -> bool {
+pub(crate) fn gave_up_on(attempt: &Attempt, sub: &Subscription, sub_rev: Revision, reg_rev: Revision) -> bool {
     attempt.subscription_revision == sub_rev && (!sub.active || attempt.registration_revision == reg_rev)
 }
 

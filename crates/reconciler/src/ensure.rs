@@ -53,6 +53,15 @@ pub struct Worker {
     /// Running pipelines: (namespace, api) → (the SyncID worked toward, its
     /// `RunControl.superseded`).
     pub running: Mutex<HashMap<(String, String), (String, CancellationToken)>>,
+    /// Immediate retries held back by a limit (a backend's `Retry-After`):
+    /// (namespace, api) → the state whose first failure they retry. The
+    /// job goes back to the queue, and whichever entry of that key runs
+    /// next (the requeued one or the echo of the `state: error` write) runs
+    /// it as the retry — `trigger: retry`, the decision's second and last
+    /// attempt — unless the subscription or registration was written since.
+    /// An entry left by a subscription deleted meanwhile is dropped when a
+    /// job of its key next decides.
+    pub owed_retries: Mutex<HashMap<(String, String), Attempt>>,
 }
 
 /// How a job ended, for the dispatcher.
@@ -162,6 +171,10 @@ impl Worker {
         self.running.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
+    fn owed_retries(&self) -> std::sync::MutexGuard<'_, HashMap<(String, String), Attempt>> {
+        self.owed_retries.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
     /// §7 supersede: stops every running pipeline of `api` that works toward
     /// another SyncID than `sync_id`. Returns their namespaces (their jobs
     /// must run again toward the new one, first syncs included).
@@ -261,6 +274,7 @@ impl Worker {
                 Some((gets, revision)) => parse_fresh(&gets, revision)?,
                 None => self.fresh(namespace, api).await?,
             };
+            let owed = self.owed_retries().remove(&(namespace.to_string(), api.to_string()));
             let run = RunIds { fencing_token: run.fencing_token.or(Some(read_at)), ..run };
             let observed = Observed {
                 subscription: sub.as_ref().map(|s| (&s.value, s.revision)),
@@ -273,14 +287,25 @@ impl Worker {
                 return Ok(JobEnd::Done);
             };
             note.set(&sync_id);
+            // The retry a limit held back, still of the same state: run now
+            // as the decision's second attempt, whatever queued the key.
+            if failures == 0 && owed.is_some_and(|a| decide::gave_up_on(&a, &sub.value, sub.revision, reg.revision)) {
+                failures = 1;
+                next_trigger = Some(RunTrigger::Retry);
+            }
             // §7 limits: never waited on here; a used-up limit sends the job
             // back to the queue (the immediate retry is a start too).
-            let _permit = match self.config.resolve_mode(&reg.value.mode) {
-                Some(mode) => match self.limits.try_acquire(mode).await.map_err(kayra_catalog::repo::Error::from)? {
-                    Ok(permit) => Some(permit),
-                    Err(wait) => return Ok(JobEnd::Limited(wait)),
-                },
-                None => None,
+            let acquired = match self.config.resolve_mode(&reg.value.mode) {
+                Some(mode) => self.limits.try_acquire(mode).await.map(|got| got.map(Some)),
+                None => Ok(Ok(None)),
+            };
+            if failures > 0 && !matches!(acquired, Ok(Ok(_))) {
+                let state = Attempt { subscription_revision: sub.revision, registration_revision: reg.revision };
+                self.owed_retries().insert((namespace.to_string(), api.to_string()), state);
+            }
+            let _permit = match acquired.map_err(kayra_catalog::repo::Error::from)? {
+                Ok(permit) => permit,
+                Err(wait) => return Ok(JobEnd::Limited(wait)),
             };
             if let Some(fault) = &self.fault {
                 fault(key);
@@ -604,6 +629,8 @@ impl Worker {
 /// / `SetSubscriptionSyncID`; §7 `state: error`, everything else unchanged).
 fn written(sub: &Subscription, write: &Write) -> Option<Subscription> {
     let mut next = sub.clone();
+    // A result is no re-sync request: its echo must not read as one.
+    next.resync_requested = false;
     match write {
         Write::Success { sync_id } => {
             next.active = true;
@@ -642,9 +669,9 @@ type Fresh =
     (Option<Versioned<Subscription>>, Option<Versioned<ApiRegistration>>, Option<Attempt>, kayra_store::Revision, u64);
 
 /// The trigger of a run caused by a write to the subscription itself: the
-/// `/sync` reset (active with `current_sync_id` emptied) or any other write.
+/// `/sync` reset (which marks the record it writes) or any other write.
 fn written_trigger(sub: &Subscription) -> RunTrigger {
-    if sub.active && sub.current_sync_id.is_empty() { RunTrigger::Resync } else { RunTrigger::Initial }
+    if sub.resync_requested { RunTrigger::Resync } else { RunTrigger::Initial }
 }
 
 fn decode<T: serde::de::DeserializeOwned>(

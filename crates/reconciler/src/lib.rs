@@ -180,6 +180,7 @@ impl Reconciler {
             fault: None,
             limits,
             running: Default::default(),
+            owed_retries: Default::default(),
         };
         Ok(Self {
             worker: Arc::new(worker),
@@ -460,14 +461,15 @@ impl Reconciler {
         }
     }
 
-    /// A write to a subscription: the initial action (or a force re-sync).
-    /// The echo of this reconciler's own result write (the job put it in
+    /// A write to a subscription: the initial action (or a force re-sync,
+    /// which the `/sync` reset says in the record it writes). The echo of
+    /// this reconciler's own result write (the job put it in
     /// the view at its revision already) is no cause: when it finds the
     /// subscription behind, what moved is the registration (`ongoing`),
     /// and a trigger already queued for the key stays the run's.
     fn subscription_put(&mut self, sub: Subscription, revision: Revision) {
         let (namespace, api) = (sub.namespace.clone(), sub.api.clone());
-        let resync = sub.active && sub.current_sync_id.is_empty();
+        let resync = sub.resync_requested;
         let (decision, own_write) = {
             let mut view = self.view();
             let own_write = view.subscription(&namespace, &api).is_some_and(|(_, seen)| *seen >= revision);

@@ -150,6 +150,87 @@ async fn a_failed_decision_leaves_an_error_run_and_a_retry_run(kind: Kind) {
     assert_eq!(puts, 2, "the subscription is created, then written once (state error)");
 }
 
+/// Whether the reconciler gave up on the subscription's current state
+/// (its failure and immediate retry both failed).
+async fn given_up(repo: &Repository, ns: &str, api: &str) -> bool {
+    repo.get::<serde_json::Value>(&keys::attempt("dev", "local", ns, api)).await.unwrap().is_some()
+}
+
+/// A subscription whose activation failed (`active: false`, `state:
+/// error`, `current_sync_id` still empty): the `/sync` reset changes no
+/// field the API shows, yet its run is a `resync`, not `initial`.
+async fn a_resync_of_a_subscription_that_never_synced_is_a_resync(kind: Kind) {
+    let store = store(kind).await;
+    let repo = Repository::new(store.store.clone(), "dev", "local");
+    let (seed, backend) = (Seed(&repo), TestBackend::start().await);
+    let mut cfg = config();
+    one_step_mode(&mut cfg, "api", &format!("{}/fail/x", backend.base));
+    seed.registration(API, "api", "s1").await;
+    let running = start_listed(&repo, cfg).await;
+    seed.subscription("core", API).await;
+    wait_runs(&repo, "core", API, 2).await;
+    eventually("given up", || given_up(&repo, "core", API)).await;
+    let sub = seed.get("core", API).await;
+    assert!(!sub.active && sub.state == SubscriptionState::Error && sub.current_sync_id.is_empty(), "{sub:?}");
+    seed.force_resync("core", API).await;
+    let all = wait_runs(&repo, "core", API, 4).await;
+    running.stop().await;
+    let triggers: Vec<RunTrigger> = all.iter().map(|r| r.trigger).collect();
+    assert_eq!(triggers, [RunTrigger::Initial, RunTrigger::Retry, RunTrigger::Resync, RunTrigger::Retry]);
+}
+
+/// A re-sync request that lands while the first sync is in flight: that
+/// run's result is not recorded (the subscription changed under it), and
+/// the run made again for the request is a `resync`.
+async fn a_resync_during_a_first_sync_runs_again_as_a_resync(kind: Kind) {
+    let store = store(kind).await;
+    let repo = Repository::new(store.store.clone(), "dev", "local");
+    let (seed, backend) = (Seed(&repo), TestBackend::start().await);
+    let mut cfg = config();
+    one_step_mode(&mut cfg, "api", &format!("{}/hold/x", backend.base));
+    seed.registration(API, "api", "s1").await;
+    let running = start_listed(&repo, cfg).await;
+    seed.subscription("core", API).await;
+    backend.wait_for("/hold/x", 1).await;
+    seed.force_resync("core", API).await;
+    backend.release(2);
+    eventually("synced s1", || synced(&seed, "core", API, "s1")).await;
+    let all = runs(&repo, "core", API).await;
+    running.stop().await;
+    assert_eq!(backend.count("/hold/x"), 2, "the pipeline ran again for the request");
+    let got: Vec<(RunTrigger, RunResult)> = all.iter().map(|r| (r.trigger, r.result)).collect();
+    assert_eq!(got, [(RunTrigger::Resync, RunResult::Success)], "{all:?}");
+    assert!(!seed.get("core", API).await.resync_requested, "the result write is no re-sync request");
+}
+
+/// A backend that answers `429` with `Retry-After: 1`: the immediate retry
+/// waits for the mode's hold in the queue, and the run it makes is still
+/// the `retry`, the decision's second and last attempt.
+async fn a_retry_held_by_retry_after_is_recorded_as_the_retry(kind: Kind) {
+    let store = store(kind).await;
+    let repo = Repository::new(store.store.clone(), "dev", "local");
+    let (seed, backend) = (Seed(&repo), EchoBackend::start().await);
+    let mut cfg = config();
+    one_step_mode(&mut cfg, "api", &format!("{}/throttle/x", backend.base));
+    seed.registration(API, "api", "s1").await;
+    let running = start_listed(&repo, cfg).await;
+    seed.subscription("core", API).await;
+    let all = wait_runs(&repo, "core", API, 2).await;
+    let got: Vec<(RunTrigger, RunResult)> = all.iter().map(|r| (r.trigger, r.result)).collect();
+    assert_eq!(got, [(RunTrigger::Initial, RunResult::Error), (RunTrigger::Retry, RunResult::Error)], "{all:?}");
+    for run in &all {
+        assert_eq!(run.steps[0].status, 429, "{run:?}");
+    }
+    // Two failures of one decision: it gives up, with no third run.
+    eventually("given up", || given_up(&repo, "core", API)).await;
+    let all_now = runs(&repo, "core", API).await;
+    running.stop().await;
+    assert_eq!(all_now, all, "exactly two runs for one decision");
+    assert_eq!(backend.requests().len(), 2);
+    let sub = seed.get("core", API).await;
+    assert!(!sub.active && sub.state == SubscriptionState::Error, "{sub:?}");
+}
+
 async fn steps_are_recorded_exactly_and_carry_the_run_id(kind: Kind) {
     let store = store(kind).await;
     let repo = Repository::new(store.store.clone(), "dev", "local");
@@ -382,6 +463,9 @@ macro_rules! runs_tests {
 runs_tests!(
     each_trigger_comes_from_its_cause,
     a_failed_decision_leaves_an_error_run_and_a_retry_run,
+    a_resync_of_a_subscription_that_never_synced_is_a_resync,
+    a_resync_during_a_first_sync_runs_again_as_a_resync,
+    a_retry_held_by_retry_after_is_recorded_as_the_retry,
     steps_are_recorded_exactly_and_carry_the_run_id,
     placeholder_runs_have_no_steps_and_retention_holds,
     the_ring_counts_runs_that_leave_the_subscription_untouched,

@@ -211,7 +211,9 @@ impl Repository {
         self.record(seen, next).await
     }
 
-    async fn record(&self, seen: &Versioned<Subscription>, next: Subscription) -> Result<Recorded> {
+    async fn record(&self, seen: &Versioned<Subscription>, mut next: Subscription) -> Result<Recorded> {
+        // A result is no re-sync request (platform §4.4 `trigger`).
+        next.resync_requested = false;
         if next == seen.value {
             return Ok(Recorded::Unchanged);
         }
@@ -534,7 +536,8 @@ impl Repository {
     }
 
     /// The subscription `/sync` shorthand on `current` (as read):
-    /// `current_sync_id` becomes empty and nothing else changes. Always
+    /// `current_sync_id` becomes empty and nothing else the API shows
+    /// changes; the stored record is marked `resync_requested`. Always
     /// written, even when it already is empty: the write itself is what the
     /// reconciler reacts to (seed, "Forcing a re-sync"). One transaction,
     /// conditional on `current.revision`, whose success branch reads the
@@ -550,6 +553,10 @@ impl Repository {
         let key = keys::subscription(p, r, namespace, api);
         let mut next = current.value.clone();
         next.current_sync_id.clear();
+        // The cause travels with the write: the reconciler records the
+        // run it makes as `resync` from this, not from the emptied
+        // `current_sync_id` (already empty before a first sync).
+        next.resync_requested = true;
         let txn = Txn::new()
             .when(Compare::ModRevision(key.clone(), current.revision))
             .then(Op::Put { key, value: encode(&next) })

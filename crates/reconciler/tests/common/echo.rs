@@ -1,6 +1,7 @@
 //! A recording HTTP backend that also keeps each request's method and
 //! headers and answers `200 {"id": "77"}` (so a step's `outputs` have
-//! something to read); `/fail/..` answers 500. On 127.0.0.1:0.
+//! something to read); `/fail/..` answers 500, `/throttle/..` 429 with
+//! `Retry-After: 1`. On 127.0.0.1:0.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -32,14 +33,16 @@ impl EchoBackend {
                 let seen = seen.clone();
                 tokio::spawn(async move {
                     let Some(request) = read_request(&mut conn).await else { return };
-                    let (status, body) = if request.path.starts_with("/fail/") {
-                        ("500 Internal Server Error", "{}")
+                    let (status, extra, body) = if request.path.starts_with("/fail/") {
+                        ("500 Internal Server Error", "", "{}")
+                    } else if request.path.starts_with("/throttle/") {
+                        ("429 Too Many Requests", "retry-after: 1\r\n", "{}")
                     } else {
-                        ("200 OK", r#"{"id": "77"}"#)
+                        ("200 OK", "", r#"{"id": "77"}"#)
                     };
                     seen.lock().unwrap().push(request);
                     let answer = format!(
-                        "HTTP/1.1 {status}\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                        "HTTP/1.1 {status}\r\n{extra}content-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
                         body.len()
                     );
                     let _ = conn.write_all(answer.as_bytes()).await;

@@ -99,13 +99,16 @@ impl Seed<'_> {
             .unwrap();
     }
 
-    /// The force re-sync write: resets only current_sync_id, always writes.
+    /// The force re-sync write, as `PUT .../subscriptions/:api/sync` makes
+    /// it: resets only current_sync_id, always writes, says it is a re-sync.
     pub async fn force_resync(&self, namespace: &str, api: &str) {
         let key = keys::subscription(self.0.platform(), self.0.region(), namespace, api);
-        let current = self.0.get::<Subscription>(&key).await.unwrap().unwrap();
-        let mut next = current.value.clone();
-        next.current_sync_id.clear();
-        self.0.update(&key, &next, current.revision, "subscription").await.unwrap();
+        loop {
+            let current = self.0.get::<Subscription>(&key).await.unwrap().unwrap();
+            if self.0.reset_subscription_sync(namespace, api, &current).await.unwrap().is_some() {
+                return;
+            }
+        }
     }
 
     pub async fn get(&self, namespace: &str, api: &str) -> Subscription {

@@ -179,6 +179,29 @@ both_backends! {
         server.put("/namespaces/sre/subscriptions/nope.example.com/sync", json!({})).await.error(404, &["nope.example.com"]);
     }
 
+    /// The reset says it is a re-sync request in the record it writes, for
+    /// the reconciler's run `trigger`; no response shows that and no
+    /// request sets it, and the reconciler's result clears it.
+    async fn a_resync_request_is_stored_never_shown_nor_accepted(server: Server) {
+        setup(&server).await;
+        let stored = || async { server.repo.get_subscription("core", "compute.example.com").await.unwrap().unwrap().value };
+        let field = json!({"api": "compute.example.com", "resync_requested": true});
+        server.post("/namespaces/core/subscriptions", field.clone()).await.error(400, &["resync_requested"]);
+        server.subscribe("core", "compute.example.com").await;
+        assert!(!stored().await.resync_requested);
+        let item = "/namespaces/core/subscriptions/compute.example.com";
+        server.put(item, field.clone()).await.error(400, &["resync_requested"]);
+        server.put(&format!("{item}/sync"), json!({"resync_requested": false})).await.error(400, &["resync_requested"]);
+        assert!(!stored().await.resync_requested, "a refused request writes nothing");
+        // Never synced: the reset changes nothing the API shows, yet it is a request.
+        let view = server.put(&format!("{item}/sync"), json!({})).await.expect(200);
+        assert_view(&view);
+        assert!(stored().await.resync_requested);
+        assert_view(&server.get(item).await.expect(200));
+        reconcile(&server, "core", "compute.example.com", "2026-02-01T00Z").await;
+        assert!(!stored().await.resync_requested, "a result is no re-sync request");
+    }
+
     async fn a_failed_subscription_keeps_its_state_on_reset(server: Server) {
         setup(&server).await;
         server.subscribe("core", "compute.example.com").await;
