@@ -8,9 +8,9 @@
 //! Schema:
 //! - `kv(key, value, create_rev, mod_rev)`: the current records.
 //! - `changes(rev, key, value, create_rev)`: the change log the change feed
-//!   polls; a
-//!   `NULL` value is a delete. Trimmed to the newest [`DEFAULT_RETAIN`]
-//!   entries on every write, so it cannot grow without bound.
+//!   polls; a `NULL` value is a delete. Trimmed to the newest
+//!   [`DEFAULT_RETAIN`] entries on every write, so it cannot grow without
+//!   bound.
 //! - `meta(revision, compacted)`: the store revision, and the newest trimmed
 //!   revision (a feed starting at or below it ends with `Compacted`).
 //!
