@@ -3,7 +3,8 @@
 # protoc (etcd-client's build compiles etcd's .proto files), etcd (the
 # production store; the test suite starts private instances of it), and
 # chromium with chromedriver (the web console's browser tests drive them;
-# nothing is downloaded at test time).
+# nothing is downloaded at test time), and cargo-machete (`scripts/test`
+# fails on a dependency a crate declares but does not use).
 # Idempotent: does nothing when all are present.
 set -euo pipefail
 
@@ -21,4 +22,12 @@ if [ ${#missing[@]} -gt 0 ]; then
   flock 9
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+if ! command -v cargo-machete >/dev/null 2>&1; then
+  echo "setup: installing cargo-machete" >&2
+  # One build at a time, even when tests start several (a few minutes).
+  exec 8>/tmp/kayra-cargo-install.lock
+  flock 8
+  command -v cargo-machete >/dev/null 2>&1 || cargo install --locked --quiet cargo-machete@0.9.2
 fi

@@ -466,37 +466,53 @@ impl Deployment {
         Ok(started.elapsed())
     }
 
-    /// Waits until every subscriber is synced to `sync_id` by listing once,
-    /// at `from` or later, and then following the store's watch. The probe
-    /// costs one decode per change, so it takes no CPU from the reconciler
-    /// being measured (re-listing 10,000 records every few milliseconds
-    /// would take most of a core of this two-core machine).
+    /// Waits until every subscriber is synced to `sync_id` by following the
+    /// store's watcher (a list at `from` or later, then its changes; a
+    /// re-list after a compaction replaces the set). The probe costs one
+    /// decode per change, so it takes no CPU from the reconciler being
+    /// measured (re-listing 10,000 records every few milliseconds would
+    /// take most of a core of this two-core machine).
     async fn follow_until_synced(&self, sync_id: &str, from: kayra_store::Revision) -> anyhow::Result<()> {
+        use kayra_store::WatcherEvent;
         let prefix = keys::subscriptions(PLATFORM, &self.region);
-        let store = self.repo.store();
-        let (items, listed) = store.list_all(&prefix).await?;
-        anyhow::ensure!(listed >= from, "{}: the list is older than the bump", self.region);
         let synced_value =
             |value: &[u8]| serde_json::from_slice::<Subscription>(value).is_ok_and(|s| s.is_synced(sync_id));
-        let mut synced: std::collections::HashSet<String> =
-            items.into_iter().filter(|kv| synced_value(&kv.value)).map(|kv| kv.key).collect();
-        let mut events = store.watch(&prefix, listed + 1).await?;
+        let mut events = self.repo.store().watcher(&prefix);
         let deadline = tokio::time::Instant::now() + Duration::from_secs(300);
-        while synced.len() < self.n {
+        // The set being listed (between `Init` and `InitDone`), and the one followed.
+        let mut listing: Option<std::collections::HashSet<String>> = None;
+        let mut synced: Option<std::collections::HashSet<String>> = None;
+        while listing.is_some() || synced.as_ref().is_none_or(|synced| synced.len() < self.n) {
             let event = tokio::time::timeout_at(deadline, events.next())
                 .await
                 .map_err(|_| anyhow::anyhow!("{}: fan-out to {sync_id} did not converge", self.region))?
                 .ok_or_else(|| anyhow::anyhow!("{}: the probe's watch ended", self.region))?;
             match event {
-                kayra_store::Event::Put(kv) if synced_value(&kv.value) => {
-                    synced.insert(kv.key);
+                WatcherEvent::Init => listing = Some(Default::default()),
+                WatcherEvent::InitApply(kv) => {
+                    if let Some(listing) = listing.as_mut().filter(|_| synced_value(&kv.value)) {
+                        listing.insert(kv.key);
+                    }
                 }
-                kayra_store::Event::Put(kv) => {
-                    synced.remove(&kv.key);
+                WatcherEvent::InitDone { revision } => {
+                    anyhow::ensure!(revision >= from, "{}: the list is older than the bump", self.region);
+                    synced = listing.take();
                 }
-                kayra_store::Event::Delete { key, .. } => {
-                    synced.remove(&key);
+                WatcherEvent::Apply(kv) => {
+                    if let Some(synced) = synced.as_mut() {
+                        if synced_value(&kv.value) {
+                            synced.insert(kv.key);
+                        } else {
+                            synced.remove(&kv.key);
+                        }
+                    }
                 }
+                WatcherEvent::Delete { key, .. } => {
+                    if let Some(synced) = synced.as_mut() {
+                        synced.remove(&key);
+                    }
+                }
+                WatcherEvent::Progress { .. } => {}
             }
         }
         Ok(())

@@ -124,28 +124,6 @@ pub enum Command {
     },
 }
 
-/// A verb of the command line; each maps to one HTTP method.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Verb {
-    Get,
-    Create,
-    Update,
-    Patch,
-    Delete,
-}
-
-impl Verb {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Verb::Get => "get",
-            Verb::Create => "create",
-            Verb::Update => "update",
-            Verb::Patch => "patch",
-            Verb::Delete => "delete",
-        }
-    }
-}
-
 /// What a command acts on: `API [-n NAMESPACE] RESOURCE [NAME[/SUBRESOURCE]]`.
 #[derive(Debug, Clone, Args)]
 pub struct TargetArgs {

@@ -15,6 +15,7 @@
 //! - [`data`]: `-d` as JSON/YAML, `@FILE`, `@-`.
 //! - [`client`]: HTTP, error answers, paging, short-name resolution.
 //! - [`output`]: JSON, YAML and the tables.
+//! - [`grid`]: cells and column layout, shared by every table.
 //! - [`watch`]: `--watch` (the server's watch stream) / `--until-synced`.
 //! - [`wait`]: `update ... NAME/sync --wait`, the fan-out's progress.
 //! - [`runs`]: the table of a subscription's runs.
@@ -24,23 +25,22 @@ pub mod args;
 pub mod client;
 pub mod data;
 pub mod error;
+pub mod grid;
 pub mod output;
 pub mod request;
 pub mod runs;
 pub mod wait;
 pub mod watch;
 
-use std::io::Write;
-
 use clap::CommandFactory;
 use serde_json::Value;
 
 pub use args::Cli;
-use args::{Command, GetArgs, GlobalArgs, TargetArgs, Verb};
+use args::{Command, GetArgs, GlobalArgs, TargetArgs};
 use client::{Body, Client};
 pub use error::Error;
-use output::{Format, is_list, render};
-use request::{Api, Request, Target};
+use output::{Format, emit, is_list, render};
+use request::{Api, Request, Target, Verb};
 
 /// Runs one parsed command line to completion.
 pub async fn run(cli: Cli) -> Result<(), Error> {
@@ -242,15 +242,4 @@ fn empty_list_note(value: &Value, format: Format, target: &Target) -> Option<Str
         Some(ns) => format!("No {} found in namespace {ns}.\n", target.resource),
         None => format!("No {} found.\n", target.resource),
     })
-}
-
-/// Writes to stdout. A reader that went away (`| head`) is not an error
-/// worth a message: [`Error::StdoutClosed`] ends the command quietly.
-pub(crate) fn emit(bytes: &[u8]) -> Result<(), Error> {
-    let mut out = std::io::stdout().lock();
-    match out.write_all(bytes).and_then(|()| out.flush()) {
-        Ok(()) => Ok(()),
-        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Err(Error::StdoutClosed),
-        Err(e) => Err(error::invalid(format!("write to stdout: {e}"))),
-    }
 }

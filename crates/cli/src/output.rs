@@ -9,10 +9,12 @@
 //! friendly to `awk` and `column -t`).
 
 use std::fmt::Write as _;
+use std::io::Write as _;
 
 use serde_json::Value;
 
 use crate::error::{Error, invalid};
+use crate::grid::{cell, layout};
 use crate::request::View;
 
 /// `-o`.
@@ -23,8 +25,6 @@ pub enum Format {
     Yaml,
 }
 
-/// The shown empty value: an empty string or missing field.
-const NONE: &str = "<none>";
 /// Fields that identify an object; a generic table shows them first.
 const IDENTITY_KEYS: [&str; 5] = ["name", "id", "user", "namespace", "api"];
 /// Generic tables show at most this many columns.
@@ -166,25 +166,6 @@ fn is_tabular(value: &Value) -> bool {
     }
 }
 
-/// One cell's text, on one line.
-pub(crate) fn cell(value: Option<&Value>) -> String {
-    let text = match value {
-        None | Some(Value::Null) => return NONE.to_string(),
-        Some(Value::String(text)) => text.clone(),
-        Some(Value::Array(items)) if items.iter().all(|i| !i.is_array() && !i.is_object()) => {
-            items.iter().map(|item| cell(Some(item))).collect::<Vec<_>>().join(",")
-        }
-        Some(other @ (Value::Array(_) | Value::Object(_))) => other.to_string(),
-        Some(other) => other.to_string(),
-    };
-    if text.is_empty() {
-        return NONE.to_string();
-    }
-    // A newline inside a cell would break the table's shape, an escape
-    // sequence the terminal.
-    escape_controls(&text)
-}
-
 /// Anything the server sent that goes to a terminal as one line —
 /// messages, table cells — with its control characters escaped.
 pub use kayra_core::validation::escape_controls;
@@ -212,29 +193,15 @@ fn escape_json_controls(text: &str) -> String {
         .collect()
 }
 
-pub(crate) fn layout(headers: Vec<String>, rows: Vec<Vec<String>>) -> String {
-    let mut widths: Vec<usize> = headers.iter().map(|h| h.chars().count()).collect();
-    for row in &rows {
-        for (width, cell) in widths.iter_mut().zip(row) {
-            *width = (*width).max(cell.chars().count());
-        }
+/// Writes to stdout. A reader that went away (`| head`) is not an error
+/// worth a message: [`Error::StdoutClosed`] ends the command quietly.
+pub(crate) fn emit(bytes: &[u8]) -> Result<(), Error> {
+    let mut out = std::io::stdout().lock();
+    match out.write_all(bytes).and_then(|()| out.flush()) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Err(Error::StdoutClosed),
+        Err(e) => Err(invalid(format!("write to stdout: {e}"))),
     }
-    let mut text = String::new();
-    for row in std::iter::once(&headers).chain(&rows) {
-        let mut line = String::new();
-        for (i, (cell, width)) in row.iter().zip(&widths).enumerate() {
-            if i + 1 == row.len() {
-                line.push_str(cell);
-            } else {
-                let pad = width - cell.chars().count();
-                line.push_str(cell);
-                line.extend(std::iter::repeat_n(' ', pad + 3));
-            }
-        }
-        text.push_str(line.trim_end());
-        text.push('\n');
-    }
-    text
 }
 
 #[cfg(test)]

@@ -24,7 +24,6 @@
 use reqwest::{Method, Url};
 use serde_json::{Map, Value};
 
-use crate::args::Verb;
 use crate::error::{Error, invalid};
 
 /// The catalog API's long name.
@@ -131,6 +130,28 @@ impl ObjectRef {
     /// The first subresource segment, if any (`sync`, `status`, `tokens`).
     pub fn subresource(&self) -> Option<&str> {
         self.sub.first().map(String::as_str)
+    }
+}
+
+/// A verb of the command line; each maps to one HTTP method.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verb {
+    Get,
+    Create,
+    Update,
+    Patch,
+    Delete,
+}
+
+impl Verb {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Verb::Get => "get",
+            Verb::Create => "create",
+            Verb::Update => "update",
+            Verb::Patch => "patch",
+            Verb::Delete => "delete",
+        }
     }
 }
 

@@ -7,7 +7,7 @@ use std::time::SystemTime;
 
 use serde_json::Value;
 
-use crate::output::{cell, layout};
+use crate::grid::{cell, layout};
 
 const HEADERS: [&str; 7] = ["ID", "TRIGGER", "SYNC ID", "RESULT", "STARTED", "DURATION", "STEPS"];
 

@@ -19,10 +19,9 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde_json::Value;
 use tokio::time::Instant;
 
-use crate::args::Verb;
 use crate::client::{Body, Client};
 use crate::error::{Error, invalid};
-use crate::request::{Request, Target};
+use crate::request::{Request, Target, Verb};
 use crate::watch::human;
 
 /// Time between two status reads.
@@ -101,7 +100,7 @@ impl Display {
             }
             Display::Lines(last) if *last != Some(counts) => {
                 *last = Some(counts);
-                crate::emit(format!("{counts}\n").as_bytes())
+                crate::output::emit(format!("{counts}\n").as_bytes())
             }
             Display::Lines(_) => Ok(()),
         }

@@ -16,7 +16,7 @@ use futures::StreamExt;
 use kayra_catalog::repo::{Repository, keys};
 use kayra_config::ReconcilerConfig;
 use kayra_core::{Run, RunResult, RunStep, RunTrigger, SubscriptionState};
-use kayra_store::Event;
+use kayra_store::{Change, Event};
 
 const API: &str = "compute.example.com";
 
@@ -120,7 +120,7 @@ async fn a_failed_decision_leaves_an_error_run_and_a_retry_run(kind: Kind) {
     // Every change to the subscription from its creation on.
     let sub_key = keys::subscription("dev", "local", "core", API);
     let from = store.store.revision().await.unwrap() + 1;
-    let mut watch = store.store.watch(&sub_key, from).await.unwrap();
+    let mut changes = store.store.changes(&sub_key, from).await.unwrap();
     seed.subscription("core", API).await;
     backend.wait_for("/fail/x", 2).await;
     let all = wait_runs(&repo, "core", API, 2).await;
@@ -137,14 +137,22 @@ async fn a_failed_decision_leaves_an_error_run_and_a_retry_run(kind: Kind) {
         assert_eq!((step.method.as_str(), step.status, step.attempts), ("POST", 500, 1), "{step:?}");
     }
     // `state: error` written once; the second run is no subscription event.
+    // Every change up to now, read until the feed reports it has caught up.
+    let now = store.store.revision().await.unwrap();
     let mut puts = 0;
-    while let Ok(Some(event)) = tokio::time::timeout(Duration::from_millis(300), watch.next()).await {
-        if let Event::Put(kv) = event {
-            let sub: kayra_core::Subscription = serde_json::from_slice(&kv.value).unwrap();
-            puts += 1;
-            if puts > 1 {
-                assert_eq!(sub.state, SubscriptionState::Error);
+    loop {
+        let change = tokio::time::timeout(Duration::from_secs(20), changes.next()).await;
+        match change.expect("the change feed catches up in time").expect("the feed goes on").unwrap() {
+            Change::Event(Event::Put(kv)) => {
+                let sub: kayra_core::Subscription = serde_json::from_slice(&kv.value).unwrap();
+                puts += 1;
+                if puts > 1 {
+                    assert_eq!(sub.state, SubscriptionState::Error);
+                }
             }
+            Change::Event(Event::Delete { .. }) => {}
+            Change::Progress(revision) if revision >= now => break,
+            Change::Progress(_) => {}
         }
     }
     assert_eq!(puts, 2, "the subscription is created, then written once (state error)");

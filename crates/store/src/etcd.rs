@@ -17,9 +17,10 @@
 //! the key. Their `else` branch reads the key at the same revision, which
 //! tells `NotFound` from `Conflict` without a second, racy read.
 //!
-//! # Watch
-//! etcd's native watch, wrapped so that it survives reconnects and
-//! compactions; see [`watcher`](self::watcher).
+//! # Change feed
+//! etcd's native watch on the pinned member, with progress requests, as
+//! [`Backend::changes`]; see [`watcher`](self::watcher). Reconnecting and
+//! re-listing after a compaction are `Store::watcher`'s.
 //!
 //! # Job locks
 //! One leased session per store and one etcd mutex per job, driven as a
@@ -41,7 +42,7 @@
 //! # Layout
 //! - this file: connecting, the key space, get/list/create/update/delete.
 //! - `etcd/cluster.rs`: the failover client and its metrics.
-//! - `etcd/watcher.rs`: the never-ending watch stream.
+//! - `etcd/watcher.rs`: the change feed (one native watch).
 //! - `etcd/locker.rs`: the session lease and the per-job mutexes.
 //! - `etcd/lease.rs`: keys bound to leases ([`crate::Leases`]).
 //! - `etcd/batch.rs`: several transactions as one Txn (group commit).
@@ -75,7 +76,7 @@ use kayra_config::EtcdConfig;
 use self::cluster::{Attempted, Cluster};
 use tokio_util::sync::CancellationToken;
 
-use crate::{Backend, ChangeStream, Error, JobLocker, KeyValue, Leases, ListPage, Result, Revision, WatchStream};
+use crate::{Backend, ChangeStream, Error, JobLocker, KeyValue, Leases, ListPage, Result, Revision};
 
 /// The environment variable holding the password of `database.etcd.username`.
 pub const PASSWORD_ENV: &str = "KAYRA_ETCD_PASSWORD";
@@ -454,10 +455,6 @@ impl Backend for EtcdStore {
             (false, false) if ambiguous => revision_of(resp.header()),
             (false, false) => Err(Error::NotFound(key.to_string())),
         }
-    }
-
-    async fn watch(&self, prefix: &str, from: Revision) -> Result<WatchStream> {
-        watcher::watch(self.keys.clone(), prefix, from, self.shutdown.child_token()).await
     }
 
     async fn revision(&self) -> Result<Revision> {

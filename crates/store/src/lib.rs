@@ -5,15 +5,18 @@
 //! generics. Keys are `/`-separated strings relative to the store's root
 //! (etcd adds `database.etcd.prefix`). Every record carries the revision of
 //! its last write, and every operation reports the store revision it saw, so
-//! a caller can list and then [`Store::watch`] from exactly the next
-//! revision without losing a change.
+//! a caller can list and then follow [`Store::changes`] from exactly the
+//! next revision without losing a change — which is what [`Store::watcher`]
+//! does, resuming and re-listing by itself.
 //!
 //! # Layout
 //! - this file: the handle, records, events, errors, [`JobLocker`].
-//! - `local.rs`: SQLite (WAL) file backend for `kayra dev`; Watch polls a
-//!   change log. No job locker: a dev deployment has one reconciler.
-//! - `etcd.rs`: etcd v3 backend; native watch; [`JobLocker`] on a leased
-//!   session with one mutex per job.
+//! - `watcher.rs`: [`Store::watcher`], list → watch → re-list over any
+//!   backend's one change feed ([`Backend::changes`]).
+//! - `local.rs`: SQLite (WAL) file backend for `kayra dev`; its change feed
+//!   polls a change log. No job locker: a dev deployment has one reconciler.
+//! - `etcd.rs`: etcd v3 backend; native watch as its change feed;
+//!   [`JobLocker`] on a leased session with one mutex per job.
 //! - `group.rs`: group commit, for [`Store::txn_grouped`] and the etcd
 //!   job locker's acquisitions.
 //! - `testsuite.rs`: the conformance suite every backend passes.
@@ -80,7 +83,7 @@ pub struct ListPage {
     pub revision: Revision,
 }
 
-/// A change seen by a watch.
+/// A change seen by a change feed.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Event {
     /// A key was created or updated.
@@ -103,13 +106,6 @@ impl Event {
         }
     }
 }
-
-/// A stream of events in revision order. It only ends when the store handle
-/// is gone; transient failures are retried inside. When the position was
-/// compacted away, the backend re-lists and emits a `Put` for every key
-/// present (at its current revision) before resuming, so a consumer that
-/// treats puts idempotently loses nothing but intermediate deletes' timing.
-pub type WatchStream = BoxStream<'static, Event>;
 
 /// What a consumer of [`Store::watcher`] sees (kube-runtime's `watcher`
 /// events): a list as `Init`, `InitApply`…, `InitDone`, then changes. A
@@ -160,8 +156,6 @@ pub trait Backend: Send + Sync + 'static {
     async fn update(&self, key: &str, value: Vec<u8>, expected: Revision) -> Result<Revision>;
     /// Deletes `key` (iff at `expected` when given); `NotFound` / `Conflict`.
     async fn delete(&self, key: &str, expected: Option<Revision>) -> Result<Revision>;
-    /// Puts and deletes under `prefix` from `from` (inclusive) on.
-    async fn watch(&self, prefix: &str, from: Revision) -> Result<WatchStream>;
     /// The store's current revision; doubles as a reachability check.
     async fn revision(&self) -> Result<Revision>;
     /// Runs `txn` atomically: compares, then one branch's operations.
@@ -425,8 +419,13 @@ impl Store {
         })
         .await
     }
-    pub async fn watch(&self, prefix: &str, from: Revision) -> Result<WatchStream> {
-        self.bounded("watch", self.backend.watch(prefix, from)).await
+    /// The backend's raw change feed under `prefix` from `from`
+    /// (inclusive; see [`Backend::changes`]), opened within the request
+    /// timeout. It is finished at its first error (`Compacted` when the
+    /// history from `from` is gone); [`Store::watcher`] is the stream that
+    /// lists, resumes and re-lists by itself.
+    pub async fn changes(&self, prefix: &str, from: Revision) -> Result<ChangeStream> {
+        self.bounded("changes", self.backend.changes(prefix, from)).await
     }
     /// A never-ending list → watch → re-list stream of `prefix` (see
     /// [`WatcherEvent`]). It ends only when every handle on the store is gone.

@@ -7,11 +7,12 @@
 //!
 //! Schema:
 //! - `kv(key, value, create_rev, mod_rev)`: the current records.
-//! - `changes(rev, key, value, create_rev)`: the change log Watch polls; a
-//!   `NULL` value is a delete. Trimmed to the newest [`DEFAULT_RETAIN`]
-//!   entries on every write, so it cannot grow without bound.
+//! - `changes(rev, key, value, create_rev)`: the change log the change feed
+//!   polls; a `NULL` value is a delete. Trimmed to the newest
+//!   [`DEFAULT_RETAIN`] entries on every write, so it cannot grow without
+//!   bound.
 //! - `meta(revision, compacted)`: the store revision, and the newest trimmed
-//!   revision (a watch starting at or below it must re-list).
+//!   revision (a feed starting at or below it ends with `Compacted`).
 //!
 //! Every write — single-key or [`Txn`] — runs in one `BEGIN IMMEDIATE`
 //! transaction, and each put or delete in it takes the next revision (the
@@ -43,20 +44,36 @@
 //! own does, in the background (`checkpoint`).
 //!
 //! Keys are stored as BLOBs so that prefix ranges compare byte-wise.
+//!
+//! # Layout
+//! - this file: [`LocalStore`], opening it, and the [`Backend`] calls.
+//! - `local/schema.rs`: connections, the tables, the file's identity.
+//! - `local/write.rs`: the write path — [`Txn`]s applied to the tables and
+//!   the change log, the writer's retry within the write timeout, the
+//!   file check around every commit.
+//! - `local/sql.rs`: the shared SQL pieces — reads, prefix bounds, row
+//!   decoding, retry on BUSY.
+//! - `local/feed.rs`: the change feed ([`Backend::changes`]), polling the
+//!   change log.
+//! - `local/readers.rs`: the reader threads; `local/checkpoint.rs`: the
+//!   checkpoint thread.
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
 use futures::stream;
-use rusqlite::{Connection, ErrorCode, OptionalExtension, TransactionBehavior, params};
+use rusqlite::Connection;
 
 use crate::{
-    Backend, Change, ChangeStream, Compare, Error, Event, KeyValue, ListPage, Op, Result, Revision, Txn, TxnResponse,
-    WatchStream,
+    Backend, Change, ChangeStream, Compare, Error, KeyValue, ListPage, Op, Result, Revision, Txn, TxnResponse,
 };
+
+use self::schema::{connect, file_identity};
+use self::sql::{get_in, is_busy, list_in, read_revision, retry_busy, snapshot_in, unavailable};
+use self::write::apply;
 
 /// How many change-log entries are kept for watchers.
 pub const DEFAULT_RETAIN: i64 = 10_000;
@@ -69,7 +86,11 @@ const WRITE_ATTEMPTS: u32 = 100;
 const READER_THREADS: usize = 4;
 
 mod checkpoint;
+mod feed;
 mod readers;
+mod schema;
+mod sql;
+mod write;
 
 /// The SQLite backend. Cheap to clone via `Store`.
 pub struct LocalStore {
@@ -109,23 +130,7 @@ impl LocalStore {
         let conn = connect(path)?;
         // Checkpoints run on their own thread; this is only the safety valve.
         conn.pragma_update(None, "wal_autocheckpoint", checkpoint::WRITER_AUTOCHECKPOINT).map_err(unavailable)?;
-        retry_busy(|| {
-            conn.execute_batch(
-                "BEGIN IMMEDIATE;
-                 CREATE TABLE IF NOT EXISTS kv (key BLOB PRIMARY KEY, value BLOB NOT NULL,
-                     create_rev INTEGER NOT NULL, mod_rev INTEGER NOT NULL) WITHOUT ROWID;
-                 CREATE TABLE IF NOT EXISTS changes (rev INTEGER PRIMARY KEY, key BLOB NOT NULL,
-                     value BLOB, create_rev INTEGER NOT NULL);
-                 CREATE TABLE IF NOT EXISTS meta (id INTEGER PRIMARY KEY CHECK (id = 1),
-                     revision INTEGER NOT NULL, compacted INTEGER NOT NULL);
-                 INSERT OR IGNORE INTO meta (id, revision, compacted) VALUES (1, 0, 0);
-                 COMMIT;",
-            )
-            .inspect_err(|_| {
-                let _ = conn.execute_batch("ROLLBACK");
-            })
-        })
-        .map_err(unavailable)?;
+        schema::create(&conn)?;
         let identity = file_identity(path)
             .ok_or_else(|| Error::Unavailable(format!("{} vanished while opening it", path.display())))?;
         Ok(Self {
@@ -222,307 +227,6 @@ impl LocalStore {
     }
 }
 
-impl Inner {
-    /// One write transaction, retried on BUSY while time remains. Each
-    /// attempt waits for the lock at most the time left, so no attempt
-    /// starts — or commits — after the deadline.
-    fn write_within<T>(
-        &self,
-        mut conn: std::sync::MutexGuard<'_, Connection>,
-        started: std::time::Instant,
-        f: impl Fn(&rusqlite::Transaction<'_>) -> rusqlite::Result<T>,
-    ) -> Result<T> {
-        // Stop a little before the caller's deadline (the same duration,
-        // started a moment earlier) so that no attempt outlives it.
-        let budget = self.write_timeout.saturating_sub((self.write_timeout / 10).min(Duration::from_millis(100)));
-        let mut attempt = 0u32;
-        loop {
-            let Some(left) = budget.checked_sub(started.elapsed()).filter(|d| !d.is_zero()) else {
-                return Err(Error::Unavailable(format!(
-                    "the store file's write lock was not free within {:?}",
-                    self.write_timeout
-                )));
-            };
-            conn.busy_timeout(left.min(Duration::from_secs(5))).map_err(unavailable)?;
-            let result = (|| {
-                let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-                let resp = f(&tx)?;
-                tx.commit()?;
-                Ok(resp)
-            })();
-            match result {
-                Err(e) if is_busy(&e) && attempt < WRITE_ATTEMPTS => {
-                    attempt += 1;
-                    std::thread::sleep(Duration::from_millis(u64::from(attempt.min(20)) * 2));
-                }
-                other => return other.map_err(unavailable),
-            }
-        }
-    }
-
-    /// `Unavailable` once the file at `path` is not the one opened (sticky).
-    fn check_file(&self) -> Result<()> {
-        if !self.lost.load(Ordering::Relaxed) && file_identity(&self.path) == Some(self.identity) {
-            return Ok(());
-        }
-        if !self.lost.swap(true, Ordering::Relaxed) {
-            tracing::error!(path = %self.path.display(),
-                "the local store file was deleted or replaced under the running process; refusing writes until restarted");
-        }
-        Err(Error::Unavailable(format!(
-            "the store file {} was deleted or replaced; restart to reopen it",
-            self.path.display()
-        )))
-    }
-}
-
-#[cfg(unix)]
-fn file_identity(path: &Path) -> Option<(u64, u64)> {
-    use std::os::unix::fs::MetadataExt;
-    std::fs::metadata(path).ok().map(|m| (m.dev(), m.ino()))
-}
-
-#[cfg(not(unix))]
-fn file_identity(path: &Path) -> Option<(u64, u64)> {
-    std::fs::metadata(path).ok().map(|_| (0, 0))
-}
-
-/// Evaluates `txn`'s compares and applies the chosen branch inside `tx`:
-/// every put and delete takes the next revision and is written to the
-/// change log, which is trimmed to `retain` entries.
-fn apply(tx: &rusqlite::Transaction<'_>, txn: &Txn, retain: i64) -> rusqlite::Result<TxnResponse> {
-    let (start, _) = read_revision(tx)?;
-    let mut succeeded = true;
-    for compare in &txn.compares {
-        let holds = match compare {
-            Compare::Absent(key) => revisions_of(tx, key)?.is_none(),
-            Compare::Exists(key) => revisions_of(tx, key)?.is_some(),
-            Compare::ModRevision(key, expected) => revisions_of(tx, key)?.is_some_and(|(_, m)| m == *expected),
-            Compare::PrefixEmpty(prefix) => {
-                let (lo, hi) = bounds(prefix);
-                tx.query_row("SELECT 1 FROM kv WHERE key >= ?1 AND key < ?2 LIMIT 1", params![lo, hi], |_| Ok(()))
-                    .optional()?
-                    .is_none()
-            }
-            Compare::PrefixUnchangedSince(prefix, revision) => {
-                let (lo, hi) = bounds(prefix);
-                tx.query_row(
-                    "SELECT 1 FROM kv WHERE key >= ?1 AND key < ?2 AND mod_rev > ?3 LIMIT 1",
-                    params![lo, hi, revision],
-                    |_| Ok(()),
-                )
-                .optional()?
-                .is_none()
-            }
-        };
-        if !holds {
-            succeeded = false;
-            break;
-        }
-    }
-    let ops = if succeeded { &txn.success } else { &txn.failure };
-    let mut revision = start;
-    let mut gets = Vec::new();
-    for op in ops {
-        match op {
-            Op::Put { key, value } => {
-                revision += 1;
-                // One statement: a new key is created at `revision`, an
-                // existing one keeps its create revision, and either way the
-                // row says which. Cached statements: a transaction's writes
-                // are parsed once per connection, not once per row.
-                let create_rev: Revision = tx
-                    .prepare_cached(
-                        "INSERT INTO kv (key, value, create_rev, mod_rev) VALUES (?1, ?2, ?3, ?3)
-                         ON CONFLICT(key) DO UPDATE SET value = excluded.value, mod_rev = excluded.mod_rev
-                         RETURNING create_rev",
-                    )?
-                    .query_row(params![key.as_bytes(), value, revision], |row| row.get(0))?;
-                tx.prepare_cached("INSERT INTO changes (rev, key, value, create_rev) VALUES (?1, ?2, ?3, ?4)")?
-                    .execute(params![revision, key.as_bytes(), value, create_rev])?;
-            }
-            Op::Delete { key } => {
-                if let Some((create_rev, _)) = revisions_of(tx, key)? {
-                    revision += 1;
-                    delete_one(tx, key.as_bytes(), create_rev, revision)?;
-                }
-            }
-            Op::DeletePrefix { prefix } => {
-                let (lo, hi) = bounds(prefix);
-                let doomed = {
-                    let mut stmt =
-                        tx.prepare_cached("SELECT key, create_rev FROM kv WHERE key >= ?1 AND key < ?2 ORDER BY key")?;
-                    stmt.query_map(params![lo, hi], |r| Ok((r.get::<_, Vec<u8>>(0)?, r.get::<_, Revision>(1)?)))?
-                        .collect::<rusqlite::Result<Vec<_>>>()?
-                };
-                for (key, create_rev) in doomed {
-                    revision += 1;
-                    delete_one(tx, &key, create_rev, revision)?;
-                }
-            }
-            Op::Get { key } => gets.push(get_in(tx, key)?),
-        }
-    }
-    if revision > start {
-        let trim_to = revision - retain;
-        if trim_to > 0 {
-            tx.prepare_cached("DELETE FROM changes WHERE rev <= ?1")?.execute(params![trim_to])?;
-            tx.prepare_cached("UPDATE meta SET compacted = MAX(compacted, ?1) WHERE id = 1")?
-                .execute(params![trim_to])?;
-        }
-        tx.prepare_cached("UPDATE meta SET revision = ?1 WHERE id = 1")?.execute(params![revision])?;
-    }
-    Ok(TxnResponse { succeeded, revision, gets })
-}
-
-fn delete_one(
-    tx: &rusqlite::Transaction<'_>,
-    key: &[u8],
-    create_rev: Revision,
-    revision: Revision,
-) -> rusqlite::Result<()> {
-    tx.prepare_cached("DELETE FROM kv WHERE key = ?1")?.execute(params![key])?;
-    tx.prepare_cached("INSERT INTO changes (rev, key, value, create_rev) VALUES (?1, ?2, NULL, ?3)")?
-        .execute(params![revision, key, create_rev])?;
-    Ok(())
-}
-
-fn get_in(conn: &Connection, key: &str) -> rusqlite::Result<Option<KeyValue>> {
-    // Cached statements: the hot reads are parsed once per connection, not per call.
-    conn.prepare_cached("SELECT key, value, create_rev, mod_rev FROM kv WHERE key = ?1")?
-        .query_row(params![key.as_bytes()], read_kv)
-        .optional()
-}
-
-fn connect(path: &Path) -> Result<Connection> {
-    let conn = Connection::open(path).map_err(|e| Error::Unavailable(format!("open {}: {e}", path.display())))?;
-    conn.busy_timeout(Duration::from_secs(5)).map_err(unavailable)?;
-    // Every hot statement stays parsed (rusqlite keeps 16 by default).
-    conn.set_prepared_statement_cache_capacity(64);
-    retry_busy(|| {
-        conn.pragma_update(None, "journal_mode", "WAL")?;
-        conn.pragma_update(None, "synchronous", "NORMAL")
-    })
-    .map_err(unavailable)?;
-    Ok(conn)
-}
-
-fn unavailable(e: rusqlite::Error) -> Error {
-    Error::Unavailable(format!("sqlite: {e}"))
-}
-
-fn is_busy(e: &rusqlite::Error) -> bool {
-    matches!(e.sqlite_error_code(), Some(ErrorCode::DatabaseBusy | ErrorCode::DatabaseLocked))
-}
-
-/// Retries `f` while SQLite reports BUSY/LOCKED, with a growing pause.
-fn retry_busy<T>(mut f: impl FnMut() -> rusqlite::Result<T>) -> rusqlite::Result<T> {
-    let mut attempt = 0;
-    loop {
-        match f() {
-            Err(e) if is_busy(&e) && attempt < WRITE_ATTEMPTS => {
-                attempt += 1;
-                std::thread::sleep(Duration::from_millis(u64::from(attempt.min(20)) * 2));
-            }
-            other => return other,
-        }
-    }
-}
-
-/// `(create_rev, mod_rev)` of `key`, when present.
-fn revisions_of(conn: &Connection, key: &str) -> rusqlite::Result<Option<(Revision, Revision)>> {
-    conn.prepare_cached("SELECT create_rev, mod_rev FROM kv WHERE key = ?1")?
-        .query_row(params![key.as_bytes()], |r| Ok((r.get(0)?, r.get(1)?)))
-        .optional()
-}
-
-fn read_kv(row: &rusqlite::Row<'_>) -> rusqlite::Result<KeyValue> {
-    let key: Vec<u8> = row.get(0)?;
-    Ok(KeyValue {
-        key: String::from_utf8_lossy(&key).into_owned(),
-        value: row.get(1)?,
-        create_revision: row.get(2)?,
-        mod_revision: row.get(3)?,
-    })
-}
-
-/// The smallest byte string greater than every string starting with `prefix`,
-/// or `None` when there is none (empty prefix or all 0xFF).
-fn prefix_end(prefix: &[u8]) -> Option<Vec<u8>> {
-    let mut end = prefix.to_vec();
-    while let Some(last) = end.pop() {
-        if last < 0xFF {
-            end.push(last + 1);
-            return Some(end);
-        }
-    }
-    None
-}
-
-/// `(lower bound, upper bound)` of a prefix scan; the upper bound is a
-/// large sentinel when the prefix has no end.
-fn bounds(prefix: &str) -> (Vec<u8>, Vec<u8>) {
-    let end = prefix_end(prefix.as_bytes()).unwrap_or_else(|| vec![0xFF; 1024]);
-    (prefix.as_bytes().to_vec(), end)
-}
-
-fn read_revision(conn: &Connection) -> rusqlite::Result<(Revision, Revision)> {
-    conn.prepare_cached("SELECT revision, compacted FROM meta WHERE id = 1")?
-        .query_row([], |r| Ok((r.get(0)?, r.get(1)?)))
-}
-
-/// One page of keys under `prefix` after `start_after`, inside an open read transaction.
-fn page_in(
-    conn: &Connection,
-    prefix: &str,
-    start_after: Option<&[u8]>,
-    limit: usize,
-) -> rusqlite::Result<(Vec<KeyValue>, bool)> {
-    let (lo, hi) = bounds(prefix);
-    // `limit + 1` tells whether more remain; a huge limit (u64::MAX from an
-    // API caller) must clamp, never wrap to a negative or zero LIMIT.
-    let fetch = if limit == 0 { -1 } else { i64::try_from(limit).unwrap_or(i64::MAX).saturating_add(1) };
-    let mut items = {
-        let mut stmt = conn.prepare_cached(
-            "SELECT key, value, create_rev, mod_rev FROM kv
-             WHERE key >= ?1 AND key < ?2 AND (?3 IS NULL OR key > ?3)
-             ORDER BY key LIMIT ?4",
-        )?;
-        stmt.query_map(params![lo, hi, start_after, fetch], read_kv)?.collect::<rusqlite::Result<Vec<_>>>()?
-    };
-    let more = limit != 0 && items.len() > limit;
-    if more {
-        items.truncate(limit);
-    }
-    Ok((items, more))
-}
-
-fn list_in(conn: &mut Connection, prefix: &str, start_after: Option<&str>, limit: usize) -> rusqlite::Result<ListPage> {
-    let tx = conn.transaction()?; // one snapshot for the page and its revision
-    let (revision, _) = read_revision(&tx)?;
-    let (items, more) = page_in(&tx, prefix, start_after.map(str::as_bytes), limit)?;
-    tx.finish()?;
-    Ok(ListPage { items, more, revision })
-}
-
-/// Every key under `prefix`, page by page inside one read transaction (one snapshot).
-fn snapshot_in(conn: &mut Connection, prefix: &str) -> rusqlite::Result<(Vec<KeyValue>, Revision)> {
-    const PAGE: usize = 1000;
-    let tx = conn.transaction()?;
-    let (revision, _) = read_revision(&tx)?;
-    let mut items: Vec<KeyValue> = Vec::new();
-    loop {
-        let after = items.last().map(|kv| kv.key.as_bytes().to_vec());
-        let (page, more) = page_in(&tx, prefix, after.as_deref(), PAGE)?;
-        items.extend(page);
-        if !more {
-            break;
-        }
-    }
-    tx.finish()?;
-    Ok((items, revision))
-}
-
 /// Why a failed single-key write failed, from its `else` branch's read.
 fn failed_write(key: &str, resp: &TxnResponse) -> Error {
     match resp.gets.first() {
@@ -587,16 +291,6 @@ impl Backend for LocalStore {
         Ok(resp.revision)
     }
 
-    async fn watch(&self, prefix: &str, from: Revision) -> Result<WatchStream> {
-        // A dedicated connection, so polling never waits behind this
-        // process's own writers.
-        let conn = connect(&self.inner.path)?;
-        let (tx, rx) = tokio::sync::mpsc::channel::<Event>(256);
-        let poller = Poller { conn: Arc::new(Mutex::new(conn)), prefix: prefix.to_string(), next: from.max(1) };
-        tokio::spawn(poller.run(tx, self.inner.poll_interval));
-        Ok(Box::pin(stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|e| (e, rx)) })))
-    }
-
     async fn revision(&self) -> Result<Revision> {
         // Readiness: a store whose file is gone is not ready.
         self.inner.check_file()?;
@@ -645,204 +339,8 @@ impl Backend for LocalStore {
     async fn changes(&self, prefix: &str, from: Revision) -> Result<ChangeStream> {
         let conn = connect(&self.inner.path)?;
         let (tx, rx) = tokio::sync::mpsc::channel::<Result<Change>>(256);
-        let feed = Feed { conn: Arc::new(Mutex::new(conn)), prefix: prefix.to_string(), next: from.max(1) };
+        let feed = feed::Feed::new(conn, prefix, from);
         tokio::spawn(feed.run(tx, self.inner.poll_interval));
         Ok(Box::pin(stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|e| (e, rx)) })))
-    }
-}
-
-/// The polling fallback for Watch: reads the change log from `next` on.
-struct Poller {
-    conn: Arc<Mutex<Connection>>,
-    prefix: String,
-    /// The next revision to deliver.
-    next: Revision,
-}
-
-/// What one poll found.
-enum Batch {
-    /// Events, the next revision to read, and — unless the batch was full —
-    /// the revision every change up to which has now been seen.
-    Events(Vec<Event>, Revision, Option<Revision>),
-    /// The position was trimmed away: everything present, and the revision it was read at.
-    Relisted(Vec<KeyValue>, Revision),
-}
-
-impl Poller {
-    async fn run(mut self, tx: tokio::sync::mpsc::Sender<Event>, interval: Duration) {
-        loop {
-            let conn = self.conn.clone();
-            let (prefix, next) = (self.prefix.clone(), self.next);
-            let polled = tokio::task::spawn_blocking(move || {
-                let mut conn = conn.lock().unwrap_or_else(|p| p.into_inner());
-                retry_busy(|| poll_once(&mut conn, &prefix, next))
-            })
-            .await;
-            let mut delivered_full_batch = false;
-            match polled {
-                Ok(Ok(Batch::Events(events, next, _))) => {
-                    delivered_full_batch = events.len() >= POLL_BATCH;
-                    for event in events {
-                        if tx.send(event).await.is_err() {
-                            return;
-                        }
-                    }
-                    self.next = next;
-                }
-                Ok(Ok(Batch::Relisted(items, revision))) => {
-                    tracing::warn!(prefix = %self.prefix, from = self.next, "watch position trimmed from the change log; re-listed");
-                    for kv in items {
-                        if tx.send(Event::Put(kv)).await.is_err() {
-                            return;
-                        }
-                    }
-                    self.next = revision + 1;
-                }
-                Ok(Err(e)) => tracing::warn!(error = %e, "local store watch poll failed; retrying"),
-                Err(e) => tracing::warn!(error = %e, "local store watch task failed; retrying"),
-            }
-            if tx.is_closed() {
-                return;
-            }
-            if !delivered_full_batch {
-                tokio::select! {
-                    _ = tokio::time::sleep(interval) => {}
-                    _ = tx.closed() => return,
-                }
-            }
-        }
-    }
-}
-
-/// Events read per poll; a full batch is followed by another poll at once.
-const POLL_BATCH: usize = 1000;
-
-fn poll_once(conn: &mut Connection, prefix: &str, next: Revision) -> rusqlite::Result<Batch> {
-    let tx = conn.transaction()?;
-    let (revision, compacted) = read_revision(&tx)?;
-    if next <= compacted {
-        let (lo, hi) = bounds(prefix);
-        let items = {
-            let mut stmt = tx.prepare_cached(
-                "SELECT key, value, create_rev, mod_rev FROM kv WHERE key >= ?1 AND key < ?2 ORDER BY key",
-            )?;
-            stmt.query_map(params![lo, hi], read_kv)?.collect::<rusqlite::Result<Vec<_>>>()?
-        };
-        tx.finish()?;
-        return Ok(Batch::Relisted(items, revision));
-    }
-    if next > revision {
-        tx.finish()?;
-        return Ok(Batch::Events(Vec::new(), next, Some(revision)));
-    }
-    let (lo, hi) = bounds(prefix);
-    let rows = {
-        let mut stmt = tx.prepare_cached(
-            "SELECT rev, key, value, create_rev FROM changes
-             WHERE rev >= ?1 AND key >= ?2 AND key < ?3 ORDER BY rev LIMIT ?4",
-        )?;
-        stmt.query_map(params![next, lo, hi, POLL_BATCH as i64], |r| {
-            let rev: Revision = r.get(0)?;
-            let key: Vec<u8> = r.get(1)?;
-            let value: Option<Vec<u8>> = r.get(2)?;
-            let create_rev: Revision = r.get(3)?;
-            Ok((rev, String::from_utf8_lossy(&key).into_owned(), value, create_rev))
-        })?
-        .collect::<rusqlite::Result<Vec<_>>>()?
-    };
-    tx.finish()?;
-    // With a full batch, resume right after its last event; otherwise every
-    // change up to `revision` has been seen.
-    let full = rows.len() >= POLL_BATCH;
-    let resume = if full { rows.last().map_or(next, |r| r.0 + 1) } else { revision + 1 };
-    let events = rows
-        .into_iter()
-        .map(|(rev, key, value, create_rev)| match value {
-            Some(value) => Event::Put(KeyValue { key, value, create_revision: create_rev, mod_revision: rev }),
-            None => Event::Delete { key, revision: rev },
-        })
-        .collect();
-    Ok(Batch::Events(events, resume, (!full).then_some(revision)))
-}
-
-/// The raw change feed of [`Backend::changes`]: polls the change log, sends
-/// `Progress` after every complete poll, and ends with `Compacted` when its
-/// position has been trimmed away.
-struct Feed {
-    conn: Arc<Mutex<Connection>>,
-    prefix: String,
-    next: Revision,
-}
-
-impl Feed {
-    async fn run(mut self, tx: tokio::sync::mpsc::Sender<Result<Change>>, interval: Duration) {
-        loop {
-            let conn = self.conn.clone();
-            let (prefix, next) = (self.prefix.clone(), self.next);
-            let polled = tokio::task::spawn_blocking(move || {
-                let mut conn = conn.lock().unwrap_or_else(|p| p.into_inner());
-                retry_busy(|| {
-                    let tx = conn.transaction()?;
-                    let (_, compacted) = read_revision(&tx)?;
-                    tx.finish()?;
-                    if next <= compacted {
-                        return Ok(Err(compacted));
-                    }
-                    poll_once(&mut conn, &prefix, next).map(Ok)
-                })
-            })
-            .await;
-            let mut complete = false;
-            match polled {
-                Ok(Ok(Ok(Batch::Events(events, next, covered)))) => {
-                    for event in events {
-                        if tx.send(Ok(Change::Event(event))).await.is_err() {
-                            return;
-                        }
-                    }
-                    self.next = next;
-                    if let Some(revision) = covered {
-                        complete = true;
-                        if tx.send(Ok(Change::Progress(revision))).await.is_err() {
-                            return;
-                        }
-                    }
-                }
-                Ok(Ok(Ok(Batch::Relisted(..)))) | Ok(Ok(Err(_))) => {
-                    let compacted = match polled {
-                        Ok(Ok(Err(compacted))) => compacted,
-                        _ => self.next,
-                    };
-                    let _ = tx.send(Err(Error::Compacted(compacted))).await;
-                    return;
-                }
-                Ok(Err(e)) => {
-                    let _ = tx.send(Err(unavailable(e))).await;
-                    return;
-                }
-                Err(e) => {
-                    let _ = tx.send(Err(Error::Unavailable(format!("store task failed: {e}")))).await;
-                    return;
-                }
-            }
-            if complete {
-                tokio::select! {
-                    _ = tokio::time::sleep(interval) => {}
-                    _ = tx.closed() => return,
-                }
-            }
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn prefix_end_increments_last_byte() {
-        assert_eq!(prefix_end(b"/a/"), Some(b"/a0".to_vec()));
-        assert_eq!(prefix_end(b"a\xff"), Some(b"b".to_vec()));
-        assert_eq!(prefix_end(b""), None);
     }
 }

@@ -21,8 +21,8 @@ use futures::StreamExt;
 use futures::stream::BoxStream;
 
 use crate::{
-    Backend, ChangeStream, Compare, Error, Event, JobLocker, KeyValue, Leases, ListPage, Op, Result, Revision, Store,
-    Txn, TxnResponse, WatchStream, WatcherEvent,
+    Backend, Change, ChangeStream, Compare, Error, Event, JobLocker, KeyValue, Leases, ListPage, Op, Result, Revision,
+    Store, Txn, TxnResponse, WatcherEvent,
 };
 
 /// The longest any single wait in the suite may take.
@@ -35,9 +35,9 @@ pub async fn run_all(store: &Store) {
     update_compare_and_swap(store).await;
     delete_conditional(store).await;
     list_sorted_and_paginated(store).await;
-    watch_orders_puts_and_deletes(store).await;
-    watch_replays_history_from_a_past_revision(store).await;
-    list_then_watch_loses_nothing(store).await;
+    changes_order_puts_and_deletes(store).await;
+    changes_replay_history_from_a_past_revision(store).await;
+    list_then_changes_lose_nothing(store).await;
     revision_moves_only_on_writes(store).await;
     txn_compares_choose_the_branch(store).await;
     txn_ops_apply_in_order_atomically(store).await;
@@ -168,12 +168,12 @@ pub async fn list_sorted_and_paginated(store: &Store) {
     assert!(empty.items.is_empty() && !empty.more);
 }
 
-/// A watch from "now" delivers puts and deletes under its prefix, in
-/// revision order, with the revisions the writes returned.
-pub async fn watch_orders_puts_and_deletes(store: &Store) {
+/// The change feed from "now" delivers puts and deletes under its prefix,
+/// in revision order, with the revisions the writes returned.
+pub async fn changes_order_puts_and_deletes(store: &Store) {
     let prefix = "/conformance/watch/";
     let from = store.revision().await.expect("revision") + 1;
-    let mut watch = store.watch(prefix, from).await.expect("watch");
+    let mut watch = store.changes(prefix, from).await.expect("changes");
     let (a, b) = ("/conformance/watch/a", "/conformance/watch/b");
     let r1 = store.create(a, b"1".to_vec()).await.expect("create a");
     store.create("/conformance/watchers/x", b"outside".to_vec()).await.expect("create outside");
@@ -198,16 +198,16 @@ pub async fn watch_orders_puts_and_deletes(store: &Store) {
     }
 }
 
-/// A watch from a past revision replays the history since then, deletes
-/// included, and then carries on live.
-pub async fn watch_replays_history_from_a_past_revision(store: &Store) {
+/// The change feed from a past revision replays the history since then,
+/// deletes included, and then carries on live.
+pub async fn changes_replay_history_from_a_past_revision(store: &Store) {
     let (a, b) = ("/conformance/replay/a", "/conformance/replay/b");
     let r1 = store.create(a, b"1".to_vec()).await.expect("create a");
     let r2 = store.update(a, b"2".to_vec(), r1).await.expect("update a");
     let r3 = store.delete(a, None).await.expect("delete a");
     let r4 = store.create(b, b"1".to_vec()).await.expect("create b");
 
-    let mut watch = store.watch("/conformance/replay/", r2).await.expect("watch from the past");
+    let mut watch = store.changes("/conformance/replay/", r2).await.expect("changes from the past");
     let replayed = next_events(&mut watch, 2).await;
     assert_eq!(
         summary(&replayed),
@@ -221,10 +221,11 @@ pub async fn watch_replays_history_from_a_past_revision(store: &Store) {
     assert_eq!(summary(&live), vec![("delete", b.to_string(), r5, None)]);
 }
 
-/// The reflector pattern: list, then watch from the list's revision + 1,
-/// while another task keeps writing. Applying the events to the listing
-/// must give exactly the final contents: no write falls between the two.
-pub async fn list_then_watch_loses_nothing(store: &Store) {
+/// The reflector pattern: list, then follow the change feed from the
+/// list's revision + 1, while another task keeps writing. Applying the
+/// events to the listing must give exactly the final contents: no write
+/// falls between the two.
+pub async fn list_then_changes_lose_nothing(store: &Store) {
     const WRITES: usize = 60;
     let prefix = "/conformance/reflect/";
     for i in 0..5 {
@@ -256,7 +257,7 @@ pub async fn list_then_watch_loses_nothing(store: &Store) {
 
     let (items, revision) = store.list_all(prefix).await.expect("list");
     let mut state: BTreeMap<String, Vec<u8>> = items.into_iter().map(|kv| (kv.key, kv.value)).collect();
-    let mut watch = store.watch(prefix, revision + 1).await.expect("watch");
+    let mut watch = store.changes(prefix, revision + 1).await.expect("changes");
     let _ = listed_tx.send(());
     let done = writer.await.expect("writer task");
 
@@ -291,7 +292,7 @@ pub async fn revision_moves_only_on_writes(store: &Store) {
     let _ = store.get(key).await.expect("get");
     let _ = store.get("/conformance/revision/missing").await.expect("get");
     let _ = store.list("/conformance/revision/", None, 0).await.expect("list");
-    let watch = store.watch("/conformance/revision/", created + 1).await.expect("watch");
+    let watch = store.changes("/conformance/revision/", created + 1).await.expect("changes");
     drop(watch);
     assert!(store.create(key, b"2".to_vec()).await.is_err());
     assert!(store.update(key, b"2".to_vec(), created - 1).await.is_err());
@@ -307,17 +308,23 @@ pub async fn revision_moves_only_on_writes(store: &Store) {
     assert_eq!(store.revision().await.expect("revision"), deleted);
 }
 
-/// The next event, or a panic after [`WAIT`].
-pub async fn next_event(watch: &mut WatchStream) -> Event {
-    match tokio::time::timeout(WAIT, watch.next()).await {
-        Ok(Some(event)) => event,
-        Ok(None) => panic!("watch stream ended"),
-        Err(_) => panic!("no watch event within {WAIT:?}"),
+/// The next event of a change feed, skipping `Progress`; a panic when the
+/// feed fails or ends, or after [`WAIT`].
+pub async fn next_event(feed: &mut ChangeStream) -> Event {
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        match tokio::time::timeout_at(deadline, feed.next()).await {
+            Ok(Some(Ok(Change::Event(event)))) => return event,
+            Ok(Some(Ok(Change::Progress(_)))) => continue,
+            Ok(Some(Err(e))) => panic!("the change feed failed: {e}"),
+            Ok(None) => panic!("the change feed ended"),
+            Err(_) => panic!("no change event within {WAIT:?}"),
+        }
     }
 }
 
-/// The next `n` events.
-pub async fn next_events(watch: &mut WatchStream, n: usize) -> Vec<Event> {
+/// The next `n` events of a change feed.
+pub async fn next_events(watch: &mut ChangeStream, n: usize) -> Vec<Event> {
     let mut events = Vec::with_capacity(n);
     for _ in 0..n {
         events.push(next_event(watch).await);
@@ -735,9 +742,6 @@ impl<B: Backend> Backend for Switched<B> {
     }
     async fn delete(&self, key: &str, expected: Option<Revision>) -> Result<Revision> {
         self.inner.delete(key, expected).await
-    }
-    async fn watch(&self, prefix: &str, from: Revision) -> Result<WatchStream> {
-        self.inner.watch(prefix, from).await
     }
     async fn revision(&self) -> Result<Revision> {
         self.inner.revision().await

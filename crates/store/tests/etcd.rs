@@ -1,5 +1,5 @@
-//! What only the etcd backend does: watches that outlive compactions and
-//! server restarts, job locks across clients and processes, and
+//! What only the etcd backend does: change feeds and watchers across
+//! compactions and server restarts, job locks across clients and processes, and
 //! authentication. Every test starts its own etcd (`kayra_testkit::Etcd`).
 
 use std::collections::BTreeMap;
@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 
 use etcd_client::{GetOptions, PutOptions};
 use kayra_store::etcd::EtcdStore;
-use kayra_store::testsuite::{WAIT, next_event};
-use kayra_store::{Error, Event, JobLocker, Store, WatchStream};
+use kayra_store::testsuite::{WAIT, follow_until, next_change, next_event, next_list};
+use kayra_store::{Error, JobLocker, Store, WatcherEvent};
 use kayra_testkit::{Etcd, eventually};
 
 async fn store(etcd: &Etcd) -> Store {
@@ -20,20 +20,6 @@ async fn store(etcd: &Etcd) -> Store {
 
 fn locker(store: &Store) -> Arc<dyn JobLocker> {
     store.job_locker().expect("the etcd store has a job locker")
-}
-
-/// Applies watch events to a map until `done` holds for it.
-async fn consume_until(
-    watch: &mut WatchStream,
-    state: &mut BTreeMap<String, Vec<u8>>,
-    done: impl Fn(&BTreeMap<String, Vec<u8>>) -> bool,
-) {
-    while !done(state) {
-        match next_event(watch).await {
-            Event::Put(kv) => state.insert(kv.key, kv.value),
-            Event::Delete { key, .. } => state.remove(&key),
-        };
-    }
 }
 
 async fn current(store: &Store, prefix: &str) -> BTreeMap<String, Vec<u8>> {
@@ -57,8 +43,11 @@ async fn churn(store: &Store, prefix: &str, rounds: usize) {
     }
 }
 
+/// A change feed from a compacted revision ends with `Compacted` (the
+/// watcher re-lists then); from the compaction on it replays as usual.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn watch_from_a_compacted_revision_relists_then_resumes() {
+async fn a_feed_from_a_compacted_revision_ends_compacted() {
+    use futures::StreamExt;
     let etcd = Etcd::start().await;
     let store = store(&etcd).await;
     let prefix = "/things/";
@@ -67,56 +56,66 @@ async fn watch_from_a_compacted_revision_relists_then_resumes() {
     let compacted_at = store.revision().await.expect("revision");
     etcd.client().await.compact(compacted_at, None).await.expect("compact");
 
-    let mut watch = store.watch(prefix, start).await.expect("watch from a compacted revision");
-    let want = current(&store, prefix).await;
-    assert!(!want.is_empty());
-    let mut seen = BTreeMap::new();
-    consume_until(&mut watch, &mut seen, |s| s == &want).await;
-
-    // Then it carries on from after the listing: the next write and nothing else.
-    let rev = store.create("/things/after", b"x".to_vec()).await.expect("create");
-    match next_event(&mut watch).await {
-        Event::Put(kv) => assert_eq!((kv.key.as_str(), kv.mod_revision), ("/things/after", rev)),
-        other => panic!("expected the put of /things/after, got {other:?}"),
+    let first = match store.changes(prefix, start).await {
+        Ok(mut feed) => tokio::time::timeout(WAIT, feed.next()).await.expect("an answer in time"),
+        Err(e) => Some(Err(e)),
+    };
+    match first {
+        Some(Err(Error::Compacted(at))) => assert_eq!(at, compacted_at),
+        other => panic!("expected Compacted, got {other:?}"),
     }
+
+    let mut feed = store.changes(prefix, compacted_at + 1).await.expect("changes after the compaction");
+    let rev = store.create("/things/after", b"x".to_vec()).await.expect("create");
+    let event = next_event(&mut feed).await;
+    assert_eq!((event.key(), event.revision()), ("/things/after", rev));
 }
 
+/// The watcher rides out a restart whose missed history is then compacted
+/// away: it re-lists, and its view ends exactly as the store is.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn watch_survives_a_restart_and_a_compaction() {
+async fn watcher_survives_a_restart_and_a_compaction() {
     let mut etcd = Etcd::start().await;
     let store = store(&etcd).await;
     let prefix = "/things/";
-    let mut watch = store.watch(prefix, store.revision().await.expect("revision") + 1).await.expect("watch");
+    let mut watcher = store.watcher(prefix);
+    let mut view = BTreeMap::new();
     churn(&store, prefix, 2).await;
-    let mut seen = BTreeMap::new();
     let want = current(&store, prefix).await;
-    consume_until(&mut watch, &mut seen, |s| s == &want).await;
+    follow_until(&mut watcher, &mut view, |v| v == &want).await;
 
-    // The watch's connection dies; meanwhile the history it would resume
-    // from may be compacted away. Either way it must converge.
+    // The feed's connection dies; meanwhile the history it would resume
+    // from may be compacted away. Either way the view must converge.
     etcd.restart().await;
     churn(&store, prefix, 3).await;
     let compacted_at = store.revision().await.expect("revision");
     etcd.client().await.compact(compacted_at, None).await.expect("compact");
     store.create("/things/marker", b"m".to_vec()).await.expect("create marker");
     let want = current(&store, prefix).await;
-    // Keys deleted while the history was compacted cannot be reported (the
-    // documented contract), so compare what is present.
-    consume_until(&mut watch, &mut seen, |s| want.iter().all(|(k, v)| s.get(k) == Some(v))).await;
+    follow_until(&mut watcher, &mut view, |v| v == &want).await;
 }
 
+/// After a restart the watcher resumes right after the last delivered
+/// event: no re-list, nothing twice.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn watch_resumes_after_a_restart_without_duplicates() {
+async fn watcher_resumes_after_a_restart_without_duplicates() {
     let mut etcd = Etcd::start().await;
     let store = store(&etcd).await;
-    let mut watch = store.watch("/w/", store.revision().await.expect("revision") + 1).await.expect("watch");
+    let mut watcher = store.watcher("/w/");
+    let (listed, _) = next_list(&mut watcher).await;
+    assert!(listed.is_empty());
     let r1 = store.create("/w/a", b"1".to_vec()).await.expect("create");
-    assert_eq!(next_event(&mut watch).await.revision(), r1);
+    match next_change(&mut watcher).await {
+        WatcherEvent::Apply(kv) => assert_eq!(kv.mod_revision, r1),
+        other => panic!("expected the put of /w/a, got {other:?}"),
+    }
 
     etcd.restart().await;
     let r2 = store.create("/w/b", b"1".to_vec()).await.expect("create after restart");
-    let event = next_event(&mut watch).await;
-    assert_eq!((event.key(), event.revision()), ("/w/b", r2), "the watch resumes right after the last delivered event");
+    match next_change(&mut watcher).await {
+        WatcherEvent::Apply(kv) => assert_eq!((kv.key.as_str(), kv.mod_revision), ("/w/b", r2)),
+        other => panic!("the watcher resumes right after the last delivered event, got {other:?}"),
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -128,7 +127,7 @@ async fn an_unreachable_etcd_is_unavailable() {
     let store = Store::new(EtcdStore::connect(&config).await.expect("connecting is lazy"));
     let err = store.revision().await.expect_err("nobody listens");
     assert!(matches!(err, Error::Unavailable(_)), "want Unavailable, got {err:?}");
-    let err = store.watch("/", 1).await.err().expect("watch fails fast too");
+    let err = store.changes("/", 1).await.err().expect("opening a change feed fails fast too");
     assert!(matches!(err, Error::Unavailable(_)), "want Unavailable, got {err:?}");
 }
 
@@ -431,7 +430,7 @@ async fn username_and_password_authenticate() {
     assert!(matches!(wrong, Err(Error::Unavailable(_))), "a wrong password is refused");
 
     let store = Store::new(EtcdStore::connect_with_password(&config, Some("s3cret")).await.expect("connect"));
-    let mut watch = store.watch("/a/", 1).await.expect("watch");
+    let mut watch = store.changes("/a/", 1).await.expect("changes");
     let rev = store.create("/a/b", b"x".to_vec()).await.expect("create");
     assert_eq!(next_event(&mut watch).await.revision(), rev);
     let held = locker(&store).lock("namespaces/core").await.expect("lock");
@@ -445,7 +444,7 @@ async fn tls_with_a_client_certificate() {
     assert!(config.endpoints[0].starts_with("https://"));
 
     let store = Store::new(EtcdStore::connect(&config).await.expect("connect over TLS"));
-    let mut watch = store.watch("/a/", 1).await.expect("watch");
+    let mut watch = store.changes("/a/", 1).await.expect("changes");
     let rev = store.create("/a/b", b"x".to_vec()).await.expect("create");
     assert_eq!(next_event(&mut watch).await.revision(), rev);
     let held = locker(&store).lock("namespaces/core").await.expect("lock");

@@ -1,6 +1,6 @@
 //! Local-backend specifics the conformance suite cannot show: two real
 //! processes sharing one SQLite file, a writer killed -9 mid-stream, and a
-//! watcher that fell behind the trimmed change log.
+//! change feed that fell behind the trimmed change log.
 //!
 //! Child processes are this test binary re-run in child mode (selected by
 //! an environment variable), so no helper binary is needed.
@@ -10,9 +10,9 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use futures::StreamExt;
 use kayra_store::local::LocalStore;
-use kayra_store::{Compare, Error, Event, Op, Store, Txn};
+use kayra_store::testsuite::next_event;
+use kayra_store::{Compare, Error, Op, Store, Txn};
 
 const CHILD_PATH: &str = "KAYRA_TEST_LOCAL_CHILD";
 const CHILD_ID: &str = "KAYRA_TEST_LOCAL_CHILD_ID";
@@ -78,7 +78,7 @@ async fn two_processes_share_one_file_without_losing_a_write() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("kayra.db");
     let store = open(&path);
-    let mut events = store.watch("/writers/", 1).await.unwrap();
+    let mut events = store.changes("/writers/", 1).await.unwrap();
     let (mut a, mut b) = (child(&path, "a"), child(&path, "b"));
     let (sa, sb) = tokio::task::spawn_blocking(move || (a.wait().unwrap(), b.wait().unwrap())).await.unwrap();
     assert!(sa.success() && sb.success(), "writers failed: {sa:?} {sb:?}");
@@ -94,7 +94,7 @@ async fn two_processes_share_one_file_without_losing_a_write() {
     let mut seen = 0;
     let mut last = 0;
     while seen < 2 * WRITES {
-        let event = tokio::time::timeout(Duration::from_secs(30), events.next()).await.unwrap().unwrap();
+        let event = next_event(&mut events).await;
         assert!(event.revision() > last, "events out of order");
         last = event.revision();
         seen += 1;
@@ -139,8 +139,13 @@ async fn a_writer_killed_mid_stream_loses_no_acknowledged_write() {
     assert!(store.list_all("/acked/").await.unwrap().0.len() > acked);
 }
 
+/// A feed from a position the log no longer holds ends with `Compacted`
+/// (the watcher re-lists then); a feed from the newest position goes on
+/// with new changes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_watcher_behind_the_trimmed_log_relists_then_resumes() {
+async fn a_feed_behind_the_trimmed_log_ends_compacted() {
+    use futures::StreamExt;
+    use kayra_store::Change;
     let dir = tempfile::tempdir().unwrap();
     let store = Store::new(
         LocalStore::open_with_retention(&dir.path().join("kayra.db"), Duration::from_millis(20), 10).unwrap(),
@@ -148,23 +153,22 @@ async fn a_watcher_behind_the_trimmed_log_relists_then_resumes() {
     for i in 0..50 {
         store.create(&format!("/k/{i:02}"), vec![b'v']).await.unwrap();
     }
-    store.delete("/k/00", None).await.unwrap();
-    // Revision 1 is long trimmed: the watcher re-lists what is present.
-    let mut events = store.watch("/k/", 1).await.unwrap();
-    let mut keys = Vec::new();
-    for _ in 0..49 {
-        match tokio::time::timeout(Duration::from_secs(30), events.next()).await.unwrap().unwrap() {
-            Event::Put(kv) => keys.push(kv.key),
-            other => panic!("expected the re-list's puts, got {other:?}"),
-        }
+    let deleted = store.delete("/k/00", None).await.unwrap();
+    // Revision 1 is long trimmed.
+    let mut behind = store.changes("/k/", 1).await.unwrap();
+    match tokio::time::timeout(kayra_store::testsuite::WAIT, behind.next()).await.expect("an answer in time") {
+        Some(Err(Error::Compacted(trimmed))) => assert!(trimmed >= 1 && trimmed < deleted, "trimmed up to {trimmed}"),
+        other => panic!("expected Compacted, got {other:?}"),
     }
-    keys.sort();
-    assert_eq!(keys.first().map(String::as_str), Some("/k/01"));
-    assert_eq!(keys.len(), 49);
-    // Then it resumes with new changes.
-    store.create("/k/new", vec![b'v']).await.unwrap();
-    let next = tokio::time::timeout(Duration::from_secs(30), events.next()).await.unwrap().unwrap();
-    assert_eq!(next.key(), "/k/new");
+    assert!(behind.next().await.is_none(), "the feed is finished after Compacted");
+    // From a retained position, it carries on with new changes.
+    let mut current = store.changes("/k/", deleted).await.unwrap();
+    let replayed = next_event(&mut current).await;
+    assert_eq!((replayed.key(), replayed.revision()), ("/k/00", deleted));
+    let rev = store.create("/k/new", vec![b'v']).await.unwrap();
+    let next = next_event(&mut current).await;
+    assert_eq!((next.key(), next.revision()), ("/k/new", rev));
+    assert!(matches!(current.next().await, Some(Ok(Change::Progress(_)))));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

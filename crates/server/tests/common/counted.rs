@@ -1,15 +1,13 @@
 //! A store backend that counts the round trips made through it, to hold
-//! handlers to their store round-trip budgets. Watch feeds (`watch`,
-//! `changes`, `snapshot`) are the caches' and the hub's background work and
+//! handlers to their store round-trip budgets. Watch feeds (`changes`,
+//! `snapshot`) are the caches' and the hub's background work and
 //! are not counted; every request-path call is.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use async_trait::async_trait;
-use kayra_store::{
-    Backend, ChangeStream, JobLocker, KeyValue, Leases, ListPage, Result, Revision, Txn, TxnResponse, WatchStream,
-};
+use kayra_store::{Backend, ChangeStream, JobLocker, KeyValue, Leases, ListPage, Result, Revision, Txn, TxnResponse};
 
 /// The round trips counted so far, shared with the backend.
 #[derive(Clone, Default)]
@@ -58,9 +56,6 @@ impl<B: Backend> Backend for Counted<B> {
     async fn delete(&self, key: &str, expected: Option<Revision>) -> Result<Revision> {
         self.trips.add();
         self.inner.delete(key, expected).await
-    }
-    async fn watch(&self, prefix: &str, from: Revision) -> Result<WatchStream> {
-        self.inner.watch(prefix, from).await
     }
     async fn revision(&self) -> Result<Revision> {
         self.trips.add();

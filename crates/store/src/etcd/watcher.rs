@@ -1,34 +1,12 @@
-//! The etcd watch as a stream that never ends.
-//!
-//! etcd's own watch stream ends whenever the connection drops, and is
-//! cancelled by the server when its start revision has been compacted away.
-//! Callers of [`crate::Store::watch`] must not have to care (kube's watcher
-//! makes the same promise), so [`Watcher`] is a small state machine over
-//! one position, `next`, the first revision not yet delivered:
-//!
-//! - **watching**: a native etcd watch on the prefix from `next`. Events are
-//!   delivered in revision order and `next` moves past each response.
-//! - **reconnecting**: the stream failed or ended, or the member it is on
-//!   failed a health check (a frozen member sends nothing and reports no
-//!   error). After a capped exponential back-off a new watch starts from
-//!   `next` on the member calls are pinned to now, so nothing is lost and
-//!   nothing is delivered twice across a reconnect or a failover.
-//! - **re-listing**: etcd answered with `compact_revision`: the history from
-//!   `next` is gone. The prefix is read at one revision `r`, a `Put` is
-//!   emitted for every key present (at its current `mod_revision`), and
-//!   watching resumes from `r + 1`. A consumer that applies puts
-//!   idempotently ends up with the latest value of every live key; what it
-//!   cannot learn is which keys were deleted during the compacted gap,
-//!   which is the documented contract of [`crate::WatchStream`].
-//!
-//! The stream ends only when the [`super::EtcdStore`] that made it is
-//! dropped. Failures are logged (`warn`) and retried inside.
-//!
-//! [`changes`] is the raw feed under `Store::watcher` (whose state machine
-//! does the listing and resuming): one etcd watch on the pinned cluster
-//! member, progress requested every [`PROGRESS_INTERVAL`], ended by the
-//! first failure or when that member fails a health check (the next feed
-//! opens on the member calls moved to).
+//! The etcd change feed ([`crate::Backend::changes`]): one native etcd
+//! watch on the pinned cluster member, progress requested every
+//! [`PROGRESS_INTERVAL`], ended by the first failure — a lost or stalled
+//! stream, a member that fails a health check (a frozen member sends
+//! nothing and reports no error; the next feed opens on the member calls
+//! moved to), or `Compacted` when etcd answers with `compact_revision`.
+//! Resuming from the last delivered revision and re-listing after a
+//! compaction are `Store::watcher`'s (`crate::watcher`), written once for
+//! every backend.
 //!
 //! # Progress on etcd 3.4
 //! etcd 3.4 answers a progress request with the store's current revision
@@ -48,150 +26,10 @@ use tokio_util::sync::CancellationToken;
 
 use super::cluster::MemberHealth;
 use super::{Keyspace, unavailable};
-use crate::{Change, ChangeStream, Error, Event, PROGRESS_INTERVAL, Result, Revision, WatchStream};
+use crate::{Change, ChangeStream, Error, Event, PROGRESS_INTERVAL, Result, Revision};
 
 /// A feed that gets no answer at all for this long has lost its connection.
 const STALLED: Duration = Duration::from_secs(3);
-
-/// First and longest wait before re-opening a failed watch.
-const BACKOFF_MIN: Duration = Duration::from_millis(100);
-const BACKOFF_MAX: Duration = Duration::from_secs(5);
-
-/// Starts watching `prefix` from `from` (inclusive). The first watch is
-/// opened before returning, so a store that cannot be reached at all (or a
-/// user without access) is an error here rather than a silent retry loop.
-pub(super) async fn watch(
-    keys: Keyspace,
-    prefix: &str,
-    from: Revision,
-    shutdown: CancellationToken,
-) -> Result<WatchStream> {
-    let (start, end) = keys.range(prefix);
-    let mut watcher = Watcher {
-        keys,
-        start,
-        end,
-        // etcd reads start revision 0 as "now"; the API means "from the beginning".
-        next: from.max(1),
-        stream: None,
-        member: 0,
-        health: None,
-        pending: VecDeque::new(),
-        backoff: BACKOFF_MIN,
-        shutdown,
-    };
-    watcher.open().await?;
-    Ok(Box::pin(stream::unfold(watcher, |mut watcher| async move {
-        let event = watcher.next_event().await?;
-        Some((event, watcher))
-    })))
-}
-
-struct Watcher {
-    keys: Keyspace,
-    /// The etcd key range watched, `[start, end)`.
-    start: Vec<u8>,
-    end: Vec<u8>,
-    /// The first revision not yet delivered (or queued in `pending`).
-    next: Revision,
-    /// `None` while reconnecting.
-    stream: Option<etcd_client::WatchStream>,
-    /// The cluster member `stream` is open on, and its health.
-    member: usize,
-    health: Option<MemberHealth>,
-    /// Events received but not yet handed to the consumer.
-    pending: VecDeque<Event>,
-    backoff: Duration,
-    shutdown: CancellationToken,
-}
-
-impl Watcher {
-    async fn open(&mut self) -> Result<()> {
-        let options = WatchOptions::new().with_range(self.end.clone()).with_start_revision(self.next);
-        let (stream, member) = self.keys.cluster.watch(self.start.clone(), options).await?;
-        (self.stream, self.member, self.health) = (Some(stream), member, Some(self.keys.cluster.health(member)));
-        Ok(())
-    }
-
-    /// The next event; `None` once the store is gone.
-    async fn next_event(&mut self) -> Option<Event> {
-        loop {
-            if let Some(event) = self.pending.pop_front() {
-                return Some(event);
-            }
-            let shutdown = self.shutdown.clone();
-            let stepped = tokio::select! {
-                biased;
-                () = shutdown.cancelled() => return None,
-                stepped = self.step() => stepped,
-            };
-            if let Err(e) = stepped {
-                tracing::warn!(
-                    prefix = %String::from_utf8_lossy(&self.start),
-                    next = self.next,
-                    retry_in = ?self.backoff,
-                    error = %e,
-                    "etcd watch failed; re-watching from the last delivered revision"
-                );
-                if self.stream.take().is_some() {
-                    self.keys.cluster.stream_failed(self.member);
-                }
-                tokio::select! {
-                    () = self.shutdown.cancelled() => return None,
-                    () = tokio::time::sleep(self.backoff) => {}
-                }
-                self.backoff = (self.backoff * 2).min(BACKOFF_MAX);
-            }
-        }
-    }
-
-    /// One unit of progress: open a watch, or handle one response.
-    async fn step(&mut self) -> Result<()> {
-        let (Some(stream), Some(health)) = (self.stream.as_mut(), self.health.as_mut()) else {
-            return self.open().await;
-        };
-        let response = tokio::select! {
-            message = stream.message() => message
-                .map_err(unavailable)?
-                .ok_or_else(|| Error::Unavailable("etcd closed the watch stream".into()))?,
-            () = health.went_bad() => {
-                return Err(Error::Unavailable("the etcd member of this watch failed its health check".into()));
-            }
-        };
-        if response.compact_revision() > 0 {
-            return self.relist(response.compact_revision()).await;
-        }
-        if response.canceled() {
-            return Err(Error::Unavailable(format!("etcd cancelled the watch: {}", response.cancel_reason())));
-        }
-        self.backoff = BACKOFF_MIN;
-        self.queue(&response);
-        Ok(())
-    }
-
-    fn queue(&mut self, response: &WatchResponse) {
-        for event in response.events().iter().filter_map(|e| event_of(&self.keys, e)) {
-            self.next = self.next.max(event.revision() + 1);
-            self.pending.push_back(event);
-        }
-    }
-
-    /// The history from `next` was compacted: emit the present state instead.
-    async fn relist(&mut self, compacted: Revision) -> Result<()> {
-        self.stream = None;
-        let (items, revision) = self.keys.snapshot(&self.start, &self.end).await?;
-        tracing::warn!(
-            prefix = %String::from_utf8_lossy(&self.start),
-            from = self.next,
-            compacted,
-            relisted = items.len(),
-            "etcd watch position was compacted; re-listed and resuming after the listing"
-        );
-        self.pending.extend(items.into_iter().map(Event::Put));
-        self.next = revision + 1;
-        Ok(())
-    }
-}
 
 /// Opens the raw change feed of `prefix` from `from` (inclusive).
 pub(super) async fn changes(

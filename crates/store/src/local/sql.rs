@@ -1,0 +1,149 @@
+//! The SQL pieces the read and write paths share: point and page reads,
+//! prefix bounds, row decoding, and the retry on BUSY.
+
+use std::time::Duration;
+
+use rusqlite::{Connection, ErrorCode, OptionalExtension, params};
+
+use super::WRITE_ATTEMPTS;
+use crate::{Error, KeyValue, ListPage, Revision};
+
+pub(super) fn get_in(conn: &Connection, key: &str) -> rusqlite::Result<Option<KeyValue>> {
+    // Cached statements: the hot reads are parsed once per connection, not per call.
+    conn.prepare_cached("SELECT key, value, create_rev, mod_rev FROM kv WHERE key = ?1")?
+        .query_row(params![key.as_bytes()], read_kv)
+        .optional()
+}
+
+pub(super) fn unavailable(e: rusqlite::Error) -> Error {
+    Error::Unavailable(format!("sqlite: {e}"))
+}
+
+pub(super) fn is_busy(e: &rusqlite::Error) -> bool {
+    matches!(e.sqlite_error_code(), Some(ErrorCode::DatabaseBusy | ErrorCode::DatabaseLocked))
+}
+
+/// Retries `f` while SQLite reports BUSY/LOCKED, with a growing pause.
+pub(super) fn retry_busy<T>(mut f: impl FnMut() -> rusqlite::Result<T>) -> rusqlite::Result<T> {
+    let mut attempt = 0;
+    loop {
+        match f() {
+            Err(e) if is_busy(&e) && attempt < WRITE_ATTEMPTS => {
+                attempt += 1;
+                std::thread::sleep(Duration::from_millis(u64::from(attempt.min(20)) * 2));
+            }
+            other => return other,
+        }
+    }
+}
+
+/// `(create_rev, mod_rev)` of `key`, when present.
+pub(super) fn revisions_of(conn: &Connection, key: &str) -> rusqlite::Result<Option<(Revision, Revision)>> {
+    conn.prepare_cached("SELECT create_rev, mod_rev FROM kv WHERE key = ?1")?
+        .query_row(params![key.as_bytes()], |r| Ok((r.get(0)?, r.get(1)?)))
+        .optional()
+}
+
+pub(super) fn read_kv(row: &rusqlite::Row<'_>) -> rusqlite::Result<KeyValue> {
+    let key: Vec<u8> = row.get(0)?;
+    Ok(KeyValue {
+        key: String::from_utf8_lossy(&key).into_owned(),
+        value: row.get(1)?,
+        create_revision: row.get(2)?,
+        mod_revision: row.get(3)?,
+    })
+}
+
+/// The smallest byte string greater than every string starting with `prefix`,
+/// or `None` when there is none (empty prefix or all 0xFF).
+pub(super) fn prefix_end(prefix: &[u8]) -> Option<Vec<u8>> {
+    let mut end = prefix.to_vec();
+    while let Some(last) = end.pop() {
+        if last < 0xFF {
+            end.push(last + 1);
+            return Some(end);
+        }
+    }
+    None
+}
+
+/// `(lower bound, upper bound)` of a prefix scan; the upper bound is a
+/// large sentinel when the prefix has no end.
+pub(super) fn bounds(prefix: &str) -> (Vec<u8>, Vec<u8>) {
+    let end = prefix_end(prefix.as_bytes()).unwrap_or_else(|| vec![0xFF; 1024]);
+    (prefix.as_bytes().to_vec(), end)
+}
+
+pub(super) fn read_revision(conn: &Connection) -> rusqlite::Result<(Revision, Revision)> {
+    conn.prepare_cached("SELECT revision, compacted FROM meta WHERE id = 1")?
+        .query_row([], |r| Ok((r.get(0)?, r.get(1)?)))
+}
+
+/// One page of keys under `prefix` after `start_after`, inside an open read transaction.
+pub(super) fn page_in(
+    conn: &Connection,
+    prefix: &str,
+    start_after: Option<&[u8]>,
+    limit: usize,
+) -> rusqlite::Result<(Vec<KeyValue>, bool)> {
+    let (lo, hi) = bounds(prefix);
+    // `limit + 1` tells whether more remain; a huge limit (u64::MAX from an
+    // API caller) must clamp, never wrap to a negative or zero LIMIT.
+    let fetch = if limit == 0 { -1 } else { i64::try_from(limit).unwrap_or(i64::MAX).saturating_add(1) };
+    let mut items = {
+        let mut stmt = conn.prepare_cached(
+            "SELECT key, value, create_rev, mod_rev FROM kv
+             WHERE key >= ?1 AND key < ?2 AND (?3 IS NULL OR key > ?3)
+             ORDER BY key LIMIT ?4",
+        )?;
+        stmt.query_map(params![lo, hi, start_after, fetch], read_kv)?.collect::<rusqlite::Result<Vec<_>>>()?
+    };
+    let more = limit != 0 && items.len() > limit;
+    if more {
+        items.truncate(limit);
+    }
+    Ok((items, more))
+}
+
+pub(super) fn list_in(
+    conn: &mut Connection,
+    prefix: &str,
+    start_after: Option<&str>,
+    limit: usize,
+) -> rusqlite::Result<ListPage> {
+    let tx = conn.transaction()?; // one snapshot for the page and its revision
+    let (revision, _) = read_revision(&tx)?;
+    let (items, more) = page_in(&tx, prefix, start_after.map(str::as_bytes), limit)?;
+    tx.finish()?;
+    Ok(ListPage { items, more, revision })
+}
+
+/// Every key under `prefix`, page by page inside one read transaction (one snapshot).
+pub(super) fn snapshot_in(conn: &mut Connection, prefix: &str) -> rusqlite::Result<(Vec<KeyValue>, Revision)> {
+    const PAGE: usize = 1000;
+    let tx = conn.transaction()?;
+    let (revision, _) = read_revision(&tx)?;
+    let mut items: Vec<KeyValue> = Vec::new();
+    loop {
+        let after = items.last().map(|kv| kv.key.as_bytes().to_vec());
+        let (page, more) = page_in(&tx, prefix, after.as_deref(), PAGE)?;
+        items.extend(page);
+        if !more {
+            break;
+        }
+    }
+    tx.finish()?;
+    Ok((items, revision))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prefix_end_increments_last_byte() {
+        assert_eq!(prefix_end(b"/a/"), Some(b"/a0".to_vec()));
+        assert_eq!(prefix_end(b"a\xff"), Some(b"b".to_vec()));
+        assert_eq!(prefix_end(b""), None);
+    }
+}
