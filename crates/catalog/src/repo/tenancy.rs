@@ -70,10 +70,6 @@ impl Repository {
         self.get(RecordRef::Namespace(name)).await
     }
 
-    pub async fn list_namespaces(&self) -> Result<(Vec<Versioned<Namespace>>, Revision)> {
-        self.list_all(Collection::Namespaces).await
-    }
-
     /// Sets `active: true` (and nothing else) unless it already is.
     pub async fn activate_namespace(&self, name: &str) -> Result<Recorded> {
         let mut wrote = false;
@@ -168,11 +164,6 @@ impl Repository {
         self.list_all(Collection::Subscriptions).await
     }
 
-    /// One namespace's subscriptions in this deployment.
-    pub async fn list_namespace_subscriptions(&self, namespace: &str) -> Result<Vec<Versioned<Subscription>>> {
-        Ok(self.list_all(Collection::NamespaceSubscriptions(namespace)).await?.0)
-    }
-
     /// Parses a subscription key of this deployment into `(namespace, api)`.
     pub fn subscription_key_parts<'k>(&self, key: &'k str) -> Option<(&'k str, &'k str)> {
         match self.layout.parse(key)? {
@@ -193,15 +184,6 @@ impl Repository {
     pub fn namespace_key_name<'k>(&self, key: &'k str) -> Option<&'k str> {
         match self.layout.parse(key)? {
             RecordRef::Namespace(name) => Some(name),
-            _ => None,
-        }
-    }
-
-    /// Parses the key of one of this deployment's given-up attempt records
-    /// into `(namespace, api)`.
-    pub fn attempt_key_parts<'k>(&self, key: &'k str) -> Option<(&'k str, &'k str)> {
-        match self.layout.parse(key)? {
-            RecordRef::Attempt { namespace, api } => Some((namespace, api)),
             _ => None,
         }
     }
