@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use futures::StreamExt;
 use kayra_catalog::api::registrations::{RegistrationStatus, Subscriber};
-use kayra_catalog::repo::{Repository, keys};
+use kayra_catalog::repo::{RecordRef, Repository};
 use kayra_core::{ApiRegistration, Subscription};
 use kayra_store::Store;
 
@@ -62,13 +62,13 @@ pub async fn run(backend: &str, database: kayra_config::DatabaseConfig) -> anyho
     config.auth.bootstrap_token = ADMIN.into();
     let repo = Repository::new(store.clone(), &config.platform, &config.region);
     let registration = ApiRegistration { name: API.into(), sync_id: "s1".into(), ..Default::default() };
-    repo.create(&keys::registration(&config.platform, &config.region, API), &registration, "registration").await?;
+    repo.create(RecordRef::Registration(API), &registration, "registration").await?;
     let writes = (0..SUBSCRIBERS).map(|i| {
         let ns = format!("tenant-{i:05}");
         let mut sub = Subscription::new(ns.as_str(), API);
         sub.active = i % 10 == 7;
         sub.current_sync_id = if sub.active { "s1".into() } else { String::new() };
-        (keys::subscription(&config.platform, &config.region, &ns, API), serde_json::to_vec(&sub))
+        (repo.store_key_of(RecordRef::Subscription { namespace: &ns, api: API }), serde_json::to_vec(&sub))
     });
     let created = futures::stream::iter(writes).map(|(key, value)| {
         let store = store.clone();

@@ -30,7 +30,7 @@ use std::time::Instant;
 use anyhow::Context;
 use clap::Parser;
 use futures::StreamExt;
-use kayra_catalog::repo::{Repository, keys};
+use kayra_catalog::repo::{RecordRef, Repository};
 use kayra_core::Subscription;
 use kayra_store::Store;
 use tokio_util::sync::CancellationToken;
@@ -178,13 +178,13 @@ async fn run(backend: &str, store: Store, args: &Args) -> anyhow::Result<()> {
         })
         .await?;
         row(&format!("raw store create, {inflight} in flight"), raw, raw);
-        let repo = Repository::new(store.clone(), "dev", "local");
+        let repo = Repository::new(store.clone(), "bench", inflight.to_string());
         let typed = rate(args.ops, inflight, |i| {
             let repo = repo.clone();
             async move {
                 let sub = Subscription::new(format!("ns{inflight}-{i}"), API);
-                let key = keys::subscription("bench", &inflight.to_string(), &sub.namespace, API);
-                repo.create(&key, &sub, "subscription").await.map(|_| ())
+                let key = RecordRef::Subscription { namespace: &sub.namespace, api: API };
+                repo.create(key, &sub, "subscription").await.map(|_| ())
             }
         })
         .await?;

@@ -28,7 +28,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
-use kayra_catalog::repo::{Change, Repository, keys};
+use kayra_catalog::repo::{Change, Collection, RecordRef, Repository};
 use kayra_config::ReconcilerConfig;
 use kayra_core::{ApiRegistration, Subscription};
 use kayra_reconciler::Reconciler;
@@ -414,13 +414,14 @@ impl Deployment {
             region: region.into(),
             ..Default::default()
         };
-        repo.create(&keys::registration(PLATFORM, region, API), &reg, "registration").await?;
+        repo.create(RecordRef::Registration(API), &reg, "registration").await?;
         let created: Vec<kayra_catalog::repo::Result<_>> = futures::stream::iter(0..n)
             .map(|i| {
                 let repo = repo.clone();
                 async move {
                     let sub = Subscription::new(format!("t{i}"), API);
-                    repo.create(&keys::subscription(PLATFORM, region, &sub.namespace, API), &sub, "subscription").await
+                    repo.create(RecordRef::Subscription { namespace: &sub.namespace, api: API }, &sub, "subscription")
+                        .await
                 }
             })
             .buffer_unordered(32)
@@ -439,10 +440,10 @@ impl Deployment {
         let filled: Vec<anyhow::Result<()>> = futures::stream::iter(0..self.n)
             .map(|i| async move {
                 let namespace = format!("t{i}");
-                let prefix = keys::runs(PLATFORM, &self.region, &namespace, API);
                 let txn = (from..to).fold(Txn::new(), |txn, slot| {
                     let value = placeholder_run(format!("filled-{i}-{slot}"), &namespace, &format!("filled{slot}"));
-                    txn.then(Op::Put { key: format!("{prefix}{slot}"), value })
+                    let record = RecordRef::Run { namespace: &namespace, api: API, slot: slot as u64 };
+                    txn.then(Op::Put { key: self.repo.store_key_of(record), value })
                 });
                 self.repo.store().txn(txn).await?;
                 Ok(())
@@ -457,7 +458,7 @@ impl Deployment {
         let started = Instant::now();
         let written = self
             .repo
-            .modify::<ApiRegistration, _>(&keys::registration(PLATFORM, &self.region, API), "registration", |r| {
+            .modify::<ApiRegistration, _>(RecordRef::Registration(API), "registration", |r| {
                 r.sync_id = sync_id.into();
                 Change::Write
             })
@@ -474,7 +475,7 @@ impl Deployment {
     /// take most of a core of this two-core machine).
     async fn follow_until_synced(&self, sync_id: &str, from: kayra_store::Revision) -> anyhow::Result<()> {
         use kayra_store::WatcherEvent;
-        let prefix = keys::subscriptions(PLATFORM, &self.region);
+        let prefix = self.repo.layout().prefix(Collection::Subscriptions);
         let synced_value =
             |value: &[u8]| serde_json::from_slice::<Subscription>(value).is_ok_and(|s| s.is_synced(sync_id));
         let mut events = self.repo.store().watcher(&prefix);

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use futures::StreamExt;
-use kayra_catalog::repo::keys;
+use kayra_catalog::repo::{Layout, RecordRef};
 use kayra_core::{ApiRegistration, Namespace, Subscription, SubscriptionState};
 use kayra_store::{Op, Store, Txn};
 
@@ -38,6 +38,7 @@ pub async fn run(
 ) -> anyhow::Result<()> {
     let seeded = Instant::now();
     let apis = n.div_ceil(NAMESPACES);
+    let layout = Layout::new(PLATFORM, REGION);
     let registrations = (0..apis).map(|a| {
         let reg = ApiRegistration {
             name: api(a),
@@ -47,11 +48,11 @@ pub async fn run(
             region: REGION.into(),
             ..Default::default()
         };
-        (keys::registration(PLATFORM, REGION, &reg.name), serde_json::to_vec(&reg))
+        (layout.key(RecordRef::Registration(&reg.name)), serde_json::to_vec(&reg))
     });
     let namespaces = (0..NAMESPACES.min(n)).map(|i| {
         let ns = Namespace { name: namespace(i), description: String::new(), active: true };
-        (keys::namespace(&ns.name), serde_json::to_vec(&ns))
+        (layout.key(RecordRef::Namespace(&ns.name)), serde_json::to_vec(&ns))
     });
     let subscriptions = (0..n).map(|i| {
         let sub = Subscription {
@@ -60,7 +61,7 @@ pub async fn run(
             current_sync_id: "s1".into(),
             ..Subscription::new(namespace(i % NAMESPACES), api(i / NAMESPACES))
         };
-        (keys::subscription(PLATFORM, REGION, &sub.namespace, &sub.api), serde_json::to_vec(&sub))
+        (layout.key(RecordRef::Subscription { namespace: &sub.namespace, api: &sub.api }), serde_json::to_vec(&sub))
     });
     let puts: Vec<Op> = registrations
         .chain(namespaces)

@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use base64::Engine;
 use futures::StreamExt;
-use kayra_catalog::repo::{Repository, keys};
+use kayra_catalog::repo::{RecordRef, Repository};
 use kayra_core::{ApiRegistration, ClusterRoleBinding, Namespace, Role, Rule, Subscription, User};
 use kayra_store::Store;
 use serde_json::json;
@@ -147,10 +147,10 @@ pub async fn run(
         resources: vec!["subscriptions".into()],
         verbs: vec!["get".into(), "create".into()],
     };
-    repo.create(&keys::role("bench"), &Role { name: "bench".into(), rules: vec![rule] }, "role").await?;
-    repo.create(&keys::user("bench"), &User { name: "bench".into(), description: String::new() }, "user").await?;
+    repo.create(RecordRef::Role("bench"), &Role { name: "bench".into(), rules: vec![rule] }, "role").await?;
+    repo.create(RecordRef::User("bench"), &User { name: "bench".into(), description: String::new() }, "user").await?;
     let binding = ClusterRoleBinding { name: "bench".into(), role: "bench".into(), user: "bench".into() };
-    repo.create(&keys::cluster_role_binding("bench"), &binding, "binding").await?;
+    repo.create(RecordRef::ClusterRoleBinding("bench"), &binding, "binding").await?;
     let token: serde_json::Value =
         ok(http.post(format!("{base}{CATALOG}/users/bench/tokens")).bearer_auth(ADMIN).json(&json!({})).send().await?)
             .await?
@@ -158,13 +158,13 @@ pub async fn run(
             .await?;
     let token = token["token"].as_str().context("token")?.to_string();
     let registration = ApiRegistration { name: API.into(), sync_id: "s1".into(), ..Default::default() };
-    repo.create(&keys::registration(&config.platform, &config.region, API), &registration, "registration").await?;
+    repo.create(RecordRef::Registration(API), &registration, "registration").await?;
     // b<i> for the POSTs measured, r<i> for the same through reqwest.
     let namespaces = futures::stream::iter((0..ops).flat_map(|i| [format!("b{i}"), format!("r{i}")])).map(|name| {
         let repo = repo.clone();
         async move {
             let ns = Namespace { name, description: String::new(), active: true };
-            repo.create(&keys::namespace(&ns.name), &ns, "namespace").await
+            repo.create(RecordRef::Namespace(&ns.name), &ns, "namespace").await
         }
     });
     for created in namespaces.buffer_unordered(INFLIGHT).collect::<Vec<_>>().await {
@@ -344,16 +344,19 @@ pub async fn memory(database: &kayra_config::DatabaseConfig, binary: &std::path:
     let writes = (0..10_000usize)
         .map(|i| {
             (
-                keys::namespace(&format!("m{i}")),
+                repo.store_key_of(RecordRef::Namespace(&format!("m{i}"))),
                 serde_json::to_vec(&Namespace { name: format!("m{i}"), description: String::new(), active: true }),
             )
         })
         .chain((0..1_000usize).flat_map(|i| {
             let user = format!("user{i}");
             [
-                (keys::user(&user), serde_json::to_vec(&User { name: user.clone(), description: String::new() })),
                 (
-                    keys::cluster_role_binding(&user),
+                    repo.store_key_of(RecordRef::User(&user)),
+                    serde_json::to_vec(&User { name: user.clone(), description: String::new() }),
+                ),
+                (
+                    repo.store_key_of(RecordRef::ClusterRoleBinding(&user)),
                     serde_json::to_vec(&ClusterRoleBinding {
                         name: user.clone(),
                         role: "bench".into(),
@@ -364,7 +367,10 @@ pub async fn memory(database: &kayra_config::DatabaseConfig, binary: &std::path:
         }))
         .chain((0..100_000usize).map(|i| {
             let (ns, api) = (format!("m{}", i % 10_000), format!("api{}.example.com", i / 10_000));
-            (keys::subscription("dev", "local", &ns, &api), serde_json::to_vec(&Subscription::new(ns.clone(), &api)))
+            (
+                repo.store_key_of(RecordRef::Subscription { namespace: &ns, api: &api }),
+                serde_json::to_vec(&Subscription::new(ns.clone(), &api)),
+            )
         }));
     let created = futures::stream::iter(writes).map(|(key, value)| {
         let store = repo.store().clone();
@@ -404,7 +410,7 @@ pub async fn memory(database: &kayra_config::DatabaseConfig, binary: &std::path:
     // The console's report of one API (10,000 of the subscribers) comes from
     // the serve's subscriber index: the figure includes it, fully listed.
     let registration = ApiRegistration { name: "api0.example.com".into(), ..Default::default() };
-    repo.create(&keys::registration("dev", "local", &registration.name), &registration, "registration").await?;
+    repo.create(RecordRef::Registration(&registration.name), &registration, "registration").await?;
     let url = format!("http://{listen}{CATALOG}/apiregistrations/api0.example.com/status");
     let status: serde_json::Value = ok(http.get(url).bearer_auth(ADMIN).send().await?).await?.json().await?;
     anyhow::ensure!(status["total"] == 10_000, "the report counts {}", status["total"]);

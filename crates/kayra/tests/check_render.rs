@@ -8,7 +8,7 @@ use std::process::{Command, Output};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use kayra_catalog::repo::{Repository, keys};
+use kayra_catalog::repo::{RecordRef, Repository};
 use kayra_core::{ApiRegistration, Subscription};
 use kayra_store::Store;
 
@@ -177,13 +177,15 @@ async fn seed(store: Store) {
             sync_id: "2026-02-01T00Z".into(),
             ..Default::default()
         };
-        repo.create(&keys::registration("dev", "local", name), &reg, "registration").await.unwrap();
+        repo.create(RecordRef::Registration(name), &reg, "registration").await.unwrap();
         let sub = Subscription::new("core", name);
-        repo.create(&keys::subscription("dev", "local", "core", name), &sub, "subscription").await.unwrap();
+        repo.create(RecordRef::Subscription { namespace: "core", api: name }, &sub, "subscription").await.unwrap();
     }
     // A subscription whose registration is gone.
     let sub = Subscription::new("core", "gone.example.com");
-    repo.create(&keys::subscription("dev", "local", "core", "gone.example.com"), &sub, "subscription").await.unwrap();
+    repo.create(RecordRef::Subscription { namespace: "core", api: "gone.example.com" }, &sub, "subscription")
+        .await
+        .unwrap();
 }
 
 /// Everything render promises, against whatever store `config` names.

@@ -12,7 +12,7 @@ mod world;
 
 use browser::Browser;
 use fantoccini::Locator;
-use kayra_catalog::repo::keys;
+use kayra_catalog::repo::RecordRef;
 use kayra_core::{ApiRegistration, Namespace, Run, RunResult, RunStep, RunTrigger, Subscription};
 use reqwest::Method;
 use serde_json::{Value, json};
@@ -415,20 +415,22 @@ async fn console_pages_ten_thousand_subscribers() {
     let w = World::start(false).await;
     let repo = w.repo().await;
     let reg = ApiRegistration { name: COMPUTE.into(), sync_id: "s1".into(), ..Default::default() };
-    repo.create(&keys::registration("dev", "local", COMPUTE), &reg, "registration").await.unwrap();
+    repo.create(RecordRef::Registration(COMPUTE), &reg, "registration").await.unwrap();
     let names: Vec<String> = (0..N).map(|i| format!("tenant-{i:05}")).collect();
     futures::future::join_all(names.chunks(N / 8).map(|chunk| {
         let repo = repo.clone();
         async move {
             for ns in chunk {
                 let n = Namespace { name: ns.clone(), ..Default::default() };
-                repo.create(&keys::namespace(ns), &n, "namespace").await.unwrap();
+                repo.create(RecordRef::Namespace(ns), &n, "namespace").await.unwrap();
                 let mut sub = Subscription::new(ns.as_str(), COMPUTE);
                 if ns.ends_with('7') {
                     sub.active = true;
                     sub.current_sync_id = "s1".into();
                 }
-                repo.create(&keys::subscription("dev", "local", ns, COMPUTE), &sub, "subscription").await.unwrap();
+                repo.create(RecordRef::Subscription { namespace: ns, api: COMPUTE }, &sub, "subscription")
+                    .await
+                    .unwrap();
             }
         }
     }))
@@ -577,7 +579,6 @@ async fn console_renders_recorded_runs_newest_first_with_every_step_field() {
     w.registration(COMPUTE, json!({"mode": "api", "sync_id": "s2"})).await;
     w.subscribe("core", COMPUTE).await;
     let repo = w.repo().await;
-    let prefix = keys::runs("dev", "local", "core", COMPUTE);
     let step = |index: usize, method: &str, status: u16, error: &str| RunStep {
         index,
         method: method.into(),
@@ -620,8 +621,8 @@ async fn console_renders_recorded_runs_newest_first_with_every_step_field() {
         HOSTILE_SCRIPT,
         vec![step(0, "POST", 500, HOSTILE_IMG)],
     );
-    for r in [&older, &newer] {
-        repo.create(&format!("{prefix}{}", r.id), r, "run").await.unwrap();
+    for (slot, r) in [&older, &newer].into_iter().enumerate() {
+        repo.create(RecordRef::Run { namespace: "core", api: COMPUTE, slot: slot as u64 }, r, "run").await.unwrap();
     }
 
     let b = Browser::start().await;
@@ -662,7 +663,7 @@ async fn console_renders_recorded_runs_newest_first_with_every_step_field() {
     // A new run shows on top without a reload, the open <details> stays open.
     b.js("window.__samePage = 'yes'; return true").await;
     let newest = run("0193a6c1-0000-7000-8000-000000000003", "s2", RunTrigger::Retry, RunResult::Success, "", vec![]);
-    repo.create(&format!("{prefix}{}", newest.id), &newest, "run").await.unwrap();
+    repo.create(RecordRef::Run { namespace: "core", api: COMPUTE, slot: 2 }, &newest, "run").await.unwrap();
     b.until("three runs", "return document.querySelectorAll('#runs tbody.run').length === 3").await;
     let top = b.js("return document.querySelector('#runs tbody.run').rows[0].cells[1].textContent").await;
     assert_eq!(top, "retry");

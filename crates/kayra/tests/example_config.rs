@@ -14,7 +14,7 @@ use axum::Router;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::routing::{get, post};
-use kayra_catalog::repo::{Repository, keys};
+use kayra_catalog::repo::{RecordRef, Repository};
 use kayra_core::{ApiRegistration, Namespace, Subscription, SubscriptionState};
 use kayra_store::Store;
 use kayra_testkit::{eventually, free_port};
@@ -117,9 +117,9 @@ async fn example_config_reconciles_both_modes_end_to_end() {
             sync_id: "2026-02-01T00Z".into(),
             ..Default::default()
         };
-        repo.create(&keys::registration("dev", "local", name), &reg, "registration").await.unwrap();
+        repo.create(RecordRef::Registration(name), &reg, "registration").await.unwrap();
         repo.create(
-            &keys::subscription("dev", "local", "core", name),
+            RecordRef::Subscription { namespace: "core", api: name },
             &Subscription::new("core", name),
             "subscription",
         )
@@ -127,7 +127,7 @@ async fn example_config_reconciles_both_modes_end_to_end() {
         .unwrap();
     }
     let ns = Namespace { name: "core".into(), ..Default::default() };
-    repo.create(&keys::namespace("core"), &ns, "namespace").await.unwrap();
+    repo.create(RecordRef::Namespace("core"), &ns, "namespace").await.unwrap();
 
     let mut child = Command::new(env!("CARGO_BIN_EXE_kayra"))
         .arg("reconciler")

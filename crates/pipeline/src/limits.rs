@@ -1,17 +1,21 @@
 //! Per-mode limits on pipeline runs (platform §7, `reconciler.limits`).
 //!
-//! - `max_in_flight`: a counting semaphore. On etcd, N slot keys
-//!   `/limits/<platform>/<region>/<mode>/slot/<i>`, each created if absent
+//! - `max_in_flight`: a counting semaphore. On etcd, N slot records
+//!   ([`LimitKey::Slot`]), each created if absent
 //!   and bound to the process's session lease: a killed process's slots
 //!   vanish when its lease expires (within `lock_ttl`). On the local store,
 //!   a counter in the process.
 //! - `per_minute`: at most M starts in any window (60 s; shorter in tests).
-//!   On etcd, M start keys `.../<mode>/start/<i>`, each bound to a lease of
+//!   On etcd, M start records ([`LimitKey::Start`]), each bound to a lease of
 //!   the window's length, so a start occupies its key for a whole window;
 //!   on the local store, the process's own start times.
 //! - a 429 with `Retry-After` ([`Limits::backoff`]): no new start of the
-//!   mode before the deadline; on etcd the deadline is also the key
-//!   `.../<mode>/backoff`, read by every process.
+//!   mode before the deadline; on etcd the deadline is also a record
+//!   ([`LimitKey::Backoff`]), read by every process.
+//!
+//! Where those records live is not the pipeline's business: the store's key
+//! layout belongs to the catalog's Repository, which implements
+//! [`LimitKeys`] for its deployment (`kayra_catalog::repo::Layout`).
 //!
 //! [`Limits::try_acquire`] never waits: it answers a permit or "ask again
 //! after", so a reconciler can park the job in its queue instead of holding
@@ -45,6 +49,30 @@ const FLEET_BACKOFF_REFRESH: Duration = Duration::from_millis(500);
 /// How soon to ask again when every `max_in_flight` slot is taken.
 const FULL_RETRY: Duration = Duration::from_millis(100);
 
+/// One limit record of a mode.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LimitKey<'a> {
+    /// One of the mode's `max_in_flight` slots, bound to its holder's session lease.
+    Slot { mode: &'a str, index: usize },
+    /// One of the mode's `per_minute` starts, bound to a lease of the window's length.
+    Start { mode: &'a str, index: usize },
+    /// The deadline of the mode's fleet-wide backoff (a 429's `Retry-After`).
+    Backoff { mode: &'a str },
+}
+
+/// The store keys of one deployment's limit records: spelt and parsed by
+/// whoever owns the store's key layout (the catalog's Repository).
+pub trait LimitKeys: Send + Sync + 'static {
+    /// The prefix of every limit record of the deployment.
+    fn all_limits(&self) -> String;
+    /// The prefix of one mode's limit records.
+    fn mode_limits(&self, mode: &str) -> String;
+    /// The store key of `record`.
+    fn limit_key(&self, record: LimitKey<'_>) -> String;
+    /// Which limit record `key` is, when it is one.
+    fn parse_limit_key<'k>(&self, key: &'k str) -> Option<LimitKey<'k>>;
+}
+
 /// The limits of every mode, for one process.
 #[derive(Clone)]
 pub struct Limits {
@@ -55,8 +83,8 @@ struct Inner {
     modes: BTreeMap<String, ModeLimits>,
     store: Store,
     leases: Option<Arc<dyn Leases>>,
-    /// `/limits/<platform>/<region>`.
-    root: String,
+    /// Where the limit records live.
+    keys: Box<dyn LimitKeys>,
     window: Duration,
     local: Mutex<HashMap<String, ModeState>>,
 }
@@ -111,8 +139,9 @@ fn unix_ms(at: SystemTime) -> u64 {
 }
 
 impl Limits {
-    /// Limits of `cfg.limits` over `store`, scoped to this deployment.
-    pub fn new(cfg: &ReconcilerConfig, store: Store, platform: &str, region: &str) -> Self {
+    /// Limits of `cfg.limits` over `store`, with their records at `keys`
+    /// (the deployment's).
+    pub fn new(cfg: &ReconcilerConfig, store: Store, keys: impl LimitKeys) -> Self {
         metrics::describe_gauge!(
             GAUGE,
             "Pipelines of a limited mode running now (reconciler.limits): on etcd, for a mode with max_in_flight, \
@@ -126,7 +155,7 @@ impl Limits {
             modes: cfg.limits.clone(),
             store,
             leases,
-            root: format!("/limits/{platform}/{region}"),
+            keys: Box::new(keys),
             window: Duration::from_secs(60),
             local: Mutex::new(HashMap::new()),
         };
@@ -156,9 +185,9 @@ impl Limits {
             }
             return Ok(inner.acquire_local(mode, &limits, now).map(|()| permit(None)));
         };
-        let prefix = format!("{}/{mode}/", inner.root);
+        let prefix = inner.keys.mode_limits(mode);
         if unlimited {
-            if let Some(wait) = inner.fleet_backoff(mode, &prefix, now).await? {
+            if let Some(wait) = inner.fleet_backoff(mode, now).await? {
                 return Ok(Err(wait));
             }
             return Ok(Ok(LimitPermit { inner: None, mode: mode.to_string(), slot: None }));
@@ -167,15 +196,19 @@ impl Limits {
         let mut slots = BTreeSet::new();
         let mut starts = BTreeMap::new();
         for kv in &keys {
-            let rest = &kv.key[prefix.len()..];
-            if rest == "backoff" {
-                if let Some(wait) = remaining(&kv.value) {
-                    return Ok(Err(wait));
+            match inner.keys.parse_limit_key(&kv.key) {
+                Some(LimitKey::Backoff { .. }) => {
+                    if let Some(wait) = remaining(&kv.value) {
+                        return Ok(Err(wait));
+                    }
                 }
-            } else if let Some(i) = rest.strip_prefix("slot/").and_then(|i| i.parse::<usize>().ok()) {
-                slots.insert(i);
-            } else if let Some(i) = rest.strip_prefix("start/").and_then(|i| i.parse::<usize>().ok()) {
-                starts.insert(i, String::from_utf8_lossy(&kv.value).parse::<u64>().unwrap_or(0));
+                Some(LimitKey::Slot { index, .. }) => {
+                    slots.insert(index);
+                }
+                Some(LimitKey::Start { index, .. }) => {
+                    starts.insert(index, String::from_utf8_lossy(&kv.value).parse::<u64>().unwrap_or(0));
+                }
+                None => {}
             }
         }
         // The in-flight slot first: a start key taken for a run that then
@@ -184,7 +217,7 @@ impl Limits {
         if let Some(max) = limits.max_in_flight {
             let session = leases.session().await?;
             for i in (0..max).filter(|i| !slots.contains(i)) {
-                let key = format!("{prefix}slot/{i}");
+                let key = inner.keys.limit_key(LimitKey::Slot { mode, index: i });
                 if let Some(revision) = leases.create_leased(&key, Vec::new(), session).await? {
                     slot = Some((key, revision));
                     break;
@@ -211,7 +244,7 @@ impl Limits {
             let lease = leases.grant(inner.window).await?;
             let mut taken = false;
             for i in free {
-                let key = format!("{prefix}start/{i}");
+                let key = inner.keys.limit_key(LimitKey::Start { mode, index: i });
                 if leases.create_leased(&key, now_ms.to_string().into_bytes(), lease).await?.is_some() {
                     taken = true;
                     break;
@@ -233,8 +266,7 @@ impl Limits {
         if inner.leases.is_none() || !inner.modes.values().any(|l| l.max_in_flight.is_some()) {
             return;
         }
-        let prefix = format!("{}/", inner.root);
-        let mut watcher = inner.store.watcher(&prefix);
+        let mut watcher = inner.store.watcher(&inner.keys.all_limits());
         let mut slots = BTreeSet::new();
         let mut listing = BTreeSet::new();
         loop {
@@ -278,7 +310,7 @@ impl Limits {
         if inner.leases.is_none() {
             return Ok(());
         }
-        let key = format!("{}/{mode}/backoff", inner.root);
+        let key = inner.keys.limit_key(LimitKey::Backoff { mode });
         let deadline = unix_ms(SystemTime::now() + retry_after.min(crate::MAX_RETRY_AFTER));
         let value = deadline.to_string().into_bytes();
         loop {
@@ -310,12 +342,12 @@ impl Inner {
         self.leases.is_some() && self.modes.get(mode).is_some_and(|l| l.max_in_flight.is_some())
     }
 
-    /// Sets the fleet-counted gauges from the keys under the limiter's
-    /// prefix (`<root>/<mode>/slot/<i>` are the slots).
+    /// Sets the fleet-counted gauges from the keys of every limit record
+    /// (the slot records count).
     fn publish_fleet(&self, keys: &BTreeSet<String>) {
         for mode in self.modes.keys().filter(|mode| self.fleet_counted(mode)) {
-            let slots = format!("{}/{mode}/slot/", self.root);
-            let live = keys.iter().filter(|key| key.starts_with(&slots)).count();
+            let slot_of_mode = |key: &String| matches!(self.keys.parse_limit_key(key), Some(LimitKey::Slot { mode: m, .. }) if m == mode);
+            let live = keys.iter().filter(|key| slot_of_mode(key)).count();
             metrics::gauge!(GAUGE, "mode" => mode.clone()).set(live as f64);
         }
     }
@@ -334,12 +366,7 @@ impl Inner {
 
     /// The fleet's backoff of an unlimited `mode` (etcd), read at most
     /// once per [`FLEET_BACKOFF_REFRESH`].
-    async fn fleet_backoff(
-        &self,
-        mode: &str,
-        prefix: &str,
-        now: Instant,
-    ) -> Result<Option<Duration>, kayra_store::Error> {
+    async fn fleet_backoff(&self, mode: &str, now: Instant) -> Result<Option<Duration>, kayra_store::Error> {
         let cached = {
             let local = self.local.lock().unwrap_or_else(PoisonError::into_inner);
             local.get(mode).and_then(|state| state.fleet_backoff)
@@ -347,7 +374,7 @@ impl Inner {
         let until = match cached {
             Some((read_at, until)) if now.duration_since(read_at) < FLEET_BACKOFF_REFRESH => until,
             _ => {
-                let (backoff, _) = self.store.get(&format!("{prefix}backoff")).await?;
+                let (backoff, _) = self.store.get(&self.keys.limit_key(LimitKey::Backoff { mode })).await?;
                 let until = backoff.and_then(|kv| remaining(&kv.value)).map(|wait| now + wait);
                 let mut local = self.local.lock().unwrap_or_else(PoisonError::into_inner);
                 local.entry(mode.to_string()).or_default().fleet_backoff = Some((now, until));

@@ -3,6 +3,7 @@
 
 use std::time::{Duration, Instant};
 
+use kayra_catalog::repo::Layout;
 use kayra_config::{Config, DatabaseConfig};
 use kayra_pipeline::Limits;
 use kayra_store::Store;
@@ -25,8 +26,11 @@ async fn granted(limits: &Limits, mode: &str) -> Option<kayra_pipeline::LimitPer
 #[tokio::test]
 async fn local_max_in_flight_is_a_semaphore_released_on_drop() {
     let dir = tempfile::tempdir().unwrap();
-    let limits =
-        Limits::new(&reconciler_config("    m: {max_in_flight: 2}\n"), local_store(dir.path()).await, "dev", "local");
+    let limits = Limits::new(
+        &reconciler_config("    m: {max_in_flight: 2}\n"),
+        local_store(dir.path()).await,
+        Layout::new("dev", "local"),
+    );
     let a = granted(&limits, "m").await.expect("first");
     let b = granted(&limits, "m").await.expect("second");
     let wait = limits.try_acquire("m").await.unwrap().expect_err("third waits");
@@ -50,9 +54,12 @@ async fn local_max_in_flight_is_a_semaphore_released_on_drop() {
 async fn local_per_minute_counts_starts_in_the_window() {
     let dir = tempfile::tempdir().unwrap();
     let window = Duration::from_millis(600);
-    let limits =
-        Limits::new(&reconciler_config("    m: {per_minute: 3}\n"), local_store(dir.path()).await, "dev", "local")
-            .with_window(window);
+    let limits = Limits::new(
+        &reconciler_config("    m: {per_minute: 3}\n"),
+        local_store(dir.path()).await,
+        Layout::new("dev", "local"),
+    )
+    .with_window(window);
     let started = Instant::now();
     for _ in 0..3 {
         drop(granted(&limits, "m").await.expect("within the limit"));
@@ -67,8 +74,11 @@ async fn local_per_minute_counts_starts_in_the_window() {
 #[tokio::test]
 async fn local_backoff_holds_new_starts_of_that_mode() {
     let dir = tempfile::tempdir().unwrap();
-    let limits =
-        Limits::new(&reconciler_config("    m: {max_in_flight: 5}\n"), local_store(dir.path()).await, "dev", "local");
+    let limits = Limits::new(
+        &reconciler_config("    m: {max_in_flight: 5}\n"),
+        local_store(dir.path()).await,
+        Layout::new("dev", "local"),
+    );
     limits.backoff("free", Duration::from_millis(500)).await.unwrap();
     let wait = limits.try_acquire("free").await.unwrap().expect_err("backing off");
     assert!(wait <= Duration::from_millis(500));
@@ -81,7 +91,7 @@ async fn local_backoff_holds_new_starts_of_that_mode() {
 
 async fn etcd_limits(etcd: &Etcd, limits_yaml: &str) -> (Store, Limits) {
     let store = Store::open(&DatabaseConfig::etcd(etcd.config("/lim"))).await.unwrap();
-    let limits = Limits::new(&reconciler_config(limits_yaml), store.clone(), "dev", "local");
+    let limits = Limits::new(&reconciler_config(limits_yaml), store.clone(), Layout::new("dev", "local"));
     (store, limits)
 }
 
@@ -99,7 +109,11 @@ async fn etcd_max_in_flight_holds_across_processes_and_a_killed_one_frees_its_sl
         let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
         let kept = runtime.block_on(async {
             let store = Store::open(&DatabaseConfig::etcd(config)).await.unwrap();
-            let limits = Limits::new(&reconciler_config("    m: {max_in_flight: 2}\n"), store.clone(), "dev", "local");
+            let limits = Limits::new(
+                &reconciler_config("    m: {max_in_flight: 2}\n"),
+                store.clone(),
+                Layout::new("dev", "local"),
+            );
             let permit = limits.try_acquire("m").await.unwrap().expect("k gets a slot");
             std::mem::forget(permit);
             (store, limits)

@@ -21,12 +21,11 @@ use std::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use kayra_catalog::repo::{Repository, Versioned};
+use kayra_catalog::repo::{JobRead, RecordRef, Repository, ResultCommit, ResultWrite, Versioned};
 use kayra_config::ReconcilerConfig;
 use kayra_core::{ApiRegistration, Run, RunResult, RunStep, RunTrigger, Subscription};
 use kayra_pipeline::Limits;
 use kayra_pipeline::{PipelineError, Pipelines, RunControl, SubscriptionContext};
-use kayra_store::{Compare, Op, Txn};
 
 use crate::decide::{self, Attempt, Decision, Observed, Outcome, Then, Write};
 use crate::locks::{Acquired, JobGuard, JobLocks};
@@ -147,7 +146,7 @@ impl Worker {
                 if let Decision::Nothing(_) = self.view().decide(namespace, api, cause.startup) {
                     return Prepared::Nothing;
                 }
-                self.locks.try_lock_and_get(key, &self.fresh_keys(namespace, api)).await
+                self.locks.try_lock_and_get(key, &self.repo.job_read_keys(namespace, api)).await
             }
         };
         match acquired {
@@ -236,8 +235,7 @@ impl Worker {
         // On etcd the fresh read rode in the lock's transaction.
         let prefetched = guard.take_reads();
         let unlocked = AtomicBool::new(false);
-        let run =
-            RunIds { lock_id, fencing_token: guard.fencing_token(), fence: guard.fence_key(), unlocked: &unlocked };
+        let run = RunIds { lock_id, fencing_token: guard.fencing_token(), fence: guard.fence(), unlocked: &unlocked };
         let end = match self.ensure_locked(key, (namespace, api), cause, run, note, prefetched).await {
             Ok(end) => end,
             Err(e) => {
@@ -271,8 +269,8 @@ impl Worker {
                 return Ok(JobEnd::Done);
             }
             let (sub, reg, given_up, read_at, seq) = match prefetched.take() {
-                Some((gets, revision)) => parse_fresh(&gets, revision)?,
-                None => self.fresh(namespace, api).await?,
+                Some((gets, revision)) => fresh(self.repo.decode_job_read(&gets, revision)?),
+                None => fresh(self.repo.read_job(namespace, api).await?),
             };
             let owed = self.owed_retries().remove(&(namespace.to_string(), api.to_string()));
             let run = RunIds { fencing_token: run.fencing_token.or(Some(read_at)), ..run };
@@ -503,38 +501,22 @@ impl Worker {
         {
             next.runs = seq + 1;
         }
-        let run_ops = runs::record_ops(&self.repo, history, seq, record, next.is_none());
-        if next.is_none() && run_ops.is_empty() {
+        let riders = runs::riders(history, seq, record, next.is_none());
+        if next.is_none() && riders.is_empty() {
             return Ok(Recorded::Unchanged);
         }
-        let (p, r) = (self.repo.platform(), self.repo.region());
-        let (namespace, api) = (&seen.value.namespace, &seen.value.api);
-        let key = kayra_catalog::repo::keys::subscription(p, r, namespace, api);
-        let mut txn = Txn::new().when(Compare::ModRevision(key.clone(), seen.revision));
-        if let Some(next) = &next {
-            let value = serde_json::to_vec(next)
-                .map_err(|e| kayra_catalog::repo::Error::Corrupt { key: key.clone(), message: e.to_string() })?;
-            txn = txn.then(Op::Put { key, value });
-            if history == 0 {
-                // run_history 0: older runs go at the next write.
-                txn = txn.then(Op::DeletePrefix { prefix: kayra_catalog::repo::keys::runs(p, r, namespace, api) });
-            }
-        }
-        txn = run_ops.into_iter().fold(txn, Txn::then);
-        if let Some(fence) = fence {
-            txn = txn.when(Compare::Exists(fence.to_string())).otherwise(Op::Get { key: fence.to_string() });
-            if unlock {
-                txn = txn.then(Op::Delete { key: fence.to_string() });
-            }
-        }
-        let resp = self.repo.store().txn_grouped(txn).await.map_err(kayra_catalog::repo::Error::from)?;
-        if resp.succeeded && unlock && fence.is_some() {
+        // run_history 0: older runs go at the next write.
+        let write = ResultWrite { seen, next: next.as_ref(), clear_runs: history == 0, lock: fence, unlock };
+        let commit = self.repo.write_result(&write, &riders).await?;
+        if matches!(commit, ResultCommit::Committed(_)) && unlock && fence.is_some() {
             run.unlocked.store(true, Ordering::Relaxed);
         }
-        Ok(match (resp.succeeded, fence, resp.gets.first()) {
-            (true, _, _) => next.map_or(Recorded::Unchanged, |next| Recorded::Written(next, resp.revision)),
-            (false, Some(_), Some(None)) => Recorded::Fenced,
-            (false, _, _) => Recorded::Stale,
+        Ok(match commit {
+            ResultCommit::Committed(revision) => {
+                next.map_or(Recorded::Unchanged, |next| Recorded::Written(next, revision))
+            }
+            ResultCommit::Fenced => Recorded::Fenced,
+            ResultCommit::Stale => Recorded::Stale,
         })
     }
 
@@ -583,36 +565,13 @@ impl Worker {
         (report.result.map_err(ReconcileError::from), mode.to_string(), report.steps)
     }
 
-    /// What the fresh read under the lock reads: subscription,
-    /// registration, given-up record and run cursor.
-    fn fresh_keys(&self, namespace: &str, api: &str) -> Vec<String> {
-        let (p, r) = (self.repo.platform(), self.repo.region());
-        vec![
-            kayra_catalog::repo::keys::subscription(p, r, namespace, api),
-            kayra_catalog::repo::keys::registration(p, r, api),
-            attempt_key(&self.repo, namespace, api),
-            runs::cursor_key(&self.repo, namespace, api),
-        ]
-    }
-
-    /// The fresh read under the lock in one round trip (a transaction of
-    /// four gets), where the lock's own transaction did not carry it. Not
-    /// group-committed: a read never queues behind other jobs' writes
-    /// (locally it is a point read beside them).
-    async fn fresh(&self, namespace: &str, api: &str) -> kayra_catalog::repo::Result<Fresh> {
-        let keys = self.fresh_keys(namespace, api);
-        let txn = keys.iter().fold(Txn::new(), |txn, key| txn.then(Op::Get { key: key.clone() }));
-        let resp = self.repo.store().txn(txn).await.map_err(kayra_catalog::repo::Error::from)?;
-        parse_fresh(&resp.gets, resp.revision)
-    }
-
     async fn record_given_up(&self, namespace: &str, api: &str, attempt: &Attempt) -> kayra_catalog::repo::Result<()> {
-        let key = attempt_key(&self.repo, namespace, api);
+        let record = RecordRef::Attempt { namespace, api };
         loop {
-            let result = match self.repo.get::<Attempt>(&key).await? {
+            let result = match self.repo.get::<Attempt>(record).await? {
                 Some(old) if old.value == *attempt => break,
-                Some(old) => self.repo.update(&key, attempt, old.revision, "reconcile attempt").await,
-                None => self.repo.create(&key, attempt, "reconcile attempt").await,
+                Some(old) => self.repo.update(record, attempt, old.revision, "reconcile attempt").await,
+                None => self.repo.create(record, attempt, "reconcile attempt").await,
             };
             match result {
                 Ok(_) => break,
@@ -645,22 +604,18 @@ fn written(sub: &Subscription, write: &Write) -> Option<Subscription> {
 
 /// Forgets the given-up record of a deleted subscription.
 pub async fn forget_given_up(repo: &Repository, namespace: &str, api: &str) {
-    let key = attempt_key(repo, namespace, api);
-    match repo.delete(&key, None, "reconcile attempt").await {
+    match repo.delete(RecordRef::Attempt { namespace, api }, None, "reconcile attempt").await {
         Ok(_) | Err(kayra_catalog::repo::Error::NotFound(_)) => {}
-        Err(e) => tracing::warn!(key, error = %e, "could not remove a deleted subscription's attempt record"),
+        Err(e) => {
+            tracing::warn!(namespace, api, error = %e, "could not remove a deleted subscription's attempt record")
+        }
     }
 }
 
-/// Decodes the gets of [`Worker::fresh_keys`], read at `revision`.
-fn parse_fresh(
-    gets: &[Option<kayra_store::KeyValue>],
-    revision: kayra_store::Revision,
-) -> kayra_catalog::repo::Result<Fresh> {
-    let got = |i: usize| gets.get(i).cloned().flatten();
-    let sub = decode::<Subscription>(got(0))?;
-    let seq = runs::next_seq(sub.as_ref().map(|s| &s.value), decode::<runs::Cursor>(got(3))?.map(|c| c.value));
-    Ok((sub, decode(got(1))?, decode::<Attempt>(got(2))?.map(|v| v.value), revision, seq))
+/// The fresh read as the job decides on it, with the subscription's next run number.
+fn fresh(read: JobRead<Attempt>) -> Fresh {
+    let seq = runs::next_seq(read.subscription.as_ref().map(|s| &s.value), read.cursor);
+    (read.subscription, read.registration, read.attempt, read.revision, seq)
 }
 
 /// The fresh read: subscription, registration, given-up record, the read's
@@ -674,20 +629,6 @@ fn written_trigger(sub: &Subscription) -> RunTrigger {
     if sub.resync_requested { RunTrigger::Resync } else { RunTrigger::Initial }
 }
 
-fn decode<T: serde::de::DeserializeOwned>(
-    kv: Option<kayra_store::KeyValue>,
-) -> kayra_catalog::repo::Result<Option<Versioned<T>>> {
-    let Some(kv) = kv else { return Ok(None) };
-    match serde_json::from_slice(&kv.value) {
-        Ok(value) => Ok(Some(Versioned { value, revision: kv.mod_revision })),
-        Err(e) => Err(kayra_catalog::repo::Error::Corrupt { key: kv.key, message: e.to_string() }),
-    }
-}
-
-fn attempt_key(repo: &Repository, namespace: &str, api: &str) -> String {
-    kayra_catalog::repo::keys::attempt(repo.platform(), repo.region(), namespace, api)
-}
-
 /// What identifies one run to the backend, in logs and to the store.
 #[derive(Debug, Clone, Copy)]
 struct RunIds<'a> {
@@ -696,8 +637,8 @@ struct RunIds<'a> {
     /// the fresh read's store revision stands in: it is read right after
     /// the in-process lock was taken, and grows just the same.
     fencing_token: Option<kayra_store::Revision>,
-    /// The lock's store key (etcd): results commit only while it exists.
-    fence: Option<&'a str>,
+    /// The job lock (etcd): results commit only while its key exists.
+    fence: Option<&'a kayra_store::JobLock>,
     /// Set when a result transaction also deleted the lock key.
     unlocked: &'a AtomicBool,
 }

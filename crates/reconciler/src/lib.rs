@@ -50,7 +50,7 @@ use std::sync::{Arc, PoisonError};
 use std::time::Duration;
 
 use futures::{FutureExt, StreamExt};
-use kayra_catalog::repo::{Repository, keys};
+use kayra_catalog::repo::{Collection, Layout, Repository};
 use kayra_config::ReconcilerConfig;
 use kayra_core::{ApiRegistration, Namespace, RunTrigger, Subscription};
 use kayra_pipeline::{Pipelines, ValidationError};
@@ -121,7 +121,7 @@ impl Listing {
 
     /// Adds one listed record; an unreadable one is logged and left out,
     /// as its watch event would be.
-    fn push(&mut self, kv: kayra_store::KeyValue, attempts_prefix: &str) {
+    fn push(&mut self, kv: kayra_store::KeyValue, layout: &Layout) {
         let rev = kv.mod_revision;
         let decoded = match self {
             Self::Namespaces(items) => {
@@ -133,7 +133,7 @@ impl Listing {
             Self::Subscriptions(items) => {
                 serde_json::from_slice::<Subscription>(&kv.value).map(|s| items.push((s, rev)))
             }
-            Self::Attempts(items) => match attempt_parts(attempts_prefix, &kv.key) {
+            Self::Attempts(items) => match attempt_parts(layout, &kv.key) {
                 Some((ns, api)) => serde_json::from_slice::<Attempt>(&kv.value)
                     .map(|attempt| items.push(((ns.to_string(), api.to_string()), attempt))),
                 None => Ok(()),
@@ -162,7 +162,7 @@ impl Reconciler {
         let pipelines = Pipelines::compile(&config)?;
         let locks = JobLocks::new(repo.store().job_locker(), repo.platform(), repo.region());
         let pool = Pool::new(config.max_concurrent_reconciles);
-        let limits = kayra_pipeline::Limits::new(&config, repo.store().clone(), repo.platform(), repo.region());
+        let limits = kayra_pipeline::Limits::new(&config, repo.store().clone(), repo.layout().clone());
         // This process's own order within an API (see `queue`), where other
         // processes share the work; key order where this one does it all.
         let queue = match locks.shared() {
@@ -244,14 +244,13 @@ impl Reconciler {
     /// all four resources have listed, reconcileExisting runs.
     async fn watch(&mut self, cancel: &CancellationToken) {
         let repo = self.worker.repo.clone();
-        let (platform, region) = (repo.platform().to_string(), repo.region().to_string());
-        let attempts_prefix = attempts_prefix(&platform, &region);
+        let layout = repo.layout().clone();
         let store = repo.store();
         let prefixes = [
-            (Kind::Namespace, keys::NAMESPACES.to_string()),
-            (Kind::Registration, keys::registrations(&platform, &region)),
-            (Kind::Subscription, keys::subscriptions(&platform, &region)),
-            (Kind::Attempt, attempts_prefix.clone()),
+            (Kind::Namespace, layout.prefix(Collection::Namespaces)),
+            (Kind::Registration, layout.prefix(Collection::Registrations)),
+            (Kind::Subscription, layout.prefix(Collection::Subscriptions)),
+            (Kind::Attempt, layout.prefix(Collection::Attempts)),
         ];
         let streams = prefixes.iter().map(|(kind, prefix)| {
             let kind = *kind;
@@ -279,8 +278,8 @@ impl Reconciler {
             match event {
                 WatcherEvent::Init => *phase = Phase::Listing(Listing::new(kind)),
                 WatcherEvent::InitApply(kv) => match phase {
-                    Phase::Listing(listing) => listing.push(kv, &attempts_prefix),
-                    Phase::Watching => self.handle(kind, Event::Put(kv), &attempts_prefix),
+                    Phase::Listing(listing) => listing.push(kv, &layout),
+                    Phase::Watching => self.handle(kind, Event::Put(kv), &layout),
                 },
                 WatcherEvent::InitDone { .. } => {
                     let listing = match std::mem::replace(phase, Phase::Watching) {
@@ -300,10 +299,8 @@ impl Reconciler {
                         self.ready.store(true, Ordering::SeqCst);
                     }
                 }
-                WatcherEvent::Apply(kv) => self.handle(kind, Event::Put(kv), &attempts_prefix),
-                WatcherEvent::Delete { key, revision } => {
-                    self.handle(kind, Event::Delete { key, revision }, &attempts_prefix)
-                }
+                WatcherEvent::Apply(kv) => self.handle(kind, Event::Put(kv), &layout),
+                WatcherEvent::Delete { key, revision } => self.handle(kind, Event::Delete { key, revision }, &layout),
                 WatcherEvent::Progress { .. } => {}
             }
         }
@@ -366,7 +363,7 @@ impl Reconciler {
         }
     }
 
-    fn handle(&mut self, kind: Kind, event: Event, attempts_prefix: &str) {
+    fn handle(&mut self, kind: Kind, event: Event, layout: &Layout) {
         let label = match kind {
             Kind::Namespace => "namespace",
             Kind::Registration => "apiregistration",
@@ -385,7 +382,7 @@ impl Reconciler {
                 Err(e) => tracing::warn!(key = %kv.key, error = %e, "unreadable namespace record ignored"),
             },
             (Kind::Namespace, Event::Delete { key, .. }) => {
-                if let Some(name) = key.strip_prefix(keys::NAMESPACES) {
+                if let Some(name) = self.worker.repo.namespace_key_name(&key) {
                     self.view().delete_namespace(name);
                 }
             }
@@ -448,13 +445,13 @@ impl Reconciler {
             }
             (Kind::Attempt, Event::Put(kv)) => {
                 if let (Some((ns, api)), Ok(attempt)) =
-                    (attempt_parts(attempts_prefix, &kv.key), serde_json::from_slice::<Attempt>(&kv.value))
+                    (attempt_parts(layout, &kv.key), serde_json::from_slice::<Attempt>(&kv.value))
                 {
                     self.view().put_given_up(ns, api, attempt);
                 }
             }
             (Kind::Attempt, Event::Delete { key, .. }) => {
-                if let Some((ns, api)) = attempt_parts(attempts_prefix, &key) {
+                if let Some((ns, api)) = attempt_parts(layout, &key) {
                     self.view().delete_given_up(ns, api);
                 }
             }
@@ -635,19 +632,18 @@ fn describe_metrics() {
     metrics::gauge!(METRIC_QUEUE_DEPTH).set(0.0);
 }
 
-/// This deployment's given-up attempt records.
-fn attempts_prefix(platform: &str, region: &str) -> String {
-    keys::attempt(platform, region, "", "").trim_end_matches('/').to_string() + "/"
-}
-
-/// `(namespace, api)` of an attempt record's key.
-fn attempt_parts<'k>(prefix: &str, key: &'k str) -> Option<(&'k str, &'k str)> {
-    key.strip_prefix(prefix)?.split_once('/')
+/// `(namespace, api)` of the key of one of `layout`'s deployment's attempt records.
+fn attempt_parts<'k>(layout: &Layout, key: &'k str) -> Option<(&'k str, &'k str)> {
+    match layout.parse(key)? {
+        kayra_catalog::repo::RecordRef::Attempt { namespace, api } => Some((namespace, api)),
+        _ => None,
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use kayra_catalog::repo::RecordRef;
 
     fn kv(key: &str, value: &[u8], revision: Revision) -> kayra_store::KeyValue {
         kayra_store::KeyValue {
@@ -662,17 +658,19 @@ mod tests {
     fn a_list_is_decoded_as_it_arrives_and_unreadable_records_are_left_out() {
         let mut listing = Listing::new(Kind::Subscription);
         let sub = Subscription::new("team-a", "compute.example.com");
-        listing.push(kv("/subscriptions/p/r/team-a/compute.example.com", &serde_json::to_vec(&sub).unwrap(), 7), "");
-        listing.push(kv("/subscriptions/p/r/team-b/compute.example.com", b"{not json", 8), "");
+        let layout = Layout::new("p", "r");
+        let key = |namespace| layout.key(RecordRef::Subscription { namespace, api: "compute.example.com" });
+        listing.push(kv(&key("team-a"), &serde_json::to_vec(&sub).unwrap(), 7), &layout);
+        listing.push(kv(&key("team-b"), b"{not json", 8), &layout);
         let Listing::Subscriptions(items) = listing else { panic!("a subscription listing") };
         assert_eq!(items, vec![(sub, 7)]);
 
-        let prefix = attempts_prefix("p", "r");
         let mut listing = Listing::new(Kind::Attempt);
         let attempt = Attempt { subscription_revision: 3, registration_revision: 2 };
         let value = serde_json::to_vec(&attempt).unwrap();
-        listing.push(kv(&format!("{prefix}team-a/compute.example.com"), &value, 9), &prefix);
-        listing.push(kv("/elsewhere/team-a/compute.example.com", &value, 10), &prefix);
+        let attempt_key = layout.key(RecordRef::Attempt { namespace: "team-a", api: "compute.example.com" });
+        listing.push(kv(&attempt_key, &value, 9), &layout);
+        listing.push(kv("/elsewhere/team-a/compute.example.com", &value, 10), &layout);
         let Listing::Attempts(items) = listing else { panic!("an attempt listing") };
         assert_eq!(items, vec![(("team-a".to_string(), "compute.example.com".to_string()), attempt)]);
     }

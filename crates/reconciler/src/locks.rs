@@ -115,10 +115,10 @@ impl JobGuard {
         self.held.as_ref().map(|(_, lock)| lock.create_revision)
     }
 
-    /// The store key that exists exactly while this lock is held; `None`
-    /// without a distributed lock.
-    pub fn fence_key(&self) -> Option<&str> {
-        self.held.as_ref().map(|(_, lock)| lock.store_key.as_str())
+    /// The distributed lock a result write is fenced by (its store key
+    /// exists exactly while the lock is held); `None` without one.
+    pub fn fence(&self) -> Option<&kayra_store::JobLock> {
+        self.held.as_ref().map(|(_, lock)| lock)
     }
 
     /// The records read with the lock and the read's revision, once.

@@ -1,15 +1,16 @@
 //! Run records (platform §4.4): one per reconcile attempt, written in the
 //! same store transaction as the attempt's result.
 //!
-//! Key layout: `keys::runs(p, r, ns, api)` + a ring slot `seq % run_history`,
+//! Records: ring slot `seq % run_history` of the subscription's runs
+//! ([`kayra_catalog::repo::Rider::Run`]),
 //! so each new run overwrites the oldest and a subscription never holds more
 //! than `run_history` runs, with no extra read or delete. `seq` counts the
 //! subscription's runs. It is kept where the run's transaction writes
 //! anyway: in the subscription record (`Subscription::runs`, stored only)
 //! when the result rewrites it, as nearly every run's does; otherwise (a
 //! second failure, a superseded or cancelled run, which leave the
-//! subscription untouched) in a small cursor record (`keys::run_cursor`,
-//! outside `/runs/` so readers of run records never see it). The next run's
+//! subscription untouched) in a small cursor record ([`Cursor`], kept
+//! apart from the run records so their readers never see it). The next run's
 //! number is the greater of the two, both read in the job's one fresh read
 //! under the lock; both go with the subscription (the cursor in the
 //! catalog's delete transaction).
@@ -17,17 +18,11 @@
 use std::sync::OnceLock;
 use std::time::SystemTime;
 
-use kayra_catalog::repo::{Repository, keys};
+use kayra_catalog::repo::Rider;
 use kayra_core::{ApiRegistration, Run, RunTrigger, Subscription};
-use kayra_store::Op;
-use serde::{Deserialize, Serialize};
 
 /// The per-subscription run counter.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Cursor {
-    /// The sequence number of the next run.
-    pub next: u64,
-}
+pub use kayra_catalog::repo::RunCursor as Cursor;
 
 /// A run as it started: what the record needs before the result is known.
 #[derive(Debug, Clone)]
@@ -62,35 +57,26 @@ pub fn identity() -> &'static str {
     })
 }
 
-pub fn cursor_key(repo: &Repository, namespace: &str, api: &str) -> String {
-    keys::run_cursor(repo.platform(), repo.region(), namespace, api)
-}
-
 /// The number of the next run of a subscription whose record says `sub`
 /// and whose run cursor says `cursor`.
 pub fn next_seq(sub: Option<&Subscription>, cursor: Option<Cursor>) -> u64 {
     sub.map_or(0, |s| s.runs).max(cursor.map_or(0, |c| c.next))
 }
 
-/// The ops that record `run` as run number `seq` of its subscription,
+/// The riders that record `run` as run number `seq` of its subscription,
 /// keeping `history` runs; with `cursor`, also the cursor's advance (the
 /// caller advances `Subscription::runs` instead when it rewrites the
-/// subscription). Empty when `history` is 0 (the caller clears the prefix
+/// subscription). Empty when `history` is 0 (the caller clears the runs
 /// when it writes the subscription anyway).
-pub fn record_ops(repo: &Repository, history: usize, seq: u64, run: &Run, cursor: bool) -> Vec<Op> {
+pub fn riders(history: usize, seq: u64, run: &Run, cursor: bool) -> Vec<Rider<'_>> {
     if history == 0 {
         return Vec::new();
     }
-    let prefix = keys::runs(repo.platform(), repo.region(), &run.namespace, &run.api);
-    let slot = seq % history as u64;
-    // Serializing these plain structs cannot fail.
-    let value = serde_json::to_vec(run).unwrap_or_default();
-    let mut ops = vec![Op::Put { key: format!("{prefix}{slot}"), value }];
+    let mut riders = vec![Rider::Run { run, slot: seq % history as u64 }];
     if cursor {
-        let value = serde_json::to_vec(&Cursor { next: seq + 1 }).unwrap_or_default();
-        ops.push(Op::Put { key: cursor_key(repo, &run.namespace, &run.api), value });
+        riders.push(Rider::RunCursor { namespace: &run.namespace, api: &run.api, cursor: Cursor { next: seq + 1 } });
     }
-    ops
+    riders
 }
 
 /// `kayra_sync_lag_seconds` of a sync to `reg`'s SyncID finishing now:

@@ -8,7 +8,7 @@ mod common;
 use std::time::{Duration, SystemTime};
 
 use common::{Kind, Seed, eventually, start_reconciler, store};
-use kayra_catalog::repo::{Repository, keys};
+use kayra_catalog::repo::{RecordRef, Repository};
 use kayra_config::ReconcilerConfig;
 use kayra_core::ApiRegistration;
 
@@ -25,7 +25,7 @@ async fn sync_once(kind: Kind, lagging: Duration) {
     seed.registration(API, "placeholder", "s1").await;
     // A registration whose SyncID moved `lagging` ago.
     let at = humantime::format_rfc3339_millis(SystemTime::now() - lagging).to_string();
-    repo.modify::<ApiRegistration, _>(&keys::registration("dev", "local", API), "registration", |r| {
+    repo.modify::<ApiRegistration, _>(RecordRef::Registration(API), "registration", |r| {
         r.sync_id_updated_at = at.clone();
         kayra_catalog::repo::Change::Write
     })

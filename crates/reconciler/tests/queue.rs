@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use common::backend::TestBackend;
 use common::{Kind, Seed, eventually, one_step_mode, store};
-use kayra_catalog::repo::{Repository, keys};
+use kayra_catalog::repo::{Collection, RecordRef, Repository};
 use kayra_config::ReconcilerConfig;
 use kayra_core::{Run, RunResult, RunTrigger, Subscription};
 use kayra_reconciler::Reconciler;
@@ -50,9 +50,9 @@ impl World {
 
     /// Rewrites the subscription unchanged: a write, hence a trigger.
     async fn touch(&self, namespace: &str, api: &str) {
-        let key = keys::subscription("dev", "local", namespace, api);
-        let current = self.repo.get::<Subscription>(&key).await.unwrap().unwrap();
-        self.repo.update(&key, &current.value, current.revision, "subscription").await.unwrap();
+        let key = RecordRef::Subscription { namespace, api };
+        let current = self.repo.get::<Subscription>(key).await.unwrap().unwrap();
+        self.repo.update(key, &current.value, current.revision, "subscription").await.unwrap();
     }
 }
 
@@ -393,9 +393,9 @@ async fn never_resolving(w: &World, supersede: bool) -> Running {
     let running = start(&w.repo, cfg);
     w.backend.wait_for("/ok/s1", 3).await;
     // s2 moves the SyncID, and its mode succeeds at once.
-    let key = keys::registration("dev", "local", API);
+    let key = RecordRef::Registration(API);
     w.repo
-        .modify::<kayra_core::ApiRegistration, _>(&key, "registration", |r| {
+        .modify::<kayra_core::ApiRegistration, _>(key, "registration", |r| {
             r.sync_id = "s2".into();
             r.mode = "placeholder".into();
             kayra_catalog::repo::Change::Write
@@ -418,7 +418,8 @@ async fn a_newer_sync_id_supersedes_a_running_wait(kind: Kind) {
     running.stop().await;
     // Both runs are recorded: the superseded one with its polls, then the
     // run toward s2 (a run after superseded is `ongoing`).
-    let (records, _) = w.repo.list_all::<Run>(&keys::runs("dev", "local", "core", API)).await.unwrap();
+    let (records, _) =
+        w.repo.list_all::<Run>(Collection::SubscriptionRuns { namespace: "core", api: API }).await.unwrap();
     let mut runs: Vec<Run> = records.into_iter().map(|r| r.value).collect();
     runs.sort_by(|a, b| a.id.cmp(&b.id));
     let summary: Vec<_> = runs.iter().map(|r| (r.sync_id.as_str(), r.result)).collect();

@@ -237,9 +237,9 @@ async fn racing_triggers_never_run_concurrently(kind: Kind) {
     // registration bump's fan-out and a write to the subscription itself.
     seed.bump(API, "s2").await;
     backend.wait_for("/hold/x", 2).await;
-    let key = kayra_catalog::repo::keys::subscription("dev", "local", "core", API);
-    let current = repo.get::<kayra_core::Subscription>(&key).await.unwrap().unwrap();
-    repo.update(&key, &current.value, current.revision, "subscription").await.unwrap();
+    let key = kayra_catalog::repo::RecordRef::Subscription { namespace: "core", api: API };
+    let current = repo.get::<kayra_core::Subscription>(key).await.unwrap().unwrap();
+    repo.update(key, &current.value, current.revision, "subscription").await.unwrap();
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(backend.count("/hold/x"), 2, "the second trigger waits for the first");
     backend.release(1);

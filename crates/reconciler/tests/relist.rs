@@ -14,9 +14,9 @@ use std::time::Duration;
 
 use common::backend::TestBackend;
 use common::{Kind, Seed, eventually, one_step_mode, start_reconciler};
-use kayra_catalog::repo::{Repository, keys};
+use kayra_catalog::repo::{Collection, RecordRef, Repository};
 use kayra_config::ReconcilerConfig;
-use kayra_core::SubscriptionState;
+use kayra_core::{Run, SubscriptionState};
 use kayra_reconciler::Reconciler;
 use kayra_store::testsuite::{FeedSwitch, Switched};
 use kayra_store::{Op, Store};
@@ -82,15 +82,18 @@ async fn deletes_in_a_relist_gap_are_learnt(kind: Kind) {
     let handle = tokio::spawn(async move { reconciler.run().await.unwrap() });
     // Two failures, then the given-up record.
     backend.wait_for("/fail/x", 2).await;
-    let attempt = keys::attempt("dev", "local", "gone", API);
-    eventually("given up", || async { repo.store().get(&attempt).await.unwrap().0.is_some() }).await;
+    let attempt = RecordRef::Attempt { namespace: "gone", api: API };
+    eventually("given up", || async { repo.get::<serde_json::Value>(attempt).await.unwrap().is_some() }).await;
     eventually("state error", || async { seed.get("gone", API).await.state == SubscriptionState::Error }).await;
     eventually("the view has it", || async { view.read().unwrap().has_given_up("gone", API) }).await;
 
     // Unwatched: the subscription goes (its record only, as an older
     // server's delete would leave the attempt), and history is lost.
     gap.switch.cut();
-    repo.store().delete(&keys::subscription("dev", "local", "gone", API), None).await.unwrap();
+    repo.store()
+        .delete(&repo.store_key_of(RecordRef::Subscription { namespace: "gone", api: API }), None)
+        .await
+        .unwrap();
     gap.lose_history().await;
     gap.switch.restore();
 
@@ -99,7 +102,7 @@ async fn deletes_in_a_relist_gap_are_learnt(kind: Kind) {
     })
     .await;
     eventually("the leftover attempt record is removed", || async {
-        repo.store().get(&attempt).await.unwrap().0.is_none()
+        repo.get::<serde_json::Value>(attempt).await.unwrap().is_none()
     })
     .await;
     assert!(!view.read().unwrap().has_given_up("gone", API));
@@ -116,8 +119,9 @@ async fn a_result_the_store_fails_to_record_is_recorded_not_reconciled_again(kin
     one_step_mode(&mut cfg, "api", &format!("{}/ok/x", backend.base));
     seed.registration(API, "api", "s1").await;
     // The result's transaction is the one that records a run.
-    gap.switch.fail_txns(3, |txn| {
-        txn.success.iter().any(|op| matches!(op, Op::Put { key, .. } if key.starts_with("/runs/")))
+    let runs = repo.layout().prefix(Collection::Runs);
+    gap.switch.fail_txns(3, move |txn| {
+        txn.success.iter().any(|op| matches!(op, Op::Put { key, .. } if key.starts_with(&runs)))
     });
     seed.subscription("core", API).await;
     let running = start_reconciler(&repo, cfg);
@@ -127,7 +131,7 @@ async fn a_result_the_store_fails_to_record_is_recorded_not_reconciled_again(kin
     // Past the queue's store backoff, when a reconcile thrown away would run again.
     tokio::time::sleep(kayra_reconciler::ensure::STORE_BACKOFF * 2).await;
     assert_eq!(backend.count("/ok/x"), 1, "the step ran once");
-    let (runs, _) = repo.store().list_all(&keys::runs("dev", "local", "core", API)).await.unwrap();
+    let (runs, _) = repo.list_all::<Run>(Collection::SubscriptionRuns { namespace: "core", api: API }).await.unwrap();
     assert_eq!(runs.len(), 1, "one run recorded");
     running.stop().await;
 }

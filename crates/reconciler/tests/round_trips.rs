@@ -12,7 +12,7 @@ use std::collections::HashSet;
 use std::time::Duration;
 
 use futures::StreamExt;
-use kayra_catalog::repo::{Repository, keys};
+use kayra_catalog::repo::{Collection, Repository};
 use kayra_config::ReconcilerConfig;
 use kayra_core::Subscription;
 use kayra_store::WatcherEvent;
@@ -40,7 +40,7 @@ async fn a_reconcile_costs_at_most_two_round_trips(kind: Kind) {
     .await;
     // Convergence is watched, not polled: a watch costs no counted call
     // once open (local: the change log is polled below the counted layer).
-    let mut watch = store.watcher(&keys::subscriptions("dev", "local"));
+    let mut watch = store.watcher(&repo.layout().prefix(Collection::Subscriptions));
     while !matches!(watch.next().await, Some(WatcherEvent::InitDone { .. })) {}
     // The reconciler is idle once its own writes' echoes are in its view.
     let mut before = store.round_trips();

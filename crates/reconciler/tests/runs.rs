@@ -13,7 +13,7 @@ use common::backend::TestBackend;
 use common::echo::EchoBackend;
 use common::{Kind, Seed, eventually, one_step_mode, start_reconciler, store};
 use futures::StreamExt;
-use kayra_catalog::repo::{Repository, keys};
+use kayra_catalog::repo::{Collection, RecordRef, Repository};
 use kayra_config::ReconcilerConfig;
 use kayra_core::{Run, RunResult, RunStep, RunTrigger, SubscriptionState};
 use kayra_store::{Change, Event};
@@ -26,7 +26,7 @@ fn config() -> ReconcilerConfig {
 
 /// The subscription's runs, oldest first.
 async fn runs(repo: &Repository, ns: &str, api: &str) -> Vec<Run> {
-    let (records, _) = repo.list_all::<Run>(&keys::runs("dev", "local", ns, api)).await.unwrap();
+    let (records, _) = repo.list_all::<Run>(Collection::SubscriptionRuns { namespace: ns, api }).await.unwrap();
     let mut runs: Vec<Run> = records.into_iter().map(|r| r.value).collect();
     runs.sort_by(|a, b| a.id.cmp(&b.id));
     runs
@@ -118,9 +118,9 @@ async fn a_failed_decision_leaves_an_error_run_and_a_retry_run(kind: Kind) {
     seed.registration(API, "api", "s1").await;
     let running = start_listed(&repo, cfg).await;
     // Every change to the subscription from its creation on.
-    let sub_key = keys::subscription("dev", "local", "core", API);
+    let sub_key = RecordRef::Subscription { namespace: "core", api: API };
     let from = store.store.revision().await.unwrap() + 1;
-    let mut changes = store.store.changes(&sub_key, from).await.unwrap();
+    let mut changes = store.store.changes(&repo.store_key_of(sub_key), from).await.unwrap();
     seed.subscription("core", API).await;
     backend.wait_for("/fail/x", 2).await;
     let all = wait_runs(&repo, "core", API, 2).await;
@@ -161,7 +161,7 @@ async fn a_failed_decision_leaves_an_error_run_and_a_retry_run(kind: Kind) {
 /// Whether the reconciler gave up on the subscription's current state
 /// (its failure and immediate retry both failed).
 async fn given_up(repo: &Repository, ns: &str, api: &str) -> bool {
-    repo.get::<serde_json::Value>(&keys::attempt("dev", "local", ns, api)).await.unwrap().is_some()
+    repo.get::<serde_json::Value>(RecordRef::Attempt { namespace: ns, api }).await.unwrap().is_some()
 }
 
 /// A subscription whose activation failed (`active: false`, `state:
@@ -322,8 +322,8 @@ async fn placeholder_runs_have_no_steps_and_retention_holds(kind: Kind) {
     // Runs go with their subscription.
     repo.delete_subscription("core", API).await.unwrap();
     assert!(runs(&repo, "core", API).await.is_empty());
-    let (left, _) = repo.store().list_all(&keys::run_cursor("dev", "local", "core", API)).await.unwrap();
-    assert!(left.is_empty(), "the run cursor went too");
+    let cursor = repo.get::<kayra_catalog::repo::RunCursor>(RecordRef::RunCursor { namespace: "core", api: API });
+    assert!(cursor.await.unwrap().is_none(), "the run cursor went too");
 }
 
 /// A run that rewrites the subscription counts itself there, one that does
@@ -342,9 +342,9 @@ async fn the_ring_counts_runs_that_leave_the_subscription_untouched(kind: Kind) 
     eventually("synced s1", || synced(&seed, "core", API, "s1")).await;
     // A failing pipeline: `state: error` rewrites the subscription, its
     // retry's second failure does not.
-    let reg_key = keys::registration("dev", "local", API);
+    let reg_key = RecordRef::Registration(API);
     let to = |mode: &'static str, sync_id: &'static str| {
-        repo.modify::<kayra_core::ApiRegistration, _>(&reg_key, "registration", move |r| {
+        repo.modify::<kayra_core::ApiRegistration, _>(reg_key, "registration", move |r| {
             (r.mode, r.sync_id) = (mode.into(), sync_id.into());
             kayra_catalog::repo::Change::Write
         })

@@ -182,7 +182,7 @@ pub async fn run_with(
     let cache = AuthCache::start(&store, &config.platform, &config.region, request_timeout);
     let state = AppState::cached(&config, store, cache).with_hub(hub);
     // `/status` answers from this index: listed now, not on the first call.
-    state.api.hub.subscribers(&kayra_catalog::repo::keys::subscriptions(&config.platform, &config.region));
+    state.api.hub.subscribers(state.api.repo.layout());
     if !config.auth.bootstrap_token.is_empty() {
         state.api.repo.bootstrap_admin(&config.auth.bootstrap_token).await.context("bootstrap the admin user")?;
         tracing::info!(user = kayra_catalog::repo::auth::BOOTSTRAP_USER, "bootstrap admin ensured");

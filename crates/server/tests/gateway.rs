@@ -4,8 +4,8 @@
 //! Records are set up the way they are in production: namespaces,
 //! registrations, subscriptions, users, roles and bindings through the
 //! catalog API; activation through the repository, as the reconciler does
-//! it (`activate_namespace`, `activate_subscription`,
-//! `mark_subscription_error`). Cases that read the store run on both
+//! it (`activate_namespace`, and its result write through
+//! `common::record_result`). Cases that read the store run on both
 //! backends; the forwarding failure and streaming cases do not depend on
 //! it and run on the local store only.
 
@@ -73,13 +73,13 @@ impl World {
     /// A successful initial sync of `ns`'s subscription to `api`.
     pub async fn activate(&self, ns: &str, api: &str) {
         let seen = self.server.repo.get_subscription(ns, api).await.unwrap().expect("subscription");
-        self.server.repo.activate_subscription(&seen, SYNC_ID).await.expect("activate subscription");
+        crate::common::record_result(&self.server.repo, &seen, Some(SYNC_ID)).await;
     }
 
     /// A failed later sync of `ns`'s subscription to `api`.
     pub async fn fail_sync(&self, ns: &str, api: &str) {
         let seen = self.server.repo.get_subscription(ns, api).await.unwrap().expect("subscription");
-        self.server.repo.mark_subscription_error(&seen).await.expect("mark error");
+        crate::common::record_result(&self.server.repo, &seen, None).await;
     }
 
     /// A user whose only cluster role has `rules`; their token.

@@ -18,7 +18,7 @@ use super::error::{ApiError, ErrorBody};
 use super::extract::{JsonBody, JsonObject, Path, Query, RequestBody, merged};
 use super::list::{List, ListQuery, page};
 use super::{ApiState, check_body_name, label, shown, update_with};
-use crate::repo::keys;
+use crate::repo::{Collection, RecordRef};
 
 /// POST body of either kind; `name` is optional in PUT and PATCH bodies,
 /// where it must match the path.
@@ -75,7 +75,7 @@ pub(crate) async fn cluster_list(
     State(state): State<ApiState>,
     Query(query): Query<ListQuery>,
 ) -> Result<Json<List<ClusterRoleBinding>>, ApiError> {
-    page(&state, keys::CLUSTER_ROLE_BINDINGS, &query, |b: ClusterRoleBinding| b).await.map(Json)
+    page(&state, Collection::ClusterRoleBindings, &query, |b: ClusterRoleBinding| b).await.map(Json)
 }
 
 #[utoipa::path(post, path = "/clusterrolebindings", tag = "clusterrolebindings", request_body = BindingBody,
@@ -87,7 +87,7 @@ pub(crate) async fn cluster_create(
     let name = body_name(&body)?.to_string();
     validate(&body, None)?;
     let binding = ClusterRoleBinding { name, role: body.role, user: body.user };
-    state.repo.create(&keys::cluster_role_binding(&binding.name), &binding, &cluster_what(&binding.name)).await?;
+    state.repo.create(RecordRef::ClusterRoleBinding(&binding.name), &binding, &cluster_what(&binding.name)).await?;
     Ok((StatusCode::CREATED, Json(binding)))
 }
 
@@ -98,7 +98,7 @@ pub(crate) async fn cluster_get(
     Path(name): Path<String>,
 ) -> Result<Json<ClusterRoleBinding>, ApiError> {
     label("binding", &name)?;
-    let binding = state.repo.get::<ClusterRoleBinding>(&keys::cluster_role_binding(&name)).await?;
+    let binding = state.repo.get::<ClusterRoleBinding>(RecordRef::ClusterRoleBinding(&name)).await?;
     binding.map(|b| Json(b.value)).ok_or_else(|| ApiError::not_found(format!("{} not found", cluster_what(&name))))
 }
 
@@ -115,7 +115,7 @@ pub(crate) async fn cluster_update(
     validate(&body, None)?;
     let not_found = || ApiError::not_found(format!("{} not found", cluster_what(&name)));
     let updated =
-        update_with(&state, &keys::cluster_role_binding(&name), not_found, |mut current: ClusterRoleBinding| {
+        update_with(&state, RecordRef::ClusterRoleBinding(&name), not_found, |mut current: ClusterRoleBinding| {
             current.role.clone_from(&body.role);
             current.user.clone_from(&body.user);
             async move { Ok(current) }
@@ -136,7 +136,7 @@ pub(crate) async fn cluster_patch(
     let patch = serde_json::Value::Object(patch);
     let not_found = || ApiError::not_found(format!("{} not found", cluster_what(&name)));
     let updated =
-        update_with(&state, &keys::cluster_role_binding(&name), not_found, |mut current: ClusterRoleBinding| {
+        update_with(&state, RecordRef::ClusterRoleBinding(&name), not_found, |mut current: ClusterRoleBinding| {
             let (name, patch) = (&name, &patch);
             async move {
                 let body: BindingBody =
@@ -159,7 +159,7 @@ pub(crate) async fn cluster_delete(
     Path(name): Path<String>,
 ) -> Result<StatusCode, ApiError> {
     label("binding", &name)?;
-    state.repo.delete(&keys::cluster_role_binding(&name), None, &cluster_what(&name)).await?;
+    state.repo.delete(RecordRef::ClusterRoleBinding(&name), None, &cluster_what(&name)).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -181,7 +181,7 @@ pub(crate) async fn list(
     Query(query): Query<ListQuery>,
 ) -> Result<Json<List<RoleBinding>>, ApiError> {
     namespace_exists(&state, &namespace).await?;
-    page(&state, &keys::role_bindings(&namespace), &query, |b: RoleBinding| b).await.map(Json)
+    page(&state, Collection::NamespaceRoleBindings(&namespace), &query, |b: RoleBinding| b).await.map(Json)
 }
 
 #[utoipa::path(post, path = "/namespaces/{namespace}/rolebindings", tag = "rolebindings",
@@ -211,7 +211,7 @@ pub(crate) async fn get(
 ) -> Result<Json<RoleBinding>, ApiError> {
     namespace_exists(&state, &namespace).await?;
     label("binding", &name)?;
-    let binding = state.repo.get::<RoleBinding>(&keys::role_binding(&namespace, &name)).await?;
+    let binding = state.repo.get::<RoleBinding>(RecordRef::RoleBinding { namespace: &namespace, name: &name }).await?;
     binding.map(|b| Json(b.value)).ok_or_else(|| ApiError::not_found(format!("{} not found", what(&namespace, &name))))
 }
 
@@ -228,11 +228,16 @@ pub(crate) async fn update(
     check_body_name("role binding", &name, body.name.as_deref())?;
     validate(&body, Some(&namespace))?;
     let not_found = || ApiError::not_found(format!("{} not found", what(&namespace, &name)));
-    let updated = update_with(&state, &keys::role_binding(&namespace, &name), not_found, |mut current: RoleBinding| {
-        current.role.clone_from(&body.role);
-        current.user.clone_from(&body.user);
-        async move { Ok(current) }
-    })
+    let updated = update_with(
+        &state,
+        RecordRef::RoleBinding { namespace: &namespace, name: &name },
+        not_found,
+        |mut current: RoleBinding| {
+            current.role.clone_from(&body.role);
+            current.user.clone_from(&body.user);
+            async move { Ok(current) }
+        },
+    )
     .await?;
     Ok(Json(updated))
 }
@@ -250,19 +255,24 @@ pub(crate) async fn patch(
     label("binding", &name)?;
     let patch = serde_json::Value::Object(patch);
     let not_found = || ApiError::not_found(format!("{} not found", what(&namespace, &name)));
-    let updated = update_with(&state, &keys::role_binding(&namespace, &name), not_found, |mut current: RoleBinding| {
-        let (namespace, name, patch) = (&namespace, &name, &patch);
-        async move {
-            let writable =
-                json!({"name": current.name, "namespace": namespace, "role": current.role, "user": current.user});
-            let body: BindingBody = merged(writable, patch)?;
-            check_body_name("role binding", name, body.name.as_deref())?;
-            validate(&body, Some(namespace))?;
-            current.role = body.role;
-            current.user = body.user;
-            Ok(current)
-        }
-    })
+    let updated = update_with(
+        &state,
+        RecordRef::RoleBinding { namespace: &namespace, name: &name },
+        not_found,
+        |mut current: RoleBinding| {
+            let (namespace, name, patch) = (&namespace, &name, &patch);
+            async move {
+                let writable =
+                    json!({"name": current.name, "namespace": namespace, "role": current.role, "user": current.user});
+                let body: BindingBody = merged(writable, patch)?;
+                check_body_name("role binding", name, body.name.as_deref())?;
+                validate(&body, Some(namespace))?;
+                current.role = body.role;
+                current.user = body.user;
+                Ok(current)
+            }
+        },
+    )
     .await?;
     Ok(Json(updated))
 }
@@ -276,6 +286,9 @@ pub(crate) async fn delete(
 ) -> Result<StatusCode, ApiError> {
     namespace_exists(&state, &namespace).await?;
     label("binding", &name)?;
-    state.repo.delete(&keys::role_binding(&namespace, &name), None, &what(&namespace, &name)).await?;
+    state
+        .repo
+        .delete(RecordRef::RoleBinding { namespace: &namespace, name: &name }, None, &what(&namespace, &name))
+        .await?;
     Ok(StatusCode::NO_CONTENT)
 }

@@ -165,7 +165,8 @@ mod tests {
 
     #[test]
     fn internal_errors_hide_their_text() {
-        let e: ApiError = repo::Error::Corrupt { key: "/users/x".into(), message: "secret detail".into() }.into();
+        let key = repo::Layout::new("dev", "local").key(repo::RecordRef::User("x"));
+        let e: ApiError = repo::Error::Corrupt { key, message: "secret detail".into() }.into();
         assert_eq!(e.status(), StatusCode::INTERNAL_SERVER_ERROR);
         assert!(!e.message().contains("secret"));
         let e: ApiError = repo::Error::Store(kayra_store::Error::Unavailable("dial tcp 10.0.0.1".into())).into();

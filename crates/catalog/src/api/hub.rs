@@ -131,12 +131,12 @@ impl Hub {
 }
 
 impl Hub {
-    /// The subscriber index of the deployment whose subscriptions live
-    /// under `prefix`, started on first use (`kayra serve` starts it at
-    /// startup) and kept until [`Hub::shutdown`].
-    pub fn subscribers(&self, prefix: &str) -> SubscriberIndex {
+    /// The subscriber index of `layout`'s deployment, started on first use
+    /// (`kayra serve` starts it at startup) and kept until [`Hub::shutdown`].
+    pub fn subscribers(&self, layout: &crate::repo::Layout) -> SubscriberIndex {
+        let prefix = &layout.prefix(crate::repo::Collection::Subscriptions);
         let mut indexes = self.inner.subscribers.lock().unwrap_or_else(|p| p.into_inner());
-        let start = || SubscriberIndex::start(self.inner.store.watcher(prefix), prefix, self.inner.shutdown.clone());
+        let start = || SubscriberIndex::start(self.inner.store.watcher(prefix), layout, self.inner.shutdown.clone());
         indexes.entry(prefix.to_string()).or_insert_with(start).clone()
     }
 }

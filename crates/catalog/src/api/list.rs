@@ -14,6 +14,7 @@ use utoipa::{IntoParams, ToSchema};
 
 use super::ApiState;
 use super::error::ApiError;
+use crate::repo::Collection;
 
 /// `?limit=N&continue=TOKEN`.
 #[derive(Debug, Default, Deserialize, IntoParams)]
@@ -63,18 +64,18 @@ pub fn continue_token(key: Option<&str>) -> String {
     key.map(|k| URL_SAFE_NO_PAD.encode(k)).unwrap_or_default()
 }
 
-/// One page of the records under `prefix`, each turned into its wire form.
+/// One page of `collection`, each record turned into its wire form.
 pub async fn page<T, V>(
     state: &ApiState,
-    prefix: &str,
+    collection: Collection<'_>,
     query: &ListQuery,
     view: impl FnMut(T) -> V,
 ) -> Result<List<V>, ApiError>
 where
     T: serde::de::DeserializeOwned,
 {
-    let after = query.after(prefix)?;
-    let page = state.repo.list::<T>(prefix, after.as_deref(), query.limit()).await?;
+    let after = query.after(&state.repo.layout().prefix(collection))?;
+    let page = state.repo.list::<T>(collection, after.as_deref(), query.limit()).await?;
     Ok(List {
         items: page.items.into_iter().map(|v| v.value).map(view).collect(),
         continue_token: continue_token(page.next.as_deref()),
@@ -104,12 +105,11 @@ mod tests {
 
     #[test]
     fn tokens_round_trip_and_are_scoped() {
-        let token = continue_token(Some("/namespaces/core"));
-        assert_eq!(
-            query(None, Some(token.clone())).after("/namespaces/").unwrap().as_deref(),
-            Some("/namespaces/core")
-        );
-        assert!(query(None, Some(token)).after("/users/").is_err());
+        let layout = crate::repo::Layout::new("dev", "local");
+        let core = layout.key(crate::repo::RecordRef::Namespace("core"));
+        let token = continue_token(Some(&core));
+        assert_eq!(query(None, Some(token.clone())).after(&layout.prefix(Collection::Namespaces)).unwrap(), Some(core));
+        assert!(query(None, Some(token)).after(&layout.prefix(Collection::Users)).is_err());
         assert!(query(None, Some("!!".into())).after("").is_err());
         assert_eq!(query(None, Some(String::new())).after("/x/").unwrap(), None);
         assert_eq!(continue_token(None), "");

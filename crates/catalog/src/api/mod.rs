@@ -310,7 +310,7 @@ pub(crate) fn registration_not_found(state: &ApiState, name: &str) -> ApiError {
 /// `change` changes nothing.
 pub(crate) async fn update_with<T, F, Fut>(
     state: &ApiState,
-    key: &str,
+    record: crate::repo::RecordRef<'_>,
     not_found: impl Fn() -> ApiError,
     mut change: F,
 ) -> Result<T, ApiError>
@@ -320,12 +320,12 @@ where
     Fut: Future<Output = Result<T, ApiError>>,
 {
     loop {
-        let current = state.repo.get::<T>(key).await?.ok_or_else(&not_found)?;
+        let current = state.repo.get::<T>(record).await?.ok_or_else(&not_found)?;
         let next = change(current.value.clone()).await?;
         if next == current.value {
             return Ok(next);
         }
-        match state.repo.update(key, &next, current.revision, key).await {
+        match state.repo.update(record, &next, current.revision, "record").await {
             Ok(_) => return Ok(next),
             Err(crate::repo::Error::Conflict(_)) => continue,
             Err(crate::repo::Error::NotFound(_)) => return Err(not_found()),

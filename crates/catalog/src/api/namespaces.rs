@@ -13,7 +13,7 @@ use super::error::{ApiError, ErrorBody};
 use super::extract::{JsonBody, JsonObject, Path, Query, RequestBody, merged, reject_computed};
 use super::list::{List, ListQuery, page};
 use super::{ApiState, check_body_name, label, update_with};
-use crate::repo::keys;
+use crate::repo::{Collection, RecordRef};
 
 const COMPUTED: &[&str] = &["active"];
 
@@ -60,7 +60,7 @@ pub(crate) async fn list(
     State(state): State<ApiState>,
     Query(query): Query<ListQuery>,
 ) -> Result<Json<List<Namespace>>, ApiError> {
-    page(&state, keys::NAMESPACES, &query, |ns: Namespace| ns).await.map(Json)
+    page(&state, Collection::Namespaces, &query, |ns: Namespace| ns).await.map(Json)
 }
 
 #[utoipa::path(post, path = "/namespaces", tag = "namespaces", request_body = NamespaceCreate,
@@ -71,7 +71,7 @@ pub(crate) async fn create(
 ) -> Result<(StatusCode, Json<Namespace>), ApiError> {
     label("namespace", &body.name)?;
     let namespace = Namespace { name: body.name, description: body.description, active: false };
-    state.repo.create(&keys::namespace(&namespace.name), &namespace, &what(&namespace.name)).await?;
+    state.repo.create(RecordRef::Namespace(&namespace.name), &namespace, &what(&namespace.name)).await?;
     Ok((StatusCode::CREATED, Json(namespace)))
 }
 
@@ -94,7 +94,7 @@ pub(crate) async fn update(
     label("namespace", &name)?;
     let updated = update_with(
         &state,
-        &keys::namespace(&name),
+        RecordRef::Namespace(&name),
         || not_found(&name),
         |current| {
             let body = &body;
@@ -119,7 +119,7 @@ pub(crate) async fn patch(
     let patch = serde_json::Value::Object(patch);
     let updated = update_with(
         &state,
-        &keys::namespace(&name),
+        RecordRef::Namespace(&name),
         || not_found(&name),
         |current: Namespace| {
             let (patch, name) = (&patch, &name);

@@ -20,7 +20,7 @@ use super::extract::{JsonBody, JsonObject, Path, Query, RequestBody, merged, rej
 use super::list::{List, ListQuery, page};
 pub use super::status::{RegistrationStatus, Subscriber};
 use super::{ApiState, Empty, check_body_name, label, long_name, registration_not_found};
-use crate::repo::keys;
+use crate::repo::Collection;
 use crate::repo::tenancy::{new_sync_id, sync_id_updated_now};
 
 const COMPUTED: &[&str] = &["platform", "region", "sync_id_updated_at"];
@@ -111,8 +111,7 @@ pub(crate) async fn list(
     State(state): State<ApiState>,
     Query(query): Query<ListQuery>,
 ) -> Result<Json<List<ApiRegistration>>, ApiError> {
-    let prefix = keys::registrations(state.repo.platform(), state.repo.region());
-    page(&state, &prefix, &query, |r: ApiRegistration| r).await.map(Json)
+    page(&state, Collection::Registrations, &query, |r: ApiRegistration| r).await.map(Json)
 }
 
 #[utoipa::path(post, path = "/apiregistrations", tag = "apiregistrations", request_body = RegistrationCreate,

@@ -14,7 +14,7 @@ use super::error::{ApiError, ErrorBody};
 use super::extract::{JsonBody, JsonObject, Path, Query, RequestBody, merged};
 use super::list::{List, ListQuery, page};
 use super::{ApiState, check_body_name, label, update_with};
-use crate::repo::keys;
+use crate::repo::{Collection, RecordRef};
 
 /// A rule as a body gives it. Unlike the stored [`Rule`], unknown fields
 /// are refused, so a misspelt `resource` is a 400, not a silent no-grant.
@@ -88,7 +88,7 @@ pub(crate) async fn list(
     State(state): State<ApiState>,
     Query(query): Query<ListQuery>,
 ) -> Result<Json<List<Role>>, ApiError> {
-    page(&state, keys::ROLES, &query, |r: Role| r).await.map(Json)
+    page(&state, Collection::Roles, &query, |r: Role| r).await.map(Json)
 }
 
 #[utoipa::path(post, path = "/roles", tag = "roles", request_body = RoleCreate,
@@ -99,7 +99,7 @@ pub(crate) async fn create(
 ) -> Result<(StatusCode, Json<Role>), ApiError> {
     label("role", &body.name)?;
     let role = Role { rules: rules(body.rules)?, name: body.name };
-    state.repo.create(&keys::role(&role.name), &role, &what(&role.name)).await?;
+    state.repo.create(RecordRef::Role(&role.name), &role, &what(&role.name)).await?;
     Ok((StatusCode::CREATED, Json(role)))
 }
 
@@ -107,7 +107,7 @@ pub(crate) async fn create(
     responses((status = 200, body = Role), (status = 404, body = ErrorBody)))]
 pub(crate) async fn get(State(state): State<ApiState>, Path(name): Path<String>) -> Result<Json<Role>, ApiError> {
     label("role", &name)?;
-    let role = state.repo.get::<Role>(&keys::role(&name)).await?;
+    let role = state.repo.get::<Role>(RecordRef::Role(&name)).await?;
     role.map(|r| Json(r.value)).ok_or_else(|| not_found(&name))
 }
 
@@ -123,7 +123,7 @@ pub(crate) async fn update(
     let new_rules = rules(body.rules)?;
     let updated = update_with(
         &state,
-        &keys::role(&name),
+        RecordRef::Role(&name),
         || not_found(&name),
         |mut current: Role| {
             current.rules.clone_from(&new_rules);
@@ -146,7 +146,7 @@ pub(crate) async fn patch(
     let patch = serde_json::Value::Object(patch);
     let updated = update_with(
         &state,
-        &keys::role(&name),
+        RecordRef::Role(&name),
         || not_found(&name),
         |mut current: Role| {
             let (name, patch) = (&name, &patch);
@@ -166,6 +166,6 @@ pub(crate) async fn patch(
     responses((status = 204), (status = 404, body = ErrorBody)))]
 pub(crate) async fn delete(State(state): State<ApiState>, Path(name): Path<String>) -> Result<StatusCode, ApiError> {
     label("role", &name)?;
-    state.repo.delete(&keys::role(&name), None, &what(&name)).await?;
+    state.repo.delete(RecordRef::Role(&name), None, &what(&name)).await?;
     Ok(StatusCode::NO_CONTENT)
 }

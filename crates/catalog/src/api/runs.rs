@@ -20,14 +20,15 @@ use super::error::{ApiError, ErrorBody};
 use super::extract::{Path, Query};
 use super::list::{List, ListQuery, continue_token};
 use super::subscriptions::existing;
-use crate::repo::keys;
+use crate::repo::Collection;
 
 /// Every run of the subscription, newest first. 404 (as a GET of the
 /// subscription) when it does not exist.
 async fn all_runs(state: &ApiState, namespace: &str, api: &str) -> Result<(String, Vec<Run>), ApiError> {
     existing(state, namespace, api).await?;
-    let prefix = keys::runs(state.repo.platform(), state.repo.region(), namespace, api);
-    let (records, _) = state.repo.list_all::<Run>(&prefix).await?;
+    let collection = Collection::SubscriptionRuns { namespace, api };
+    let (prefix, (records, _)) =
+        (state.repo.layout().prefix(collection), state.repo.list_all::<Run>(collection).await?);
     let mut runs: Vec<Run> = records.into_iter().map(|r| r.value).collect();
     runs.sort_by(|a, b| b.id.cmp(&a.id));
     Ok((prefix, runs))

@@ -32,7 +32,7 @@ use super::hub::{Feed, Hub, KeyRange};
 use super::watch::{Framing, Kind, Outbox, Watcher, frame, streaming};
 use super::{ApiState, long_name, registration_not_found};
 use crate::cache::subscribers::SubscriberIndex;
-use crate::repo::{Repository, keys};
+use crate::repo::{Collection, RecordRef, Repository};
 
 /// A status stream sends its document at most this often.
 pub const COALESCE: Duration = Duration::from_millis(250);
@@ -104,7 +104,7 @@ impl RegistrationStatus {
 
 /// This deployment's subscriber index (started with the serve).
 fn index_of(hub: &Hub, repo: &Repository) -> SubscriberIndex {
-    hub.subscribers(&keys::subscriptions(repo.platform(), repo.region()))
+    hub.subscribers(repo.layout())
 }
 
 /// Waits until `index` has reached the store's `revision`, or fails closed.
@@ -131,11 +131,9 @@ pub(crate) async fn status(
     long_name(&state, &name).await?;
     let index = index_of(&state.hub, &state.repo);
     // One round trip: the registration, and the store's revision now.
-    let key = keys::registration(state.repo.platform(), state.repo.region(), &name);
-    let (kv, revision) = state.repo.store().get(&key).await.map_err(crate::repo::Error::from)?;
-    let kv = kv.ok_or_else(|| registration_not_found(&state, &name))?;
-    let registration: ApiRegistration = serde_json::from_slice(&kv.value)
-        .map_err(|e| ApiError::from(crate::repo::Error::Corrupt { key: key.clone(), message: e.to_string() }))?;
+    let (registration, revision) =
+        state.repo.get_with_revision::<ApiRegistration>(RecordRef::Registration(&name)).await?;
+    let registration = registration.ok_or_else(|| registration_not_found(&state, &name))?.value;
     if check.is_some() {
         // A stream's validation: it renders (and waits) itself.
         return Ok(StatusCode::OK.into_response());
@@ -159,9 +157,9 @@ pub(crate) async fn open(
     framing: Framing,
 ) -> Result<Response, ApiError> {
     let name = params.get("name").cloned().unwrap_or_default();
-    let key = keys::registration(repo.platform(), repo.region(), &name);
+    let key = repo.layout().key(RecordRef::Registration(&name));
     let options = hub.options();
-    let feed = hub.feed(&keys::registrations(repo.platform(), repo.region()));
+    let feed = hub.feed(&repo.layout().prefix(Collection::Registrations));
     if !feed.wait_ready(options.ready_timeout).await {
         return Err(ApiError::unavailable("the watch could not list its objects in time; retry"));
     }

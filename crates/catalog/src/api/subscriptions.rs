@@ -26,7 +26,7 @@ use super::extract::{JsonBody, Path, Query, RequestBody};
 use super::list::{List, ListQuery, continue_token};
 use super::{ApiState, Empty, label, long_name, registration_not_found, shown};
 use crate::repo::tenancy::CreateRefused;
-use crate::repo::{Versioned, keys};
+use crate::repo::{Collection, Versioned};
 
 /// The computed fields, and the response-only ones.
 const COMPUTED: &[&str] = &["active", "state", "current_sync_id", "expected_sync_id", "synced"];
@@ -120,9 +120,9 @@ pub(crate) async fn list(
     Query(query): Query<ListQuery>,
 ) -> Result<Json<List<SubscriptionView>>, ApiError> {
     check_path(&state, &namespace, None).await?;
-    let prefix = keys::namespace_subscriptions(state.repo.platform(), state.repo.region(), &namespace);
-    let after = query.after(&prefix)?;
-    let page = state.repo.list::<Subscription>(&prefix, after.as_deref(), query.limit()).await?;
+    let collection = Collection::NamespaceSubscriptions(&namespace);
+    let after = query.after(&state.repo.layout().prefix(collection))?;
+    let page = state.repo.list::<Subscription>(collection, after.as_deref(), query.limit()).await?;
     // One read of the registrations serves the whole page.
     let (registrations, _) = state.repo.list_registrations().await?;
     let sync_ids: HashMap<String, String> =

@@ -17,7 +17,7 @@ use super::error::{ApiError, ErrorBody};
 use super::extract::{JsonBody, JsonObject, Path, Query, RequestBody, merged};
 use super::list::{List, ListQuery, page, page_in_memory};
 use super::{ApiState, Empty, check_body_name, label, shown, update_with};
-use crate::repo::keys;
+use crate::repo::{Collection, RecordRef};
 
 /// POST body.
 #[derive(Debug, Deserialize, ToSchema)]
@@ -82,7 +82,7 @@ pub(crate) async fn list(
     State(state): State<ApiState>,
     Query(query): Query<ListQuery>,
 ) -> Result<Json<List<User>>, ApiError> {
-    page(&state, keys::USERS, &query, |u: User| u).await.map(Json)
+    page(&state, Collection::Users, &query, |u: User| u).await.map(Json)
 }
 
 #[utoipa::path(post, path = "/users", tag = "users", request_body = UserCreate,
@@ -93,7 +93,7 @@ pub(crate) async fn create(
 ) -> Result<(StatusCode, Json<User>), ApiError> {
     label("user", &body.name)?;
     let user = User { name: body.name, description: body.description };
-    state.repo.create(&keys::user(&user.name), &user, &what(&user.name)).await?;
+    state.repo.create(RecordRef::User(&user.name), &user, &what(&user.name)).await?;
     Ok((StatusCode::CREATED, Json(user)))
 }
 
@@ -114,7 +114,7 @@ pub(crate) async fn update(
     label("user", &name)?;
     let updated = update_with(
         &state,
-        &keys::user(&name),
+        RecordRef::User(&name),
         || not_found(&name),
         |current| {
             let (name, body) = (&name, &body);
@@ -137,7 +137,7 @@ pub(crate) async fn patch(
     let patch = serde_json::Value::Object(patch);
     let updated = update_with(
         &state,
-        &keys::user(&name),
+        RecordRef::User(&name),
         || not_found(&name),
         |current: User| {
             let (name, patch) = (&name, &patch);

@@ -46,7 +46,7 @@ use super::authz::require_cluster_rbac;
 use super::error::ApiError;
 use super::hub::{Feed, Hub, KeyRange, Record, WatchOptions};
 use super::users::TokenInfo;
-use crate::repo::{Repository, keys};
+use crate::repo::{Collection, RecordRef, Repository};
 
 /// One event of a watch stream (the schema of each NDJSON line and SSE `data:`).
 #[derive(Debug, Clone, Serialize, serde::Deserialize, utoipa::ToSchema)]
@@ -111,59 +111,65 @@ impl Target {
     /// when the route names a collection rather than one object.
     fn new(kind: Watched, params: &HashMap<String, String>, repo: &Repository) -> Target {
         let p = |name: &str| params.get(name).cloned().unwrap_or_default();
-        let (platform, region) = (repo.platform(), repo.region());
-        let one = |collection: String, name: Option<String>| match name {
-            Some(name) => KeyRange::Exact(format!("{collection}{name}")),
-            None => KeyRange::Prefix(collection),
+        let (layout, name) = (repo.layout(), |param: &str| params.get(param).map(String::as_str));
+        let namespace = p("namespace");
+        let one = |collection: Collection<'_>, record: Option<RecordRef<'_>>| match record {
+            Some(record) => KeyRange::Exact(layout.key(record)),
+            None => KeyRange::Prefix(layout.prefix(collection)),
         };
         match kind {
             Watched::Namespaces => Target {
-                feed: keys::NAMESPACES.into(),
-                range: one(keys::NAMESPACES.into(), params.get("namespace").cloned()),
+                feed: layout.prefix(Collection::Namespaces),
+                range: one(Collection::Namespaces, name("namespace").map(RecordRef::Namespace)),
                 view: View::Namespace,
             },
             // A status stream follows its registration's record too.
             Watched::Registrations | Watched::Status => Target {
-                feed: keys::registrations(platform, region),
-                range: one(keys::registrations(platform, region), params.get("name").cloned()),
+                feed: layout.prefix(Collection::Registrations),
+                range: one(Collection::Registrations, name("name").map(RecordRef::Registration)),
                 view: View::Registration,
             },
             Watched::Subscriptions => Target {
-                feed: keys::subscriptions(platform, region),
+                feed: layout.prefix(Collection::Subscriptions),
                 range: one(
-                    keys::namespace_subscriptions(platform, region, &p("namespace")),
-                    params.get("api").cloned(),
+                    Collection::NamespaceSubscriptions(&namespace),
+                    name("api").map(|api| RecordRef::Subscription { namespace: &namespace, api }),
                 ),
-                view: View::Subscription { registrations: keys::registrations(platform, region) },
+                view: View::Subscription { registrations: layout.prefix(Collection::Registrations) },
             },
             Watched::Runs => Target {
-                feed: keys::all_runs(platform, region),
-                range: KeyRange::Prefix(keys::runs(platform, region, &p("namespace"), &p("api"))),
+                feed: layout.prefix(Collection::Runs),
+                range: KeyRange::Prefix(
+                    layout.prefix(Collection::SubscriptionRuns { namespace: &namespace, api: &p("api") }),
+                ),
                 view: View::Run { id: params.get("id").cloned() },
             },
             Watched::Users => Target {
-                feed: keys::USERS.into(),
-                range: one(keys::USERS.into(), params.get("name").cloned()),
+                feed: layout.prefix(Collection::Users),
+                range: one(Collection::Users, name("name").map(RecordRef::User)),
                 view: View::User,
             },
             Watched::Tokens => Target {
-                feed: keys::TOKENS.into(),
-                range: KeyRange::Prefix(keys::TOKENS.into()),
+                feed: layout.prefix(Collection::Tokens),
+                range: KeyRange::Prefix(layout.prefix(Collection::Tokens)),
                 view: View::Token { user: p("name"), id: params.get("id").cloned() },
             },
             Watched::Roles => Target {
-                feed: keys::ROLES.into(),
-                range: one(keys::ROLES.into(), params.get("name").cloned()),
+                feed: layout.prefix(Collection::Roles),
+                range: one(Collection::Roles, name("name").map(RecordRef::Role)),
                 view: View::Role,
             },
             Watched::ClusterRoleBindings => Target {
-                feed: keys::CLUSTER_ROLE_BINDINGS.into(),
-                range: one(keys::CLUSTER_ROLE_BINDINGS.into(), params.get("name").cloned()),
+                feed: layout.prefix(Collection::ClusterRoleBindings),
+                range: one(Collection::ClusterRoleBindings, name("name").map(RecordRef::ClusterRoleBinding)),
                 view: View::ClusterRoleBinding,
             },
             Watched::RoleBindings => Target {
-                feed: keys::ROLE_BINDINGS.into(),
-                range: one(keys::role_bindings(&p("namespace")), params.get("name").cloned()),
+                feed: layout.prefix(Collection::RoleBindings),
+                range: one(
+                    Collection::NamespaceRoleBindings(&namespace),
+                    name("name").map(|name| RecordRef::RoleBinding { namespace: &namespace, name }),
+                ),
                 view: View::RoleBinding,
             },
         }
@@ -608,7 +614,7 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn streams_share_one_rendering_of_each_event() {
         let (_dir, repo, hub) = local_hub(WatchOptions::default()).await;
-        repo.create(&keys::namespace("a"), &namespace("a"), "namespace").await.unwrap();
+        repo.create(RecordRef::Namespace("a"), &namespace("a"), "namespace").await.unwrap();
         let mut bodies = Vec::new();
         for _ in 0..2 {
             bodies.push(watch_namespaces(&hub, &repo).await);
@@ -617,7 +623,7 @@ mod tests {
         for body in &mut bodies {
             firsts.push(body.next().await.unwrap().unwrap());
         }
-        repo.create(&keys::namespace("b"), &namespace("b"), "namespace").await.unwrap();
+        repo.create(RecordRef::Namespace("b"), &namespace("b"), "namespace").await.unwrap();
         let mut seconds = Vec::new();
         for body in &mut bodies {
             seconds.push(body.next().await.unwrap().unwrap());
@@ -633,20 +639,20 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_stream_that_falls_behind_is_closed() {
         let (_dir, repo, hub) = local_hub(WatchOptions { capacity: 4, ..WatchOptions::default() }).await;
-        repo.create(&keys::namespace("a"), &namespace("a"), "namespace").await.unwrap();
+        repo.create(RecordRef::Namespace("a"), &namespace("a"), "namespace").await.unwrap();
         let mut body = watch_namespaces(&hub, &repo).await;
         let first = body.next().await.unwrap().unwrap();
         assert!(std::str::from_utf8(&first).unwrap().starts_with(r#"{"type":"ADDED","object":{"name":"a""#));
 
         // Many more changes than the stream may fall behind, while it is not read.
         for i in 0..20 {
-            repo.create(&keys::namespace(&format!("n{i:02}")), &namespace(&format!("n{i:02}")), "namespace")
+            repo.create(RecordRef::Namespace(&format!("n{i:02}")), &namespace(&format!("n{i:02}")), "namespace")
                 .await
                 .unwrap();
         }
-        let feed = hub.feed(keys::NAMESPACES);
-        kayra_testkit::eventually("the feed to see every write", || async { feed.get("/namespaces/n19").is_some() })
-            .await;
+        let feed = hub.feed(&repo.layout().prefix(Collection::Namespaces));
+        let last = repo.layout().key(RecordRef::Namespace("n19"));
+        kayra_testkit::eventually("the feed to see every write", || async { feed.get(&last).is_some() }).await;
         let rest = tokio::time::timeout(Duration::from_secs(10), body.collect::<Vec<_>>()).await.expect("closed");
         assert!(rest.is_empty(), "a lagging stream ends instead of catching up: {rest:?}");
         assert_eq!(hub.feed_count(), 1);

@@ -40,7 +40,7 @@ use serde::de::DeserializeOwned;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use crate::repo::keys;
+use crate::repo::{Collection, Layout, RecordRef};
 
 /// Why the caches cannot decide right now (answered as 503).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -79,8 +79,8 @@ struct Inner {
     /// Namespace → active.
     namespaces: Reflector<bool>,
     registrations: Reflector<ApiRegistration>,
-    /// This deployment's registrations live under it.
-    registrations_prefix: String,
+    /// The keys the caches are indexed by.
+    layout: Layout,
     /// Every cache, with its prefix and own-write mark, for the checks
     /// that concern them all.
     parts: Vec<Part>,
@@ -159,7 +159,7 @@ impl AuthCache {
         let bindings = Reflector::new(json::<RoleBinding>);
         let namespaces = Reflector::new(|kv| json::<Namespace>(kv).map(|ns| ns.active));
         let registrations = Reflector::new(json::<ApiRegistration>);
-        let registrations_prefix = keys::registrations(platform, region);
+        let layout = Layout::new(platform, region);
 
         let mut parts = Vec::new();
         let mut tasks = Vec::new();
@@ -172,13 +172,13 @@ impl AuthCache {
                 watch($name, $prefix, Box::new($reflector.clone()), Box::pin($reflector.clone().run(source($prefix))))
             };
         }
-        watch!("tokens", keys::TOKENS, tokens);
-        watch!("users", keys::USERS, users);
-        watch!("roles", keys::ROLES, roles);
-        watch!("cluster role bindings", keys::CLUSTER_ROLE_BINDINGS, cluster_bindings);
-        watch!("role bindings", keys::ROLE_BINDINGS, bindings);
-        watch!("namespaces", keys::NAMESPACES, namespaces);
-        watch!("api registrations", &registrations_prefix, registrations);
+        watch!("tokens", &layout.prefix(Collection::Tokens), tokens);
+        watch!("users", &layout.prefix(Collection::Users), users);
+        watch!("roles", &layout.prefix(Collection::Roles), roles);
+        watch!("cluster role bindings", &layout.prefix(Collection::ClusterRoleBindings), cluster_bindings);
+        watch!("role bindings", &layout.prefix(Collection::RoleBindings), bindings);
+        watch!("namespaces", &layout.prefix(Collection::Namespaces), namespaces);
+        watch!("api registrations", &layout.prefix(Collection::Registrations), registrations);
         let inner = Inner {
             tokens,
             users,
@@ -187,7 +187,7 @@ impl AuthCache {
             bindings,
             namespaces,
             registrations,
-            registrations_prefix,
+            layout,
             parts,
             max_age,
             tasks,
@@ -250,8 +250,8 @@ impl AuthCache {
     /// The user a token hash belongs to, when both the token and its user
     /// are cached.
     pub fn token_user(&self, hash: &str) -> Option<String> {
-        let user = self.inner.tokens.get(&keys::token(hash))?;
-        self.inner.users.contains(&keys::user(&user)).then_some(user)
+        let user = self.inner.tokens.get(&self.inner.layout.key(RecordRef::Token(hash)))?;
+        self.inner.users.contains(&self.inner.layout.key(RecordRef::User(&user))).then_some(user)
     }
 
     /// The cached roles bound to `user` by cluster role bindings (a binding
@@ -266,7 +266,7 @@ impl AuthCache {
 
     /// The cached roles bound to `user` by role bindings in `namespace`.
     pub fn namespace_roles(&self, namespace: &str, user: &str) -> Vec<Role> {
-        let prefix = keys::role_bindings(namespace);
+        let prefix = self.inner.layout.prefix(Collection::NamespaceRoleBindings(namespace));
         let mut names: Vec<String> = self.inner.bindings.read(|bindings| {
             bindings
                 .range(prefix.clone()..)
@@ -281,17 +281,19 @@ impl AuthCache {
     fn roles(&self, names: &mut Vec<String>) -> Vec<Role> {
         names.sort_unstable();
         names.dedup();
-        self.inner.roles.read(|roles| names.iter().filter_map(|name| roles.get(&keys::role(name)).cloned()).collect())
+        self.inner.roles.read(|roles| {
+            names.iter().filter_map(|name| roles.get(&self.inner.layout.key(RecordRef::Role(name))).cloned()).collect()
+        })
     }
 
     /// This deployment's registration `name`, when cached.
     pub fn registration(&self, name: &str) -> Option<ApiRegistration> {
-        self.inner.registrations.get(&format!("{}{name}", self.inner.registrations_prefix))
+        self.inner.registrations.get(&self.inner.layout.key(RecordRef::Registration(name)))
     }
 
     /// Whether namespace `name` is active, when cached.
     pub fn namespace_active(&self, name: &str) -> Option<bool> {
-        self.inner.namespaces.get(&keys::namespace(name))
+        self.inner.namespaces.get(&self.inner.layout.key(RecordRef::Namespace(name)))
     }
 
     /// The cached object counts, for tests and the memory benchmark.

@@ -29,6 +29,8 @@ use kayra_store::{KeyValue, Revision, WatcherEvent};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
+use crate::repo::{Layout, RecordRef};
+
 /// What the report shows of one subscriber (its namespace is in the key).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Entry {
@@ -60,11 +62,11 @@ impl std::fmt::Debug for SubscriberIndex {
     }
 }
 
-/// `API/NAMESPACE` for a subscription key under `prefix`; any other key is
-/// kept as it is (it starts with `/`, so it falls in no API's range).
-fn index_key(prefix: &str, key: String) -> String {
-    match key.strip_prefix(prefix).and_then(|rest| rest.split_once('/')) {
-        Some((namespace, api)) if !api.contains('/') => format!("{api}/{namespace}"),
+/// `API/NAMESPACE` for a subscription key of `layout`'s deployment; any
+/// other key is kept as it is (it starts with `/`, so it falls in no API's range).
+fn index_key(layout: &Layout, key: String) -> String {
+    match layout.parse(&key) {
+        Some(RecordRef::Subscription { namespace, api }) => format!("{api}/{namespace}"),
         _ => key,
     }
 }
@@ -75,11 +77,11 @@ fn decode(kv: &KeyValue) -> Result<Entry, String> {
 }
 
 impl SubscriberIndex {
-    /// Starts indexing `events`, a watcher of the deployment's
-    /// subscriptions prefix `prefix`, until `stop`.
-    pub fn start(events: BoxStream<'static, WatcherEvent>, prefix: &str, stop: CancellationToken) -> Self {
+    /// Starts indexing `events`, a watcher of the subscriptions of
+    /// `layout`'s deployment, until `stop`.
+    pub fn start(events: BoxStream<'static, WatcherEvent>, layout: &Layout, stop: CancellationToken) -> Self {
         let index = Self { reflector: Reflector::new(decode), changes: Arc::new(watch::channel(0).0) };
-        let (writer, prefix) = (index.clone(), prefix.to_string());
+        let (writer, layout) = (index.clone(), layout.clone());
         tokio::spawn(async move {
             let mut events = events;
             loop {
@@ -88,24 +90,24 @@ impl SubscriberIndex {
                     event = events.next() => event,
                 };
                 let Some(event) = event else { return };
-                writer.apply(&prefix, event);
+                writer.apply(&layout, event);
             }
         });
         index
     }
 
     /// Applies one watcher event (the writer side), then tells the streams.
-    fn apply(&self, prefix: &str, event: WatcherEvent) {
+    fn apply(&self, layout: &Layout, event: WatcherEvent) {
         let event = match event {
             WatcherEvent::InitApply(mut kv) => {
-                kv.key = index_key(prefix, std::mem::take(&mut kv.key));
+                kv.key = index_key(layout, std::mem::take(&mut kv.key));
                 WatcherEvent::InitApply(kv)
             }
             WatcherEvent::Apply(mut kv) => {
-                kv.key = index_key(prefix, std::mem::take(&mut kv.key));
+                kv.key = index_key(layout, std::mem::take(&mut kv.key));
                 WatcherEvent::Apply(kv)
             }
-            WatcherEvent::Delete { key, revision } => WatcherEvent::Delete { key: index_key(prefix, key), revision },
+            WatcherEvent::Delete { key, revision } => WatcherEvent::Delete { key: index_key(layout, key), revision },
             other => other,
         };
         // Only what can change a report wakes its streams.
@@ -163,15 +165,18 @@ impl SubscriberIndex {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::repo::Collection;
 
-    const PREFIX: &str = "/subscriptions/dev/local/";
+    fn layout() -> Layout {
+        Layout::new("dev", "local")
+    }
 
     fn kv(namespace: &str, api: &str, active: bool, current: &str, revision: Revision) -> KeyValue {
         let mut s = Subscription::new(namespace, api);
         s.active = active;
         s.current_sync_id = current.into();
         KeyValue {
-            key: format!("{PREFIX}{namespace}/{api}"),
+            key: layout().key(RecordRef::Subscription { namespace, api }),
             value: serde_json::to_vec(&s).unwrap(),
             create_revision: revision,
             mod_revision: revision,
@@ -188,39 +193,42 @@ mod tests {
 
     #[test]
     fn keys_group_by_api_and_sort_by_namespace() {
-        assert_eq!(index_key(PREFIX, format!("{PREFIX}core/compute.example.com")), "compute.example.com/core");
-        assert_eq!(index_key(PREFIX, "/elsewhere/x".into()), "/elsewhere/x");
-        assert_eq!(index_key(PREFIX, format!("{PREFIX}only-namespace")), format!("{PREFIX}only-namespace"));
+        let (l, namespace, api) = (layout(), "core", "compute.example.com");
+        assert_eq!(index_key(&l, l.key(RecordRef::Subscription { namespace, api })), "compute.example.com/core");
+        assert_eq!(index_key(&l, "/elsewhere/x".into()), "/elsewhere/x");
+        let only_namespace = format!("{}only-namespace", l.prefix(Collection::Subscriptions));
+        assert_eq!(index_key(&l, only_namespace.clone()), only_namespace);
     }
 
     #[test]
     fn answers_one_api_in_namespace_order_through_lists_changes_and_deletes() {
         let index = index();
         let mut changes = index.changes();
-        index.apply(PREFIX, WatcherEvent::Init);
+        index.apply(&layout(), WatcherEvent::Init);
         for kv in [
             kv("b", "compute.example.com", true, "s1", 2),
             kv("a", "compute.example.com", false, "", 3),
             kv("a", "compute.example.com.other", true, "s1", 4),
             kv("a", "storage.example.com", true, "s1", 5),
         ] {
-            index.apply(PREFIX, WatcherEvent::InitApply(kv));
+            index.apply(&layout(), WatcherEvent::InitApply(kv));
         }
         assert!(!changes.has_changed().unwrap(), "a list in progress wakes nobody");
-        index.apply(PREFIX, WatcherEvent::InitDone { revision: 5 });
+        index.apply(&layout(), WatcherEvent::InitDone { revision: 5 });
         assert!(changes.has_changed().unwrap());
         changes.mark_unchanged();
         assert_eq!(of(&index, "compute.example.com"), [("a".into(), false), ("b".into(), true)]);
         assert_eq!(of(&index, "storage.example.com"), [("a".into(), true)]);
         assert!(of(&index, "network.example.com").is_empty());
 
-        index.apply(PREFIX, WatcherEvent::Apply(kv("a", "compute.example.com", true, "s1", 6)));
-        index.apply(PREFIX, WatcherEvent::Delete { key: format!("{PREFIX}b/compute.example.com"), revision: 7 });
+        index.apply(&layout(), WatcherEvent::Apply(kv("a", "compute.example.com", true, "s1", 6)));
+        let key = layout().key(RecordRef::Subscription { namespace: "b", api: "compute.example.com" });
+        index.apply(&layout(), WatcherEvent::Delete { key, revision: 7 });
         assert_eq!(of(&index, "compute.example.com"), [("a".into(), true)]);
         assert_eq!(index.revision(), 7);
         assert!(changes.has_changed().unwrap());
         changes.mark_unchanged();
-        index.apply(PREFIX, WatcherEvent::Progress { revision: 9 });
+        index.apply(&layout(), WatcherEvent::Progress { revision: 9 });
         assert!(!changes.has_changed().unwrap(), "progress changes no report");
         assert_eq!((index.revision(), index.len()), (9, 3));
     }
@@ -228,13 +236,13 @@ mod tests {
     #[tokio::test]
     async fn waits_for_a_revision_and_gives_up_in_time() {
         let index = index();
-        index.apply(PREFIX, WatcherEvent::Init);
-        index.apply(PREFIX, WatcherEvent::InitDone { revision: 3 });
+        index.apply(&layout(), WatcherEvent::Init);
+        index.apply(&layout(), WatcherEvent::InitDone { revision: 3 });
         index.wait_for(3, Duration::ZERO).await.unwrap();
         assert!(index.wait_for(4, Duration::from_millis(20)).await.is_err());
         let writer = index.clone();
         let waiting = tokio::spawn(async move { index.wait_for(4, Duration::from_secs(30)).await });
-        writer.apply(PREFIX, WatcherEvent::Progress { revision: 4 });
+        writer.apply(&layout(), WatcherEvent::Progress { revision: 4 });
         waiting.await.unwrap().unwrap();
     }
 }

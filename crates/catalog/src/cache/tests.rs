@@ -41,7 +41,7 @@ impl Feed {
     }
 
     /// A first list of every prefix, with `objects` (key, JSON) in theirs.
-    async fn list(&self, revision: Revision, objects: &[(&str, serde_json::Value)]) {
+    async fn list(&self, revision: Revision, objects: &[(String, serde_json::Value)]) {
         for prefix in self.prefixes() {
             self.send(&prefix, WatcherEvent::Init);
             for (key, value) in objects.iter().filter(|(key, _)| key.starts_with(&prefix)) {
@@ -75,26 +75,46 @@ async fn settle() {
     }
 }
 
-fn world() -> Vec<(&'static str, serde_json::Value)> {
+/// This deployment's key of `record`.
+fn key(record: RecordRef<'_>) -> String {
+    Layout::new("dev", "local").key(record)
+}
+
+/// This deployment's prefix of `collection`.
+fn prefix(collection: Collection<'_>) -> String {
+    Layout::new("dev", "local").prefix(collection)
+}
+
+fn world() -> Vec<(String, serde_json::Value)> {
+    let elsewhere = Layout::new("prod", "eu").key(RecordRef::Registration("storage.example.com"));
     vec![
-        ("/users/alice", json!({"name": "alice", "description": ""})),
-        ("/tokens/h1", json!({"id": "h1", "user": "alice", "hash": "h1", "created_at": ""})),
-        ("/tokens/h2", json!({"id": "h2", "user": "ghost", "hash": "h2", "created_at": ""})),
+        (key(RecordRef::User("alice")), json!({"name": "alice", "description": ""})),
+        (key(RecordRef::Token("h1")), json!({"id": "h1", "user": "alice", "hash": "h1", "created_at": ""})),
+        (key(RecordRef::Token("h2")), json!({"id": "h2", "user": "ghost", "hash": "h2", "created_at": ""})),
         (
-            "/roles/reader",
+            key(RecordRef::Role("reader")),
             json!({"name": "reader", "rules": [{"apis": ["*"], "resources": ["namespaces"], "verbs": ["get"]}]}),
         ),
-        ("/roles/writer", json!({"name": "writer", "rules": [{"apis": ["*"], "resources": ["*"], "verbs": ["*"]}]})),
-        ("/clusterrolebindings/a", json!({"name": "a", "role": "reader", "user": "alice"})),
-        ("/clusterrolebindings/b", json!({"name": "b", "role": "reader", "user": "alice"})),
-        ("/clusterrolebindings/c", json!({"name": "c", "role": "missing", "user": "alice"})),
-        ("/clusterrolebindings/d", json!({"name": "d", "role": "writer", "user": "bob"})),
-        ("/rolebindings/core/w", json!({"name": "w", "namespace": "core", "role": "writer", "user": "alice"})),
-        ("/rolebindings/core2/w", json!({"name": "w", "namespace": "core2", "role": "reader", "user": "alice"})),
-        ("/namespaces/core", json!({"name": "core", "description": "", "active": true})),
-        ("/namespaces/new", json!({"name": "new", "description": "", "active": false})),
-        ("/apiregistrations/dev/local/compute.example.com", json!({"name": "compute.example.com"})),
-        ("/apiregistrations/prod/eu/storage.example.com", json!({"name": "storage.example.com"})),
+        (
+            key(RecordRef::Role("writer")),
+            json!({"name": "writer", "rules": [{"apis": ["*"], "resources": ["*"], "verbs": ["*"]}]}),
+        ),
+        (key(RecordRef::ClusterRoleBinding("a")), json!({"name": "a", "role": "reader", "user": "alice"})),
+        (key(RecordRef::ClusterRoleBinding("b")), json!({"name": "b", "role": "reader", "user": "alice"})),
+        (key(RecordRef::ClusterRoleBinding("c")), json!({"name": "c", "role": "missing", "user": "alice"})),
+        (key(RecordRef::ClusterRoleBinding("d")), json!({"name": "d", "role": "writer", "user": "bob"})),
+        (
+            key(RecordRef::RoleBinding { namespace: "core", name: "w" }),
+            json!({"name": "w", "namespace": "core", "role": "writer", "user": "alice"}),
+        ),
+        (
+            key(RecordRef::RoleBinding { namespace: "core2", name: "w" }),
+            json!({"name": "w", "namespace": "core2", "role": "reader", "user": "alice"}),
+        ),
+        (key(RecordRef::Namespace("core")), json!({"name": "core", "description": "", "active": true})),
+        (key(RecordRef::Namespace("new")), json!({"name": "new", "description": "", "active": false})),
+        (key(RecordRef::Registration("compute.example.com")), json!({"name": "compute.example.com"})),
+        (elsewhere, json!({"name": "storage.example.com"})),
     ]
 }
 
@@ -152,7 +172,7 @@ async fn one_silent_watch_is_enough_to_fail_closed() {
     let feed = Feed::new();
     feed.list(10, &world()).await;
     tokio::time::advance(Duration::from_secs(3)).await;
-    for prefix in feed.prefixes().into_iter().filter(|p| p != keys::ROLES) {
+    for prefix in feed.prefixes().into_iter().filter(|p| *p != prefix(Collection::Roles)) {
         feed.send(&prefix, WatcherEvent::Progress { revision: 11 });
     }
     settle().await;
@@ -165,7 +185,7 @@ async fn own_writes_are_waited_for_before_deciding() {
     let feed = Feed::new();
     feed.list(10, &world()).await;
     // This process revoked alice's token at revision 12.
-    feed.cache.note_write("/tokens/h1", 12);
+    feed.cache.note_write(&key(RecordRef::Token("h1")), 12);
     let decision = {
         let cache = feed.cache.clone();
         tokio::spawn(async move {
@@ -175,7 +195,7 @@ async fn own_writes_are_waited_for_before_deciding() {
     };
     settle().await;
     assert!(!decision.is_finished(), "the tokens cache has not seen revision 12 yet");
-    feed.send(keys::TOKENS, WatcherEvent::Delete { key: "/tokens/h1".into(), revision: 12 });
+    feed.send(&prefix(Collection::Tokens), WatcherEvent::Delete { key: key(RecordRef::Token("h1")), revision: 12 });
     assert_eq!(decision.await.unwrap(), Ok(None), "enforced on the very next decision");
 }
 
@@ -183,9 +203,9 @@ async fn own_writes_are_waited_for_before_deciding() {
 async fn an_own_write_never_seen_is_a_503_after_the_request_timeout() {
     let feed = Feed::new();
     feed.list(10, &world()).await;
-    feed.cache.note_write("/roles/reader", 15);
+    feed.cache.note_write(&key(RecordRef::Role("reader")), 15);
     // Writes elsewhere do not hold decisions up.
-    feed.cache.note_write("/subscriptions/dev/local/core/compute.example.com", 99);
+    feed.cache.note_write(&key(RecordRef::Subscription { namespace: "core", api: "compute.example.com" }), 99);
     let started = Instant::now();
     let e = feed.cache.ready().await.unwrap_err();
     assert_eq!(e, Error::Behind { cache: "roles", wanted: 15 });
@@ -196,7 +216,7 @@ async fn an_own_write_never_seen_is_a_503_after_the_request_timeout() {
 async fn a_deleted_prefix_marks_every_cache_under_it() {
     let feed = Feed::new();
     feed.list(10, &world()).await;
-    feed.cache.note_write("/rolebindings/core/", 11);
+    feed.cache.note_write(&prefix(Collection::NamespaceRoleBindings("core")), 11);
     let marks: Vec<_> = feed
         .cache
         .inner
@@ -212,11 +232,12 @@ async fn a_deleted_prefix_marks_every_cache_under_it() {
 async fn changes_after_the_list_are_applied() {
     let feed = Feed::new();
     feed.list(10, &world()).await;
-    feed.send(keys::CLUSTER_ROLE_BINDINGS, WatcherEvent::Delete { key: "/clusterrolebindings/a".into(), revision: 11 });
-    feed.send(keys::CLUSTER_ROLE_BINDINGS, WatcherEvent::Delete { key: "/clusterrolebindings/b".into(), revision: 12 });
-    feed.send(keys::USERS, WatcherEvent::Delete { key: "/users/alice".into(), revision: 13 });
-    feed.cache.note_write("/clusterrolebindings/b", 12);
-    feed.cache.note_write("/users/alice", 13);
+    let bindings = prefix(Collection::ClusterRoleBindings);
+    feed.send(&bindings, WatcherEvent::Delete { key: key(RecordRef::ClusterRoleBinding("a")), revision: 11 });
+    feed.send(&bindings, WatcherEvent::Delete { key: key(RecordRef::ClusterRoleBinding("b")), revision: 12 });
+    feed.send(&prefix(Collection::Users), WatcherEvent::Delete { key: key(RecordRef::User("alice")), revision: 13 });
+    feed.cache.note_write(&key(RecordRef::ClusterRoleBinding("b")), 12);
+    feed.cache.note_write(&key(RecordRef::User("alice")), 13);
     feed.cache.ready().await.unwrap();
     assert!(feed.cache.cluster_roles("alice").is_empty());
     assert_eq!(feed.cache.token_user("h1"), None);

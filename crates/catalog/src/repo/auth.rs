@@ -36,7 +36,7 @@ use sha2::{Digest, Sha256};
 
 use kayra_store::{Compare, Op, Txn};
 
-use super::{Change, Error, Repository, Result, encode, keys};
+use super::{Change, Collection, Error, RecordRef, Repository, Result, encode, keys};
 
 /// Attempts of a guarded write whose guards moved underneath it.
 const GUARDED_ATTEMPTS: usize = 20;
@@ -107,7 +107,7 @@ fn now_rfc3339() -> String {
 
 impl Repository {
     pub async fn get_user(&self, name: &str) -> Result<Option<super::Versioned<User>>> {
-        self.get(&keys::user(name)).await
+        self.get(RecordRef::User(name)).await
     }
 
     /// Deletes a user and its tokens in one transaction (see the module
@@ -134,7 +134,7 @@ impl Repository {
             }
             // Tokens stored before the index existed: swept after the fact.
             for token in self.list_user_tokens(name).await? {
-                match self.delete(&keys::token(&token.hash), None, "token").await {
+                match self.delete(RecordRef::Token(&token.hash), None, "token").await {
                     Ok(_) | Err(Error::NotFound(_)) => {}
                     Err(e) => return Err(e),
                 }
@@ -160,7 +160,7 @@ impl Repository {
         let record =
             TokenRecord { id: token_id(&hash).to_string(), user: user.to_string(), hash, created_at: now_rfc3339() };
         for _ in 0..GUARDED_ATTEMPTS {
-            let stored = self.get::<TokenRecord>(&key).await?;
+            let stored = self.get_key::<TokenRecord>(&key).await?;
             let mut txn = Txn::new()
                 .when(Compare::Exists(keys::user(user)))
                 .then(Op::Put { key: keys::user_token(user, &record.hash), value: encode(&key) })
@@ -193,7 +193,7 @@ impl Repository {
     /// A user's tokens, sorted by id. Tokens are keyed by hash, so this scans
     /// every token: there are few, and it keeps authentication one read.
     pub async fn list_user_tokens(&self, user: &str) -> Result<Vec<TokenRecord>> {
-        let (all, _) = self.list_all::<TokenRecord>(keys::TOKENS).await?;
+        let (all, _) = self.list_all::<TokenRecord>(Collection::Tokens).await?;
         let mut tokens: Vec<_> = all.into_iter().map(|v| v.value).filter(|t| t.user == user).collect();
         tokens.sort_by(|a, b| a.id.cmp(&b.id));
         Ok(tokens)
@@ -204,7 +204,7 @@ impl Repository {
         if !is_token_id(id) {
             return Ok(None);
         }
-        let (matches, _) = self.list_all::<TokenRecord>(&keys::token(id)).await?;
+        let (matches, _) = self.list_all_key::<TokenRecord>(&keys::token(id)).await?;
         Ok(matches.into_iter().map(|v| v.value).find(|t| t.user == user && t.id == id))
     }
 
@@ -235,7 +235,7 @@ impl Repository {
                 return Ok(Some(user));
             }
         }
-        let Some(record) = self.get::<TokenRecord>(&keys::token(&hash)).await? else {
+        let Some(record) = self.get::<TokenRecord>(RecordRef::Token(&hash)).await? else {
             return Ok(None);
         };
         Ok(self.get_user(&record.value.user).await?.map(|_| record.value.user))
@@ -276,7 +276,7 @@ impl Repository {
     /// The names of the roles bound to `user` by cluster role bindings,
     /// sorted and deduplicated (whether or not the roles exist).
     pub async fn cluster_role_names(&self, user: &str) -> Result<Vec<String>> {
-        let (bindings, _) = self.list_all::<ClusterRoleBinding>(keys::CLUSTER_ROLE_BINDINGS).await?;
+        let (bindings, _) = self.list_all::<ClusterRoleBinding>(Collection::ClusterRoleBindings).await?;
         let names: BTreeSet<String> =
             bindings.into_iter().filter(|b| b.value.user == user).map(|b| b.value.role).collect();
         Ok(names.into_iter().collect())
@@ -288,7 +288,7 @@ impl Repository {
     pub async fn cluster_roles(&self, user: &str) -> Result<Vec<Role>> {
         let mut roles = Vec::new();
         for name in self.cluster_role_names(user).await? {
-            if let Some(role) = self.get::<Role>(&keys::role(&name)).await? {
+            if let Some(role) = self.get::<Role>(RecordRef::Role(&name)).await? {
                 roles.push(role.value);
             }
         }
@@ -301,12 +301,12 @@ impl Repository {
     /// them together with [`Repository::cluster_roles`]. A binding to a
     /// missing role grants nothing.
     pub async fn namespace_roles(&self, namespace: &str, user: &str) -> Result<Vec<Role>> {
-        let (bindings, _) = self.list_all::<RoleBinding>(&keys::role_bindings(namespace)).await?;
+        let (bindings, _) = self.list_all::<RoleBinding>(Collection::NamespaceRoleBindings(namespace)).await?;
         let names: BTreeSet<String> =
             bindings.into_iter().filter(|b| b.value.user == user).map(|b| b.value.role).collect();
         let mut roles = Vec::new();
         for name in names {
-            if let Some(role) = self.get::<Role>(&keys::role(&name)).await? {
+            if let Some(role) = self.get::<Role>(RecordRef::Role(&name)).await? {
                 roles.push(role.value);
             }
         }
@@ -355,7 +355,7 @@ impl Repository {
     /// bootstrap token of `admin` (only that one) when it differs (§5.4).
     async fn replace_bootstrap_token(&self, hash: &str) -> Result<()> {
         for _ in 0..GUARDED_ATTEMPTS {
-            let previous = self.get::<String>(keys::BOOTSTRAP_TOKEN).await?;
+            let previous = self.get_key::<String>(keys::BOOTSTRAP_TOKEN).await?;
             let mut txn = Txn::new().then(Op::Put { key: keys::BOOTSTRAP_TOKEN.into(), value: encode(&hash) });
             match &previous {
                 Some(p) if p.value == hash => return Ok(()),
@@ -363,7 +363,7 @@ impl Repository {
                     txn = txn.when(Compare::ModRevision(keys::BOOTSTRAP_TOKEN.into(), p.revision));
                     let old = keys::token(&p.value);
                     // Revoked only while it still belongs to admin.
-                    if let Some(stored) = self.get::<TokenRecord>(&old).await?
+                    if let Some(stored) = self.get_key::<TokenRecord>(&old).await?
                         && stored.value.user == BOOTSTRAP_USER
                     {
                         txn = txn
@@ -390,9 +390,9 @@ impl Repository {
         T: serde::Serialize + serde::de::DeserializeOwned,
         F: FnMut(&mut T) -> Change<Error>,
     {
-        match self.create(key, value, key).await {
+        match self.create_key(key, value, key).await {
             Ok(_) => Ok(()),
-            Err(Error::Conflict(_)) => self.modify(key, key, repair).await.map(|_| ()),
+            Err(Error::Conflict(_)) => self.modify_key(key, key, repair).await.map(|_| ()),
             Err(e) => Err(e),
         }
     }

@@ -1,6 +1,12 @@
 //! `Repository`: typed reads and compare-and-swap writes over the store.
 //!
-//! Records are JSON values under a fixed key layout (see [`keys`]). Every
+//! The Repository is the only code that knows the store's key layout: callers
+//! name records by what they are ([`RecordRef`], [`Collection`]), never by
+//! key, and a key read from the store (a watch event) is parsed back by
+//! [`Layout::parse`]. Parts that consume store keys without a Repository
+//! (the auth caches, the watch hub, the limits) are handed its [`Layout`].
+//!
+//! Records are JSON values under that layout. Every
 //! read returns the record with its revision ([`Versioned`]); every
 //! read-modify-write goes through [`Repository::modify`], a CAS loop that
 //! re-reads and re-applies on conflict, so concurrent writers never lose an
@@ -8,21 +14,38 @@
 //! makes the reconciler's writes idempotent (it never loops on its own
 //! writes).
 //!
+//! # Riders
+//! A [`Rider`] is a record written in the same store transaction as the
+//! change that causes it, so the two commit or fail together: the run record
+//! of a reconcile rides on its result ([`Repository::write_result`]); the
+//! audit record of a request and the outbox event of a notification are the
+//! next ones (add a variant to [`Rider`] and its key to the layout). Any
+//! write of the Repository carries riders given to
+//! [`Repository::with_riders`]: every write path ends in one of the generic
+//! ops below or in [`Repository::txn`], and both add them to the branch that
+//! commits. A write that commits in several transactions writes its riders
+//! with each (none of today's riders minds: a rider's key is its own).
+//!
 //! # Layout
-//! - this file: `Repository`, `Versioned`, `Error`, the generic typed ops.
-//! - [`keys`]: the key layout, one function per resource.
+//! - this file: `Repository`, `Versioned`, `Error`, riders, the generic typed
+//!   ops and the reconciler's result write.
+//! - `keys`: the key layout, private to the Repository; [`Layout`],
+//!   [`RecordRef`] and [`Collection`] are its typed face.
 //! - [`tenancy`]: namespaces, API registrations, subscriptions.
 //! - [`auth`]: users, tokens, roles, bindings.
 
 pub mod auth;
-pub mod keys;
+mod keys;
 pub mod tenancy;
+
+pub use keys::{Collection, Layout, RecordRef};
 
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use thiserror::Error;
 
-use kayra_store::{Revision, Store};
+use kayra_core::{Run, Subscription};
+use kayra_store::{Compare, JobLock, Op, Revision, Store, Txn};
 
 use crate::cache::AuthCache;
 
@@ -78,6 +101,11 @@ pub struct Repository {
     /// handler state, and a clone must not allocate.
     platform: std::sync::Arc<str>,
     region: std::sync::Arc<str>,
+    /// The key layout of this deployment (shares `platform` and `region`).
+    layout: Layout,
+    /// Ops of the riders every write of this handle carries
+    /// ([`Repository::with_riders`]); empty for a plain handle.
+    riders: std::sync::Arc<[Op]>,
     /// `kayra serve`'s auth caches: authentication and RBAC read them, and
     /// every write here is reported to them (read-your-writes).
     cache: Option<AuthCache>,
@@ -86,7 +114,44 @@ pub struct Repository {
 impl Repository {
     pub fn new(store: Store, platform: impl Into<String>, region: impl Into<String>) -> Self {
         let (platform, region): (String, String) = (platform.into(), region.into());
-        Self { store, platform: platform.into(), region: region.into(), cache: None }
+        let (platform, region): (std::sync::Arc<str>, std::sync::Arc<str>) = (platform.into(), region.into());
+        let layout = Layout::new(platform.clone(), region.clone());
+        Self { store, platform, region, layout, riders: std::sync::Arc::new([]), cache: None }
+    }
+
+    /// This repository's key layout, for the parts that consume store keys
+    /// without a Repository (watch prefixes, key parses).
+    pub fn layout(&self) -> &Layout {
+        &self.layout
+    }
+
+    /// The store key of `record`, for tests that plant a record the API
+    /// would refuse (a corrupt or hostile value) straight into the store.
+    #[doc(hidden)]
+    pub fn store_key_of(&self, record: RecordRef<'_>) -> String {
+        self.layout.key(record)
+    }
+
+    /// A handle whose every write also writes `riders`, in the same store
+    /// transaction (see the module docs).
+    pub fn with_riders(&self, riders: &[Rider<'_>]) -> Self {
+        let mut handle = self.clone();
+        handle.riders = riders.iter().flat_map(|rider| self.rider_ops(rider)).collect();
+        handle
+    }
+
+    /// The ops that write `rider`.
+    fn rider_ops(&self, rider: &Rider<'_>) -> Vec<Op> {
+        let (key, value) = match rider {
+            Rider::Run { run, slot } => {
+                let record = RecordRef::Run { namespace: &run.namespace, api: &run.api, slot: *slot };
+                (self.layout.key(record), encode(run))
+            }
+            Rider::RunCursor { namespace, api, cursor } => {
+                (self.layout.key(RecordRef::RunCursor { namespace, api }), encode(cursor))
+            }
+        };
+        vec![Op::Put { key, value }]
     }
 
     /// This repository, deciding authentication and RBAC from `cache`.
@@ -116,7 +181,8 @@ impl Repository {
     /// to the caches, like [`Repository::wrote`]: every put (but a create,
     /// a put guarded by `Absent` on its key), delete and deleted prefix of
     /// the branch that ran.
-    pub(crate) async fn txn(&self, txn: kayra_store::Txn) -> Result<kayra_store::TxnResponse> {
+    pub(crate) async fn txn(&self, mut txn: kayra_store::Txn) -> Result<kayra_store::TxnResponse> {
+        txn.success.extend(self.riders.iter().cloned());
         let response = self.store.txn_grouped(txn.clone()).await?;
         if self.cache.is_some() {
             let ops = if response.succeeded { &txn.success } else { &txn.failure };
@@ -145,49 +211,60 @@ impl Repository {
     }
 
     /// Reads one record.
-    pub async fn get<T: DeserializeOwned>(&self, key: &str) -> Result<Option<Versioned<T>>> {
-        let (kv, _) = self.store.get(key).await?;
-        kv.map(|kv| decode(&kv)).transpose()
+    pub async fn get<T: DeserializeOwned>(&self, record: RecordRef<'_>) -> Result<Option<Versioned<T>>> {
+        self.get_key(&self.layout.key(record)).await
     }
 
-    /// Reads one page of records under `prefix`, after the key `after`.
-    pub async fn list<T: DeserializeOwned>(&self, prefix: &str, after: Option<&str>, limit: usize) -> Result<Page<T>> {
-        let page = self.store.list(prefix, after, limit).await?;
+    /// Reads one record, with the store's revision at the read (what a
+    /// consistent read of a cache waits for).
+    pub async fn get_with_revision<T: DeserializeOwned>(
+        &self,
+        record: RecordRef<'_>,
+    ) -> Result<(Option<Versioned<T>>, Revision)> {
+        let (kv, revision) = self.store.get(&self.layout.key(record)).await?;
+        Ok((kv.map(|kv| decode(&kv)).transpose()?, revision))
+    }
+
+    /// Reads one page of `collection`, after the key `after` (a page's `next`).
+    pub async fn list<T: DeserializeOwned>(
+        &self,
+        collection: Collection<'_>,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Page<T>> {
+        let page = self.store.list(&self.layout.prefix(collection), after, limit).await?;
         let next = if page.more { page.items.last().map(|kv| kv.key.clone()) } else { None };
         let items = page.items.iter().map(decode).collect::<Result<Vec<_>>>()?;
         Ok(Page { items, next })
     }
 
-    /// Reads every record under `prefix`.
-    pub async fn list_all<T: DeserializeOwned>(&self, prefix: &str) -> Result<(Vec<Versioned<T>>, Revision)> {
-        let (kvs, revision) = self.store.list_all(prefix).await?;
-        Ok((kvs.iter().map(decode).collect::<Result<Vec<_>>>()?, revision))
+    /// Reads every record of `collection`.
+    pub async fn list_all<T: DeserializeOwned>(
+        &self,
+        collection: Collection<'_>,
+    ) -> Result<(Vec<Versioned<T>>, Revision)> {
+        self.list_all_key(&self.layout.prefix(collection)).await
     }
 
     /// Creates a record; `Conflict(what)` when it exists.
-    pub async fn create<T: Serialize>(&self, key: &str, value: &T, what: &str) -> Result<Revision> {
-        match self.store.create(key, encode(value)).await {
-            Err(kayra_store::Error::Conflict(_)) => Err(Error::Conflict(format!("{what} already exists"))),
-            other => Ok(other?),
-        }
+    pub async fn create<T: Serialize>(&self, record: RecordRef<'_>, value: &T, what: &str) -> Result<Revision> {
+        self.create_key(&self.layout.key(record), value, what).await
     }
 
     /// Replaces a record iff it is still at `revision`.
-    pub async fn update<T: Serialize>(&self, key: &str, value: &T, revision: Revision, what: &str) -> Result<Revision> {
-        match self.store.update(key, encode(value), revision).await {
-            Err(kayra_store::Error::Conflict(_)) => Err(Error::Conflict(format!("{what} was changed concurrently"))),
-            Err(kayra_store::Error::NotFound(_)) => Err(Error::NotFound(what.to_string())),
-            other => Ok(self.wrote(key, other?)),
-        }
+    pub async fn update<T: Serialize>(
+        &self,
+        record: RecordRef<'_>,
+        value: &T,
+        revision: Revision,
+        what: &str,
+    ) -> Result<Revision> {
+        self.update_key(&self.layout.key(record), value, revision, what).await
     }
 
     /// Deletes a record (iff at `revision`, when given).
-    pub async fn delete(&self, key: &str, revision: Option<Revision>, what: &str) -> Result<Revision> {
-        match self.store.delete(key, revision).await {
-            Err(kayra_store::Error::Conflict(_)) => Err(Error::Conflict(format!("{what} was changed concurrently"))),
-            Err(kayra_store::Error::NotFound(_)) => Err(Error::NotFound(what.to_string())),
-            other => Ok(self.wrote(key, other?)),
-        }
+    pub async fn delete(&self, record: RecordRef<'_>, revision: Option<Revision>, what: &str) -> Result<Revision> {
+        self.delete_key(&self.layout.key(record), revision, what).await
     }
 
     /// Read-modify-write with compare-and-swap, retried on conflict.
@@ -195,13 +272,63 @@ impl Repository {
     /// `f` sees the current value and decides; `Change::Keep` writes nothing
     /// (and returns the record as read). Returns `NotFound(what)` when the
     /// record does not exist.
-    pub async fn modify<T, F>(&self, key: &str, what: &str, mut f: F) -> Result<Versioned<T>>
+    pub async fn modify<T, F>(&self, record: RecordRef<'_>, what: &str, f: F) -> Result<Versioned<T>>
+    where
+        T: Serialize + DeserializeOwned,
+        F: FnMut(&mut T) -> Change<Error>,
+    {
+        self.modify_key(&self.layout.key(record), what, f).await
+    }
+
+    // The same ops by store key, for the Repository's own guard and index
+    // keys; every write among them carries this handle's riders.
+
+    async fn get_key<T: DeserializeOwned>(&self, key: &str) -> Result<Option<Versioned<T>>> {
+        let (kv, _) = self.store.get(key).await?;
+        kv.map(|kv| decode(&kv)).transpose()
+    }
+
+    async fn list_all_key<T: DeserializeOwned>(&self, prefix: &str) -> Result<(Vec<Versioned<T>>, Revision)> {
+        let (kvs, revision) = self.store.list_all(prefix).await?;
+        Ok((kvs.iter().map(decode).collect::<Result<Vec<_>>>()?, revision))
+    }
+
+    async fn create_key<T: Serialize>(&self, key: &str, value: &T, what: &str) -> Result<Revision> {
+        match self.store_put(key, encode(value), Compare::Absent(key.into())).await {
+            Err(kayra_store::Error::Conflict(_)) => Err(Error::Conflict(format!("{what} already exists"))),
+            other => Ok(other?),
+        }
+    }
+
+    async fn update_key<T: Serialize>(&self, key: &str, value: &T, revision: Revision, what: &str) -> Result<Revision> {
+        match self.store_put(key, encode(value), Compare::ModRevision(key.into(), revision)).await {
+            Err(kayra_store::Error::Conflict(_)) => Err(Error::Conflict(format!("{what} was changed concurrently"))),
+            Err(kayra_store::Error::NotFound(_)) => Err(Error::NotFound(what.to_string())),
+            other => Ok(self.wrote(key, other?)),
+        }
+    }
+
+    async fn delete_key(&self, key: &str, revision: Option<Revision>, what: &str) -> Result<Revision> {
+        let result = if self.riders.is_empty() {
+            self.store.delete(key, revision).await
+        } else {
+            let guard = revision.map_or_else(|| Compare::Exists(key.into()), |r| Compare::ModRevision(key.into(), r));
+            self.store_txn_one(key, guard, Op::Delete { key: key.into() }).await
+        };
+        match result {
+            Err(kayra_store::Error::Conflict(_)) => Err(Error::Conflict(format!("{what} was changed concurrently"))),
+            Err(kayra_store::Error::NotFound(_)) => Err(Error::NotFound(what.to_string())),
+            other => Ok(self.wrote(key, other?)),
+        }
+    }
+
+    async fn modify_key<T, F>(&self, key: &str, what: &str, mut f: F) -> Result<Versioned<T>>
     where
         T: Serialize + DeserializeOwned,
         F: FnMut(&mut T) -> Change<Error>,
     {
         loop {
-            let Some(mut current) = self.get::<T>(key).await? else {
+            let Some(mut current) = self.get_key::<T>(key).await? else {
                 return Err(Error::NotFound(what.to_string()));
             };
             match f(&mut current.value) {
@@ -209,7 +336,8 @@ impl Repository {
                 Change::Abort(e) => return Err(e),
                 Change::Write => {}
             }
-            match self.store.update(key, encode(&current.value), current.revision).await {
+            let guard = Compare::ModRevision(key.into(), current.revision);
+            match self.store_put(key, encode(&current.value), guard).await {
                 Ok(revision) => return Ok(Versioned { value: current.value, revision: self.wrote(key, revision) }),
                 Err(kayra_store::Error::Conflict(_)) => continue,
                 Err(kayra_store::Error::NotFound(_)) => return Err(Error::NotFound(what.to_string())),
@@ -217,6 +345,191 @@ impl Repository {
             }
         }
     }
+
+    /// A create (`guard` `Absent`) or update (`guard` `ModRevision`) of one
+    /// key: the store's own single-key write, or with riders one transaction.
+    async fn store_put(&self, key: &str, value: Vec<u8>, guard: Compare) -> kayra_store::Result<Revision> {
+        match (self.riders.is_empty(), guard) {
+            (true, Compare::Absent(_)) => self.store.create(key, value).await,
+            (true, Compare::ModRevision(_, revision)) => self.store.update(key, value, revision).await,
+            (_, guard) => self.store_txn_one(key, guard, Op::Put { key: key.into(), value }).await,
+        }
+    }
+
+    /// One guarded write of `key` with this handle's riders, answering as
+    /// the store's single-key writes do: `NotFound` when the key is missing
+    /// and had to exist, `Conflict` when the guard failed otherwise.
+    async fn store_txn_one(&self, key: &str, guard: Compare, op: Op) -> kayra_store::Result<Revision> {
+        let must_exist = !matches!(guard, Compare::Absent(_));
+        let mut txn = Txn::new().when(guard).then(op).otherwise(Op::Get { key: key.into() });
+        txn.success.extend(self.riders.iter().cloned());
+        let resp = self.store.txn_grouped(txn).await?;
+        match (resp.succeeded, resp.gets.first()) {
+            (true, _) => Ok(resp.revision),
+            (false, Some(None)) if must_exist => Err(kayra_store::Error::NotFound(key.into())),
+            (false, _) => Err(kayra_store::Error::Conflict(key.into())),
+        }
+    }
+
+    /// The store keys of what one reconcile job reads fresh under its lock:
+    /// the subscription, its registration, its given-up attempt record and
+    /// its run cursor. The lock's own transaction can carry these reads
+    /// (`kayra_store::JobLocker::try_lock_and_get`); decode its gets with
+    /// [`Repository::decode_job_read`].
+    pub fn job_read_keys(&self, namespace: &str, api: &str) -> Vec<String> {
+        [
+            RecordRef::Subscription { namespace, api },
+            RecordRef::Registration(api),
+            RecordRef::Attempt { namespace, api },
+            RecordRef::RunCursor { namespace, api },
+        ]
+        .into_iter()
+        .map(|record| self.layout.key(record))
+        .collect()
+    }
+
+    /// Decodes the gets of [`Repository::job_read_keys`], read at `revision`;
+    /// `A` is the reconciler's attempt record.
+    pub fn decode_job_read<A: DeserializeOwned>(
+        &self,
+        gets: &[Option<kayra_store::KeyValue>],
+        revision: Revision,
+    ) -> Result<JobRead<A>> {
+        fn one<T: DeserializeOwned>(gets: &[Option<kayra_store::KeyValue>], i: usize) -> Result<Option<Versioned<T>>> {
+            gets.get(i).and_then(Option::as_ref).map(decode).transpose()
+        }
+        Ok(JobRead {
+            subscription: one(gets, 0)?,
+            registration: one(gets, 1)?,
+            attempt: one(gets, 2)?.map(|v: Versioned<A>| v.value),
+            cursor: one(gets, 3)?.map(|v: Versioned<RunCursor>| v.value),
+            revision,
+        })
+    }
+
+    /// The job read of [`Repository::job_read_keys`] in one round trip (a
+    /// transaction of four gets), where the lock's own transaction did not
+    /// carry it. Not group-committed: a read never queues behind other
+    /// jobs' writes (locally it is a point read beside them).
+    pub async fn read_job<A: DeserializeOwned>(&self, namespace: &str, api: &str) -> Result<JobRead<A>> {
+        let keys = self.job_read_keys(namespace, api);
+        let txn = keys.into_iter().fold(Txn::new(), |txn, key| txn.then(Op::Get { key }));
+        let resp = self.store.txn(txn).await?;
+        self.decode_job_read(&resp.gets, resp.revision)
+    }
+
+    /// The reconciler's result write (platform contract §7): the decided
+    /// subscription, with `riders` (the run record, the run cursor), in ONE
+    /// store transaction that commits only if the subscription is still at
+    /// the revision the decision was made on and, with a job lock (etcd),
+    /// the lock is still held (fencing: its key exists); with `unlock` the
+    /// transaction also deletes the lock key. Shares its round trip with
+    /// other results on their way to the store ([`Store::txn_grouped`]).
+    pub async fn write_result(&self, write: &ResultWrite<'_>, riders: &[Rider<'_>]) -> Result<ResultCommit> {
+        let (namespace, api) = (&write.seen.value.namespace, &write.seen.value.api);
+        let key = self.layout.key(RecordRef::Subscription { namespace, api });
+        let mut txn = Txn::new().when(Compare::ModRevision(key.clone(), write.seen.revision));
+        if let Some(next) = write.next {
+            // A result is no re-sync request (§4.4 `trigger`): its echo must
+            // never read as one, whatever `next` carried over.
+            let cleared;
+            let next = if next.resync_requested {
+                cleared = Subscription { resync_requested: false, ..next.clone() };
+                &cleared
+            } else {
+                next
+            };
+            let value =
+                serde_json::to_vec(next).map_err(|e| Error::Corrupt { key: key.clone(), message: e.to_string() })?;
+            txn = txn.then(Op::Put { key, value });
+            if write.clear_runs {
+                txn = txn.then(Op::DeletePrefix {
+                    prefix: self.layout.prefix(Collection::SubscriptionRuns { namespace, api }),
+                });
+            }
+        }
+        txn = riders.iter().flat_map(|rider| self.rider_ops(rider)).fold(txn, Txn::then);
+        txn.success.extend(self.riders.iter().cloned());
+        if let Some(lock) = write.lock {
+            let fence = lock.store_key.clone();
+            txn = txn.when(Compare::Exists(fence.clone())).otherwise(Op::Get { key: fence.clone() });
+            if write.unlock {
+                txn = txn.then(Op::Delete { key: fence });
+            }
+        }
+        let resp = self.store.txn_grouped(txn).await?;
+        Ok(match (resp.succeeded, write.lock, resp.gets.first()) {
+            (true, _, _) => ResultCommit::Committed(resp.revision),
+            (false, Some(_), Some(None)) => ResultCommit::Fenced,
+            (false, _, _) => ResultCommit::Stale,
+        })
+    }
+}
+
+/// A record written in the same store transaction as the write it rides on
+/// (see the module docs). The Repository knows each one's key.
+#[derive(Debug, Clone, Copy)]
+pub enum Rider<'a> {
+    /// A run record (platform §4.4), into ring slot `slot` of its
+    /// subscription's run history.
+    Run { run: &'a Run, slot: u64 },
+    /// The run cursor of a subscription whose result leaves the
+    /// subscription record untouched.
+    RunCursor { namespace: &'a str, api: &'a str, cursor: RunCursor },
+    // Next: `Audit(&'a AuditRecord)` (who, verb, resource, before/after) and
+    // `Outbox(&'a OutboxEvent)` (subscription.failed, fanout.completed, …).
+}
+
+/// The reconciler's run counter of one subscription: which ring slot of its
+/// run history the next run takes. Kept where the run's transaction writes
+/// anyway: in the subscription record (`Subscription::runs`) when the
+/// result rewrites it, else here; deleted with the subscription.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, serde::Deserialize)]
+pub struct RunCursor {
+    /// The sequence number of the next run.
+    pub next: u64,
+}
+
+/// What one reconcile job reads fresh under its lock ([`Repository::read_job`]).
+#[derive(Debug, Clone)]
+pub struct JobRead<A> {
+    pub subscription: Option<Versioned<Subscription>>,
+    pub registration: Option<Versioned<kayra_core::ApiRegistration>>,
+    /// The reconciler's given-up attempt record.
+    pub attempt: Option<A>,
+    pub cursor: Option<RunCursor>,
+    /// The store revision of the read.
+    pub revision: Revision,
+}
+
+/// A decided reconcile result ([`Repository::write_result`]).
+#[derive(Debug, Clone, Copy)]
+pub struct ResultWrite<'a> {
+    /// The subscription as the decision read it: the write commits only
+    /// while it is still at this revision.
+    pub seen: &'a Versioned<Subscription>,
+    /// The subscription as the result leaves it; `None` leaves it
+    /// untouched (its watchers see no event).
+    pub next: Option<&'a Subscription>,
+    /// With `next`, also delete the subscription's run records (a run
+    /// history of 0: older runs go at the next write).
+    pub clear_runs: bool,
+    /// The job lock the result is fenced by (etcd): the write commits only
+    /// while its key exists.
+    pub lock: Option<&'a JobLock>,
+    /// With `lock`, delete the lock key in the same transaction.
+    pub unlock: bool,
+}
+
+/// What [`Repository::write_result`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ResultCommit {
+    /// Committed, at this store revision.
+    Committed(Revision),
+    /// The subscription changed since it was read: nothing was written.
+    Stale,
+    /// The job lock is no longer held: nothing was written.
+    Fenced,
 }
 
 fn encode<T: Serialize>(value: &T) -> Vec<u8> {
@@ -228,4 +541,129 @@ pub(crate) fn decode<T: DeserializeOwned>(kv: &kayra_store::KeyValue) -> Result<
     serde_json::from_slice(&kv.value)
         .map(|value| Versioned { value, revision: kv.mod_revision })
         .map_err(|e| Error::Corrupt { key: kv.key.clone(), message: e.to_string() })
+}
+
+#[cfg(test)]
+mod tests {
+    use kayra_core::Namespace;
+
+    use super::*;
+
+    async fn local_repo() -> (tempfile::TempDir, Repository) {
+        let dir = tempfile::tempdir().unwrap();
+        let config = kayra_config::DatabaseConfig::local(kayra_testkit::local_config(dir.path()));
+        let store = Store::open(&config).await.unwrap();
+        (dir, Repository::new(store, "dev", "local"))
+    }
+
+    fn run(id: &str) -> Run {
+        Run { id: id.into(), namespace: "core".into(), api: "compute.example.com".into(), ..Run::default() }
+    }
+
+    async fn runs(repo: &Repository) -> Vec<String> {
+        let collection = Collection::SubscriptionRuns { namespace: "core", api: "compute.example.com" };
+        let (runs, _) = repo.list_all::<Run>(collection).await.unwrap();
+        runs.into_iter().map(|r| r.value.id).collect()
+    }
+
+    #[tokio::test]
+    async fn a_rider_commits_with_its_write_and_only_with_it() {
+        let (_dir, repo) = local_repo().await;
+        let first = run("r1");
+        let riding = repo.with_riders(&[Rider::Run { run: &first, slot: 0 }]);
+        let ns = Namespace { name: "core".into(), ..Namespace::default() };
+        riding.create(RecordRef::Namespace("core"), &ns, "namespace").await.unwrap();
+        assert_eq!(runs(&repo).await, ["r1"], "written with the create");
+
+        // A write that fails writes none of its riders.
+        let second = run("r2");
+        let riding = repo.with_riders(&[Rider::Run { run: &second, slot: 1 }]);
+        let e = riding.create(RecordRef::Namespace("core"), &ns, "namespace").await.unwrap_err();
+        assert!(matches!(e, Error::Conflict(_)), "{e}");
+        let e = riding.update(RecordRef::Namespace("core"), &ns, 999, "namespace").await.unwrap_err();
+        assert!(matches!(e, Error::Conflict(_)), "{e}");
+        let e = riding.update(RecordRef::Namespace("gone"), &ns, 1, "namespace").await.unwrap_err();
+        assert!(matches!(e, Error::NotFound(_)), "{e}");
+        assert_eq!(runs(&repo).await, ["r1"]);
+
+        // Every kind of write carries them: a read-modify-write, a delete,
+        // and the Repository's own multi-record transactions.
+        riding.modify::<Namespace, _>(RecordRef::Namespace("core"), "namespace", |_| Change::Write).await.unwrap();
+        assert_eq!(runs(&repo).await, ["r1", "r2"]);
+        let third = run("r3");
+        repo.with_riders(&[Rider::Run { run: &third, slot: 0 }]).delete_namespace("core").await.unwrap();
+        assert_eq!(runs(&repo).await, ["r3", "r2"]);
+        let fourth = run("r4");
+        let riding = repo.with_riders(&[Rider::Run { run: &fourth, slot: 1 }]);
+        assert!(matches!(
+            riding.delete(RecordRef::Namespace("core"), None, "namespace").await,
+            Err(Error::NotFound(_))
+        ));
+        assert_eq!(runs(&repo).await, ["r3", "r2"]);
+    }
+
+    #[tokio::test]
+    async fn the_result_write_is_one_fenced_transaction_with_its_riders() {
+        let (_dir, repo) = local_repo().await;
+        let (namespace, api) = ("core", "compute.example.com");
+        let sub = Subscription::new(namespace, api);
+        let revision = repo.create(RecordRef::Subscription { namespace, api }, &sub, "subscription").await.unwrap();
+        let seen = Versioned { value: sub.clone(), revision };
+        let next = Subscription { active: true, ..sub.clone() };
+        let record = run("r1");
+        let riders = [Rider::Run { run: &record, slot: 0 }];
+        let cursor = |repo: &Repository| {
+            let repo = repo.clone();
+            async move { repo.get::<RunCursor>(RecordRef::RunCursor { namespace, api }).await.unwrap() }
+        };
+
+        // A lock that is no longer held: nothing is written.
+        let lock_at = |store_key: &str| JobLock {
+            job: "j".into(),
+            key: "k".into(),
+            create_revision: 1,
+            store_key: store_key.into(),
+        };
+        let lock = lock_at("/locks/gone");
+        let write = ResultWrite { seen: &seen, next: Some(&next), clear_runs: false, lock: Some(&lock), unlock: true };
+        assert_eq!(repo.write_result(&write, &riders).await.unwrap(), ResultCommit::Fenced);
+        assert_eq!(repo.get::<Subscription>(RecordRef::Subscription { namespace, api }).await.unwrap().unwrap(), seen);
+        assert!(runs(&repo).await.is_empty());
+
+        // Held: the subscription, the run and the lock's delete commit together.
+        let held = repo.store().create("/locks/held", Vec::new()).await.unwrap();
+        assert!(held > 0);
+        let lock = lock_at("/locks/held");
+        let write = ResultWrite { lock: Some(&lock), ..write };
+        let ResultCommit::Committed(at) = repo.write_result(&write, &riders).await.unwrap() else {
+            panic!("the result commits while the lock is held")
+        };
+        let stored = repo.get::<Subscription>(RecordRef::Subscription { namespace, api }).await.unwrap().unwrap();
+        assert!(stored.value == next && stored.revision <= at, "{stored:?} by {at}");
+        assert_eq!(runs(&repo).await, ["r1"]);
+        assert!(repo.store().get("/locks/held").await.unwrap().0.is_none(), "unlocked in the same transaction");
+
+        // Decided on an old revision: stale, and its riders are not written.
+        let second = run("r2");
+        let cursor_rider = Rider::RunCursor { namespace, api, cursor: RunCursor { next: 2 } };
+        let write = ResultWrite { seen: &seen, next: None, clear_runs: false, lock: None, unlock: false };
+        let riders = [Rider::Run { run: &second, slot: 1 }, cursor_rider];
+        assert_eq!(repo.write_result(&write, &riders).await.unwrap(), ResultCommit::Stale);
+        assert_eq!((runs(&repo).await, cursor(&repo).await), (vec!["r1".to_string()], None));
+
+        // Only the run is new: the subscription is left as it is, the cursor counts the run.
+        let current = stored;
+        let write = ResultWrite { seen: &current, ..write };
+        assert!(matches!(repo.write_result(&write, &riders).await.unwrap(), ResultCommit::Committed(_)));
+        let stored = repo.get::<Subscription>(RecordRef::Subscription { namespace, api }).await.unwrap().unwrap();
+        assert_eq!(stored, current, "the subscription was not rewritten");
+        assert_eq!(runs(&repo).await, ["r1", "r2"]);
+        assert_eq!(cursor(&repo).await.map(|c| c.value), Some(RunCursor { next: 2 }));
+
+        // A run history of 0: the rewrite clears the runs.
+        let last = Subscription { state: kayra_core::SubscriptionState::Error, ..next.clone() };
+        let write = ResultWrite { seen: &current, next: Some(&last), clear_runs: true, lock: None, unlock: false };
+        assert!(matches!(repo.write_result(&write, &[]).await.unwrap(), ResultCommit::Committed(_)));
+        assert!(runs(&repo).await.is_empty());
+    }
 }

@@ -1,10 +1,9 @@
 //! Namespaces, API registrations and subscriptions.
 //!
-//! The reconciler's writes live here too (`activate_namespace`,
-//! `activate_subscription`, `set_subscription_sync_id`,
-//! `mark_subscription_error`): each one is conditional on the revision the
-//! caller's decision was based on and skips writing when nothing would
-//! change, so the reconciler never loops on the events of its own writes.
+//! The reconciler's namespace activation lives here too
+//! (`activate_namespace`): it skips writing when nothing would change, so
+//! the reconciler never loops on the events of its own writes. Its result
+//! write is [`Repository::write_result`].
 //!
 //! The catalog API's writes that need more than one record live here as
 //! well: referential integrity (a namespace or registration with
@@ -21,15 +20,15 @@
 
 use std::time::{Duration, SystemTime};
 
-use kayra_core::{ApiRegistration, Namespace, RoleBinding, Subscription, SubscriptionState};
+use kayra_core::{ApiRegistration, Namespace, RoleBinding, Subscription};
 use kayra_store::{Compare, Op, Revision, Txn};
 
-use super::{Change, Error, Repository, Result, Versioned, decode, encode, keys};
+use super::{Change, Collection, Error, RecordRef, Repository, Result, Versioned, decode, encode, keys};
 
 /// Attempts of a guarded write whose guards moved underneath it.
 const GUARDED_ATTEMPTS: usize = 20;
 
-/// The outcome of a conditional reconciler write.
+/// The outcome of [`Repository::activate_namespace`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Recorded {
     /// Written; the record's new revision.
@@ -68,18 +67,14 @@ pub enum CreateRefused {
 
 impl Repository {
     pub async fn get_namespace(&self, name: &str) -> Result<Option<Versioned<Namespace>>> {
-        self.get(&keys::namespace(name)).await
-    }
-
-    pub async fn list_namespaces(&self) -> Result<(Vec<Versioned<Namespace>>, Revision)> {
-        self.list_all(keys::NAMESPACES).await
+        self.get(RecordRef::Namespace(name)).await
     }
 
     /// Sets `active: true` (and nothing else) unless it already is.
     pub async fn activate_namespace(&self, name: &str) -> Result<Recorded> {
         let mut wrote = false;
         let result = self
-            .modify::<Namespace, _>(&keys::namespace(name), &format!("namespace {name:?}"), |ns| {
+            .modify::<Namespace, _>(RecordRef::Namespace(name), &format!("namespace {name:?}"), |ns| {
                 if ns.active {
                     wrote = false;
                     Change::Keep
@@ -100,7 +95,7 @@ impl Repository {
 
     /// A registration of this deployment, by long name.
     pub async fn get_registration(&self, name: &str) -> Result<Option<Versioned<ApiRegistration>>> {
-        self.get(&keys::registration(&self.platform, &self.region, name)).await
+        self.get(RecordRef::Registration(name)).await
     }
 
     /// The registration the gateway admits a request to (§6 step 2): from
@@ -148,7 +143,7 @@ impl Repository {
 
     /// Every registration of this deployment.
     pub async fn list_registrations(&self) -> Result<(Vec<Versioned<ApiRegistration>>, Revision)> {
-        self.list_all(&keys::registrations(&self.platform, &self.region)).await
+        self.list_all(Collection::Registrations).await
     }
 
     /// The registration of this deployment whose `short_name` is `short`.
@@ -161,67 +156,35 @@ impl Repository {
     }
 
     pub async fn get_subscription(&self, namespace: &str, api: &str) -> Result<Option<Versioned<Subscription>>> {
-        self.get(&keys::subscription(&self.platform, &self.region, namespace, api)).await
+        self.get(RecordRef::Subscription { namespace, api }).await
     }
 
     /// Every subscription of this deployment.
     pub async fn list_subscriptions(&self) -> Result<(Vec<Versioned<Subscription>>, Revision)> {
-        self.list_all(&keys::subscriptions(&self.platform, &self.region)).await
-    }
-
-    /// One namespace's subscriptions in this deployment.
-    pub async fn list_namespace_subscriptions(&self, namespace: &str) -> Result<Vec<Versioned<Subscription>>> {
-        Ok(self.list_all(&keys::namespace_subscriptions(&self.platform, &self.region, namespace)).await?.0)
+        self.list_all(Collection::Subscriptions).await
     }
 
     /// Parses a subscription key of this deployment into `(namespace, api)`.
     pub fn subscription_key_parts<'k>(&self, key: &'k str) -> Option<(&'k str, &'k str)> {
-        let rest = key.strip_prefix(&keys::subscriptions(&self.platform, &self.region))?;
-        rest.split_once('/')
+        match self.layout.parse(key)? {
+            RecordRef::Subscription { namespace, api } => Some((namespace, api)),
+            _ => None,
+        }
     }
 
     /// Parses a registration key of this deployment into the long name.
     pub fn registration_key_name<'k>(&self, key: &'k str) -> Option<&'k str> {
-        key.strip_prefix(&keys::registrations(&self.platform, &self.region))
-    }
-
-    /// Records a successful reconcile toward `sync_id` for the first time:
-    /// `active: true`, `state: success`, `current_sync_id: sync_id`
-    /// (seed: `Repository.ActivateSubscription`).
-    pub async fn activate_subscription(&self, seen: &Versioned<Subscription>, sync_id: &str) -> Result<Recorded> {
-        self.set_subscription_sync_id(seen, sync_id).await
-    }
-
-    /// Records a successful reconcile toward `sync_id`
-    /// (seed: `Repository.SetSubscriptionSyncID`). Conditional on `seen`'s
-    /// revision: a subscription changed meanwhile (a force re-sync, a
-    /// delete) is `Stale` and must be decided again.
-    pub async fn set_subscription_sync_id(&self, seen: &Versioned<Subscription>, sync_id: &str) -> Result<Recorded> {
-        let mut next = seen.value.clone();
-        next.active = true;
-        next.state = SubscriptionState::Success;
-        next.current_sync_id = sync_id.to_string();
-        self.record(seen, next).await
-    }
-
-    /// Records a failed reconcile: `state: error`, everything else unchanged.
-    pub async fn mark_subscription_error(&self, seen: &Versioned<Subscription>) -> Result<Recorded> {
-        let mut next = seen.value.clone();
-        next.state = SubscriptionState::Error;
-        self.record(seen, next).await
-    }
-
-    async fn record(&self, seen: &Versioned<Subscription>, mut next: Subscription) -> Result<Recorded> {
-        // A result is no re-sync request (platform §4.4 `trigger`).
-        next.resync_requested = false;
-        if next == seen.value {
-            return Ok(Recorded::Unchanged);
+        match self.layout.parse(key)? {
+            RecordRef::Registration(name) => Some(name),
+            _ => None,
         }
-        let key = keys::subscription(&self.platform, &self.region, &seen.value.namespace, &seen.value.api);
-        match self.update(&key, &next, seen.revision, "subscription").await {
-            Ok(revision) => Ok(Recorded::Written(revision)),
-            Err(Error::Conflict(_) | Error::NotFound(_)) => Ok(Recorded::Stale),
-            Err(e) => Err(e),
+    }
+
+    /// Parses a namespace key into the namespace's name.
+    pub fn namespace_key_name<'k>(&self, key: &'k str) -> Option<&'k str> {
+        match self.layout.parse(key)? {
+            RecordRef::Namespace(name) => Some(name),
+            _ => None,
         }
     }
 }
@@ -343,7 +306,7 @@ impl Repository {
             return Ok(None);
         }
         let guard = keys::short_name(&self.platform, &self.region, short);
-        let claim = self.get::<String>(&guard).await?;
+        let claim = self.get_key::<String>(&guard).await?;
         Ok(claim.filter(|c| c.value == name).map(|c| (guard, c.revision)))
     }
 
@@ -573,8 +536,7 @@ impl Repository {
     /// The registration `/sync` shorthand: a fresh SyncID, always different
     /// from the previous one, which starts the ongoing action.
     pub async fn bump_registration_sync_id(&self, name: &str) -> Result<Versioned<ApiRegistration>> {
-        let key = keys::registration(&self.platform, &self.region, name);
-        self.modify::<ApiRegistration, _>(&key, &format!("api registration {name:?}"), |r| {
+        self.modify::<ApiRegistration, _>(RecordRef::Registration(name), &format!("api registration {name:?}"), |r| {
             r.sync_id = new_sync_id(&r.sync_id);
             r.sync_id_updated_at = sync_id_updated_now();
             Change::Write

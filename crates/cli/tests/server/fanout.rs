@@ -7,8 +7,8 @@
 
 use std::time::Duration;
 
-use kayra_catalog::repo::{Repository, keys};
-use kayra_core::{Run, RunResult};
+use kayra_catalog::repo::{RecordRef, Repository, ResultWrite, Versioned};
+use kayra_core::{Run, RunResult, Subscription, SubscriptionState};
 
 use crate::common::server::Kayra;
 
@@ -31,12 +31,30 @@ fn reconcile_after_bump(repo: Repository, before: String, namespaces: &[&str], f
         for ns in &namespaces {
             let seen = repo.get_subscription(ns, API).await.unwrap().unwrap();
             if failing.contains(ns) {
-                repo.mark_subscription_error(&seen).await.unwrap();
+                record_result(&repo, &seen, None).await;
             } else {
-                repo.set_subscription_sync_id(&seen, &sync_id).await.unwrap();
+                record_result(&repo, &seen, Some(&sync_id)).await;
             }
         }
     });
+}
+
+/// Records a reconcile result on `seen` as the reconciler's result write
+/// does (without a run record): synced to `sync_id`, or with `None` failed.
+async fn record_result(repo: &Repository, seen: &Versioned<Subscription>, sync_id: Option<&str>) {
+    let mut next = seen.value.clone();
+    match sync_id {
+        Some(sync_id) => {
+            next.active = true;
+            next.state = SubscriptionState::Success;
+            next.current_sync_id = sync_id.into();
+        }
+        None => next.state = SubscriptionState::Error,
+    }
+    if next != seen.value {
+        let write = ResultWrite { seen, next: Some(&next), clear_runs: false, lock: None, unlock: false };
+        repo.write_result(&write, &[]).await.expect("record the result");
+    }
 }
 
 /// A registration and `namespaces` subscribed to it, synced to its SyncID.
@@ -49,7 +67,7 @@ async fn fan_out(kayra: &Kayra, namespaces: &[&str]) -> String {
     let sync_id = kayra.repo.get_registration(API).await.unwrap().unwrap().value.sync_id;
     for ns in namespaces {
         let seen = kayra.repo.get_subscription(ns, API).await.unwrap().unwrap();
-        kayra.repo.set_subscription_sync_id(&seen, &sync_id).await.unwrap();
+        record_result(&kayra.repo, &seen, Some(&sync_id)).await;
     }
     sync_id
 }
@@ -139,9 +157,9 @@ async fn runs_show_as_a_table_and_one_run_as_yaml() {
         (none.stdout.as_str(), none.stderr.as_str()),
         ("", "No runs found for the subscription of namespace core to compute.example.com.\n")
     );
-    let prefix = keys::runs(kayra.repo.platform(), kayra.repo.region(), "core", API);
     for (n, result) in [(1, RunResult::Success), (2, RunResult::Error)] {
-        kayra.repo.create(&format!("{prefix}r{n}"), &run_record(n, result), "run").await.unwrap();
+        let record = RecordRef::Run { namespace: "core", api: API, slot: n };
+        kayra.repo.create(record, &run_record(n, result), "run").await.unwrap();
     }
     let run = kayra.cli.run(&["get", "catalog", "-n", "core", "subscriptions", &format!("{API}/runs")]).await.ok();
     let lines: Vec<&str> = run.stdout.lines().collect();

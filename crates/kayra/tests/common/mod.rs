@@ -15,7 +15,7 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use kayra_catalog::repo::{Change, Repository, keys};
+use kayra_catalog::repo::{Change, RecordRef, Repository};
 use kayra_core::{ApiRegistration, Namespace, Subscription};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
@@ -108,7 +108,7 @@ impl Catalog {
     pub async fn seed(&self, mode: &str, namespaces: &[String], sync_id: &str) {
         let reg =
             ApiRegistration { name: API.into(), mode: mode.into(), sync_id: sync_id.into(), ..Default::default() };
-        self.repo.create(&keys::registration("dev", "local", API), &reg, "registration").await.unwrap();
+        self.repo.create(RecordRef::Registration(API), &reg, "registration").await.unwrap();
         for ns in namespaces {
             self.subscribe(ns).await;
         }
@@ -117,15 +117,15 @@ impl Catalog {
     /// Creates namespace `ns` and its subscription to [`API`].
     pub async fn subscribe(&self, ns: &str) {
         let n = Namespace { name: ns.to_string(), ..Default::default() };
-        self.repo.create(&keys::namespace(ns), &n, "namespace").await.unwrap();
+        self.repo.create(RecordRef::Namespace(ns), &n, "namespace").await.unwrap();
         let sub = Subscription::new(ns, API);
-        self.repo.create(&keys::subscription("dev", "local", ns, API), &sub, "subscription").await.unwrap();
+        self.repo.create(RecordRef::Subscription { namespace: ns, api: API }, &sub, "subscription").await.unwrap();
     }
 
     pub async fn bump(&self, sync_id: &str) {
-        let key = keys::registration("dev", "local", API);
+        let key = RecordRef::Registration(API);
         self.repo
-            .modify::<ApiRegistration, _>(&key, "registration", |r| {
+            .modify::<ApiRegistration, _>(key, "registration", |r| {
                 r.sync_id = sync_id.into();
                 Change::Write
             })

@@ -9,7 +9,7 @@ pub mod echo;
 #[allow(unused_imports)]
 pub use kayra_testkit::{backend, eventually};
 
-use kayra_catalog::repo::{Repository, keys};
+use kayra_catalog::repo::{RecordRef, Repository};
 use kayra_config::ReconcilerConfig;
 use kayra_core::{ApiRegistration, Namespace, Subscription};
 use kayra_reconciler::Reconciler;
@@ -61,7 +61,7 @@ pub struct Seed<'a>(pub &'a Repository);
 impl Seed<'_> {
     pub async fn namespace(&self, name: &str) {
         let ns = Namespace { name: name.into(), ..Default::default() };
-        self.0.create(&keys::namespace(name), &ns, "namespace").await.unwrap();
+        self.0.create(RecordRef::Namespace(name), &ns, "namespace").await.unwrap();
     }
 
     pub async fn registration(&self, name: &str, mode: &str, sync_id: &str) {
@@ -73,17 +73,14 @@ impl Seed<'_> {
             region: self.0.region().into(),
             ..Default::default()
         };
-        self.0
-            .create(&keys::registration(self.0.platform(), self.0.region(), name), &reg, "registration")
-            .await
-            .unwrap();
+        self.0.create(RecordRef::Registration(name), &reg, "registration").await.unwrap();
     }
 
     /// Moves a registration's SyncID (the ongoing action's trigger).
     pub async fn bump(&self, name: &str, sync_id: &str) {
-        let key = keys::registration(self.0.platform(), self.0.region(), name);
+        let key = RecordRef::Registration(name);
         self.0
-            .modify::<ApiRegistration, _>(&key, "registration", |r| {
+            .modify::<ApiRegistration, _>(key, "registration", |r| {
                 r.sync_id = sync_id.into();
                 kayra_catalog::repo::Change::Write
             })
@@ -93,18 +90,15 @@ impl Seed<'_> {
 
     pub async fn subscription(&self, namespace: &str, api: &str) {
         let sub = Subscription::new(namespace, api);
-        self.0
-            .create(&keys::subscription(self.0.platform(), self.0.region(), namespace, api), &sub, "subscription")
-            .await
-            .unwrap();
+        self.0.create(RecordRef::Subscription { namespace, api }, &sub, "subscription").await.unwrap();
     }
 
     /// The force re-sync write, as `PUT .../subscriptions/:api/sync` makes
     /// it: resets only current_sync_id, always writes, says it is a re-sync.
     pub async fn force_resync(&self, namespace: &str, api: &str) {
-        let key = keys::subscription(self.0.platform(), self.0.region(), namespace, api);
+        let key = RecordRef::Subscription { namespace, api };
         loop {
-            let current = self.0.get::<Subscription>(&key).await.unwrap().unwrap();
+            let current = self.0.get::<Subscription>(key).await.unwrap().unwrap();
             if self.0.reset_subscription_sync(namespace, api, &current).await.unwrap().is_some() {
                 return;
             }

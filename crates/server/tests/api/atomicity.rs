@@ -4,6 +4,7 @@
 //! duplicate short name.
 
 use futures::future::join;
+use kayra_catalog::repo::{Collection, RecordRef};
 use reqwest::Method;
 use serde_json::json;
 
@@ -130,16 +131,17 @@ both_backends! {
         server.namespace("core").await;
         server.registration("compute.example.com", json!({})).await;
         server.subscribe("core", "compute.example.com").await;
-        let (p, r) = (server.repo.platform().to_string(), server.repo.region().to_string());
-        let store = server.repo.store();
-        let runs = kayra_catalog::repo::keys::runs(&p, &r, "core", "compute.example.com");
-        for id in ["0001", "0002"] {
-            store.create(&format!("{runs}{id}"), b"{}".to_vec()).await.unwrap();
+        let (store, repo) = (server.repo.store(), &server.repo);
+        let (namespace, api, neighbour) = ("core", "compute.example.com", "compute.example.comx");
+        for slot in [1, 2] {
+            store.create(&repo.store_key_of(RecordRef::Run { namespace, api, slot }), b"{}".to_vec()).await.unwrap();
         }
-        let neighbour = kayra_catalog::repo::keys::runs(&p, &r, "core", "compute.example.comx");
-        store.create(&format!("{neighbour}0001"), b"{}".to_vec()).await.unwrap();
-        let attempt = kayra_catalog::repo::keys::attempt(&p, &r, "core", "compute.example.com");
+        let neighbour_run = repo.store_key_of(RecordRef::Run { namespace, api: neighbour, slot: 1 });
+        store.create(&neighbour_run, b"{}".to_vec()).await.unwrap();
+        let attempt = repo.store_key_of(RecordRef::Attempt { namespace, api });
         store.create(&attempt, b"{}".to_vec()).await.unwrap();
+        let runs = repo.layout().prefix(Collection::SubscriptionRuns { namespace, api });
+        let neighbour = repo.layout().prefix(Collection::SubscriptionRuns { namespace, api: neighbour });
 
         server.delete("/namespaces/core/subscriptions/compute.example.com").await.expect(204);
         assert!(store.list_all(&runs).await.unwrap().0.is_empty(), "runs deleted with the subscription");

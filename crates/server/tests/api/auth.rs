@@ -40,7 +40,8 @@ both_backends! {
         assert_eq!(server.get(&format!("/users/alice/tokens/{id}")).await.expect(200)["id"], id.as_str());
 
         // Stored only as a hash.
-        let (all, _) = server.repo.store().list_all("/tokens/").await.unwrap();
+        let tokens = server.repo.layout().prefix(kayra_catalog::repo::Collection::Tokens);
+        let (all, _) = server.repo.store().list_all(&tokens).await.unwrap();
         assert!(all.iter().all(|kv| !String::from_utf8_lossy(&kv.value).contains(&token) && !kv.key.contains(&token)));
 
         server.delete(&format!("/users/alice/tokens/{id}")).await.expect(204);
@@ -112,9 +113,9 @@ both_backends! {
             name: "sysadmin".into(),
             rules: vec![kayra_core::Rule { apis: vec!["*".into()], resources: vec!["namespaces".into()], verbs: vec!["get".into()] }],
         };
-        let key = kayra_catalog::repo::keys::role("sysadmin");
-        let current = server.repo.get::<kayra_core::Role>(&key).await.unwrap().unwrap();
-        server.repo.update(&key, &narrowed, current.revision, "role").await.unwrap();
+        let key = kayra_catalog::repo::RecordRef::Role("sysadmin");
+        let current = server.repo.get::<kayra_core::Role>(key).await.unwrap().unwrap();
+        server.repo.update(key, &narrowed, current.revision, "role").await.unwrap();
         let again = server.restart_with(|_| {}).await;
         again.get("/namespaces").await.expect(200);
         assert_eq!(again.get("/clusterrolebindings/admin-sysadmin").await.expect(200)["user"], "admin");

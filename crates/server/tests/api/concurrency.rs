@@ -60,7 +60,7 @@ both_backends! {
         server.registration("compute.example.com", json!({"sync_id": "s1"})).await;
         server.subscribe("core", "compute.example.com").await;
         let seen = server.repo.get_subscription("core", "compute.example.com").await.unwrap().unwrap();
-        server.repo.set_subscription_sync_id(&seen, "s1").await.unwrap();
+        crate::common::record_result(&server.repo, &seen, Some("s1")).await;
         let item = "/namespaces/core/subscriptions/compute.example.com";
         let before = server.repo.get_subscription("core", "compute.example.com").await.unwrap().unwrap().revision;
         let sync = format!("{item}/sync");

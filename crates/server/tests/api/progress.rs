@@ -32,12 +32,12 @@ async fn counts(server: &Server) -> (u64, u64, u64, u64) {
 
 async fn succeed(server: &Server, ns: &str, sync_id: &str) {
     let seen = server.repo.get_subscription(ns, API).await.unwrap().unwrap();
-    server.repo.set_subscription_sync_id(&seen, sync_id).await.unwrap();
+    crate::common::record_result(&server.repo, &seen, Some(sync_id)).await;
 }
 
 async fn fail(server: &Server, ns: &str) {
     let seen = server.repo.get_subscription(ns, API).await.unwrap().unwrap();
-    server.repo.mark_subscription_error(&seen).await.unwrap();
+    crate::common::record_result(&server.repo, &seen, None).await;
 }
 
 both_backends! {

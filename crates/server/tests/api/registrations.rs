@@ -119,7 +119,7 @@ both_backends! {
         }
         for (ns, sync_id) in [("core", "s1"), ("sre", "s2")] {
             let seen = server.repo.get_subscription(ns, "compute.example.com").await.unwrap().unwrap();
-            server.repo.set_subscription_sync_id(&seen, sync_id).await.unwrap();
+            crate::common::record_result(&server.repo, &seen, Some(sync_id)).await;
         }
         let mut status = server.get("/apiregistrations/compute.example.com/status").await.expect(200);
         assert_eq!(status.as_object_mut().unwrap().remove("sync_id_updated_at"), Some(reg["sync_id_updated_at"].clone()));

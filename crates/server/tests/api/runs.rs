@@ -4,7 +4,7 @@
 //! directly, under keys whose last segment deliberately does not sort like
 //! the ids, since that segment is the reconciler's choice.
 
-use kayra_catalog::repo::keys;
+use kayra_catalog::repo::RecordRef;
 use kayra_core::{Run, RunResult};
 use reqwest::Method;
 use serde_json::{Value, json};
@@ -22,11 +22,11 @@ pub fn run(namespace: &str, n: u64, result: RunResult) -> Run {
     kayra_testkit::fixtures::run(namespace, API, n, result)
 }
 
-/// Stores `run` as the reconciler would, under a key segment of its own.
-pub async fn put_run(server: &Server, run: &Run, segment: &str) {
-    let key =
-        format!("{}{segment}", keys::runs(&server.config.platform, &server.config.region, &run.namespace, &run.api));
-    server.repo.create(&key, run, "run").await.expect("store the run");
+/// Stores `run` as the reconciler would, in ring slot `slot` (a choice of
+/// the reconciler's that readers do not depend on).
+pub async fn put_run(server: &Server, run: &Run, slot: u64) {
+    let record = RecordRef::Run { namespace: &run.namespace, api: &run.api, slot };
+    server.repo.create(record, run, "run").await.expect("store the run");
 }
 
 async fn setup(server: &Server) {
@@ -50,12 +50,12 @@ both_backends! {
         // Key segments sort opposite to the ids.
         for n in 1..=5u64 {
             let result = if n % 2 == 0 { RunResult::Error } else { RunResult::Success };
-            put_run(&server, &run("core", n, result), &format!("k{}", 9 - n)).await;
+            put_run(&server, &run("core", n, result), 9 - n).await;
         }
         // Another subscription's runs stay out of this one's list.
         server.namespace("web").await;
         server.subscribe("web", API).await;
-        put_run(&server, &run("web", 9, RunResult::Success), "a").await;
+        put_run(&server, &run("web", 9, RunResult::Success), 0).await;
 
         let all = server.get(RUNS).await.expect(200);
         assert_eq!(ids(&all), (1..=5).rev().map(run_id).collect::<Vec<_>>());
@@ -87,7 +87,7 @@ both_backends! {
     async fn one_run_by_id(server: Server) {
         setup(&server).await;
         let stored = run("core", 7, RunResult::Error);
-        put_run(&server, &stored, "whatever").await;
+        put_run(&server, &stored, 0).await;
         let got = server.get(&format!("{RUNS}/{}", run_id(7))).await.expect(200);
         assert_eq!(got, serde_json::to_value(&stored).unwrap());
         server.get(&format!("{RUNS}/{}", run_id(8))).await.error(404, &[&run_id(8)]);
@@ -102,7 +102,7 @@ both_backends! {
             .error(404, &["other.example.com"]);
         server.get(&format!("/namespaces/missing/subscriptions/{API}/runs")).await.error(404, &["missing"]);
         // A deleted subscription's leftover runs are not served.
-        put_run(&server, &run("core", 1, RunResult::Success), "x").await;
+        put_run(&server, &run("core", 1, RunResult::Success), 0).await;
         server.delete(&format!("/namespaces/core/subscriptions/{API}")).await.expect(204);
         server.get(RUNS).await.error(404, &["core", API]);
         server.get(&format!("{RUNS}/{}", run_id(1))).await.error(404, &[API]);
@@ -110,7 +110,7 @@ both_backends! {
 
     async fn runs_need_subscriptions_runs(server: Server) {
         setup(&server).await;
-        put_run(&server, &run("core", 1, RunResult::Success), "x").await;
+        put_run(&server, &run("core", 1, RunResult::Success), 0).await;
         let one = format!("{RUNS}/{}", run_id(1));
         let reader = server.user_with_rules("reader", rule(&["subscriptions"], &["get", "list"])).await;
         server.call(Method::GET, RUNS, Some(&reader), None).await

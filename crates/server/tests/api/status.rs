@@ -35,7 +35,7 @@ async fn subscribers(server: &Server, names: &[&str]) {
 /// What a reconciler's success writes, made directly to the store.
 async fn succeed(server: &Server, ns: &str, sync_id: &str) {
     let seen = server.repo.get_subscription(ns, API).await.unwrap().unwrap();
-    server.repo.set_subscription_sync_id(&seen, sync_id).await.unwrap();
+    crate::common::record_result(&server.repo, &seen, Some(sync_id)).await;
 }
 
 fn counts(status: &Value) -> [u64; 4] {

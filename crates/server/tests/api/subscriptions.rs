@@ -1,7 +1,7 @@
 //! Subscriptions: the seed's "Managing one", "Forcing a re-sync" and
 //! "Active/State/CurrentSyncID are computed", sentence by sentence.
 
-use kayra_catalog::repo::keys;
+use kayra_catalog::repo::RecordRef;
 use kayra_core::Subscription;
 use serde_json::{Value, json};
 
@@ -23,7 +23,7 @@ async fn revision(server: &Server, namespace: &str, api: &str) -> i64 {
 /// Plays the reconciler: a successful reconcile toward `sync_id`.
 async fn reconcile(server: &Server, namespace: &str, api: &str, sync_id: &str) {
     let seen = server.repo.get_subscription(namespace, api).await.unwrap().unwrap();
-    server.repo.set_subscription_sync_id(&seen, sync_id).await.unwrap();
+    crate::common::record_result(&server.repo, &seen, Some(sync_id)).await;
 }
 
 const FIELDS: [&str; 7] = ["api", "namespace", "active", "state", "current_sync_id", "expected_sync_id", "synced"];
@@ -206,7 +206,7 @@ both_backends! {
         setup(&server).await;
         server.subscribe("core", "compute.example.com").await;
         let seen = server.repo.get_subscription("core", "compute.example.com").await.unwrap().unwrap();
-        server.repo.mark_subscription_error(&seen).await.unwrap();
+        crate::common::record_result(&server.repo, &seen, None).await;
         let view = server.put("/namespaces/core/subscriptions/compute.example.com/sync", json!({})).await.expect(200);
         assert_eq!((view["active"].clone(), view["state"].clone()), (json!(false), json!("error")));
     }
@@ -232,8 +232,8 @@ both_backends! {
         }
 
         // The registration gone (removed behind the API's back): empty, never missing.
-        let key = keys::registration("dev", "local", "compute.example.com");
-        server.repo.delete(&key, None, "registration").await.unwrap();
+        let key = RecordRef::Registration("compute.example.com");
+        server.repo.delete(key, None, "registration").await.unwrap();
         let view = server.get(item).await.expect(200);
         assert_view(&view);
         assert_eq!((view["expected_sync_id"].clone(), view["synced"].clone()), (json!(""), json!(false)));

@@ -110,7 +110,7 @@ async fn subscribed(server: &Server, namespaces: &[&str], sync_id: &str) {
         server.namespace(ns).await;
         server.subscribe(ns, API).await;
         let seen = server.repo.get_subscription(ns, API).await.unwrap().unwrap();
-        server.repo.set_subscription_sync_id(&seen, sync_id).await.unwrap();
+        crate::common::record_result(&server.repo, &seen, Some(sync_id)).await;
     }
 }
 
@@ -210,7 +210,7 @@ both_backends! {
         // reconciler's success, not a repeat of the bump.
         for ns in namespaces {
             let seen = server.repo.get_subscription(ns, API).await.unwrap().unwrap();
-            server.repo.set_subscription_sync_id(&seen, s2).await.unwrap();
+            crate::common::record_result(&server.repo, &seen, Some(s2)).await;
         }
         for (ns, events) in lists.iter_mut() {
             let synced = events.expect("MODIFIED", "api", API).await;
@@ -359,11 +359,12 @@ async fn a_stream_survives_a_compaction_relist() {
     let namespace = |name: &str, description: &str| {
         serde_json::to_vec(&json!({"name": name, "description": description, "active": false})).unwrap()
     };
-    let (change, _) = store.get("/namespaces/change").await.expect("read change");
+    let key = |name| server.repo.store_key_of(kayra_catalog::repo::RecordRef::Namespace(name));
+    let (change, _) = store.get(&key("change")).await.expect("read change");
     let change = change.expect("namespace change exists");
-    store.update("/namespaces/change", namespace("change", "changed in the gap"), change.mod_revision).await.unwrap();
-    store.delete("/namespaces/drop", None).await.expect("delete drop");
-    store.create("/namespaces/new", namespace("new", "")).await.expect("create new");
+    store.update(&key("change"), namespace("change", "changed in the gap"), change.mod_revision).await.unwrap();
+    store.delete(&key("drop"), None).await.expect("delete drop");
+    store.create(&key("new"), namespace("new", "")).await.expect("create new");
     let at = server.repo.store().revision().await.expect("revision");
     etcd.compact(at, None).await.expect("compact");
     switch.restore();

@@ -12,8 +12,9 @@ pub mod counted;
 
 use std::sync::{Arc, Once};
 
-use kayra_catalog::repo::Repository;
+use kayra_catalog::repo::{Repository, ResultWrite, Versioned};
 use kayra_config::{Config, DatabaseConfig};
+use kayra_core::{Subscription, SubscriptionState};
 use kayra_store::Store;
 use reqwest::Method;
 use serde_json::{Value, json};
@@ -418,4 +419,24 @@ async fn test_config(backend: Backend) -> (Config, Keep) {
     let mut config = Config { database, ..Config::default() };
     config.auth.bootstrap_token = "test-bootstrap-token-0123456789abcdef".into();
     (config, keep)
+}
+
+/// Records a reconcile result on `seen` as the reconciler's result write
+/// does (without a run record): synced to `sync_id`, or with `None` failed.
+/// Nothing is written when the subscription already says so; a stale `seen`
+/// writes nothing either.
+pub async fn record_result(repo: &Repository, seen: &Versioned<Subscription>, sync_id: Option<&str>) {
+    let mut next = seen.value.clone();
+    match sync_id {
+        Some(sync_id) => {
+            next.active = true;
+            next.state = SubscriptionState::Success;
+            next.current_sync_id = sync_id.into();
+        }
+        None => next.state = SubscriptionState::Error,
+    }
+    if next != seen.value {
+        let write = ResultWrite { seen, next: Some(&next), clear_runs: false, lock: None, unlock: false };
+        repo.write_result(&write, &[]).await.expect("record the result");
+    }
 }

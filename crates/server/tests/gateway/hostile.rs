@@ -235,9 +235,9 @@ async fn endpoint_user_info_never_reaches_the_log() {
     let mut registration = world.server.registration(api, json!({"sync_id": crate::SYNC_ID})).await;
     registration["endpoint"] = json!("http://legacy-user:s3cret-password@127.0.0.1:1");
     let registration: kayra_core::ApiRegistration = serde_json::from_value(registration).unwrap();
-    let key = kayra_catalog::repo::keys::registration("dev", "local", api);
-    world.server.repo.store().delete(&key, None).await.expect("delete");
-    world.server.repo.create(&key, &registration, "registration").await.expect("rewrite");
+    let key = kayra_catalog::repo::RecordRef::Registration(api);
+    world.server.repo.store().delete(&world.server.repo.store_key_of(key), None).await.expect("delete");
+    world.server.repo.create(key, &registration, "registration").await.expect("rewrite");
     world.server.subscribe("a", api).await;
     world.activate("a", api).await;
     let token = world.user("erin", json!([{"apis": [api], "resources": ["*"], "verbs": ["*"]}])).await;
