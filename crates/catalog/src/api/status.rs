@@ -28,7 +28,7 @@ use utoipa::ToSchema;
 use super::authz::WatchCheck;
 use super::error::{ApiError, ErrorBody};
 use super::extract::Path;
-use super::hub::{Feed, Hub, KeyRange};
+use super::hub::{Feed, FeedChange, Hub, KeyRange};
 use super::watch::{Framing, Kind, Outbox, Watcher, frame, streaming};
 use super::{ApiState, long_name, registration_not_found};
 use crate::cache::subscribers::SubscriberIndex;
@@ -196,7 +196,7 @@ struct Stream {
     /// The registration's store key.
     key: String,
     feed: Arc<Feed>,
-    registrations: broadcast::Receiver<Arc<str>>,
+    registrations: broadcast::Receiver<FeedChange>,
     index: SubscriberIndex,
     changes: watch::Receiver<u64>,
     /// The document last sent: what a render is compared with, and what a
@@ -218,8 +218,8 @@ impl Stream {
             let render_at = self.last_render + COALESCE;
             tokio::select! {
                 alive = self.outbox.housekeeping() => if !alive { return None },
-                key = self.registrations.recv() => match key {
-                    Ok(key) => self.dirty |= *key == *self.key,
+                change = self.registrations.recv() => match change {
+                    Ok(change) => self.dirty |= *change.key == *self.key,
                     // Missed announcements only mean "render again".
                     Err(RecvError::Lagged(_)) => self.dirty = true,
                     Err(RecvError::Closed) => return None,

@@ -9,16 +9,18 @@
 //! object there is, then every change.
 //!
 //! A stream reads from the process's [`Hub`]: no store watch of its own.
-//! It keeps the JSON of every object it has sent and, on each announced
-//! key, renders that key's *current* record the way a GET would (once per
-//! record for all streams: the rendering and its frames are shared through
-//! the feed's [`Record`], so a stream holds pointers, not copies) and
-//! compares: a new object is `ADDED`, a different one `MODIFIED`, a gone
-//! one `DELETED`, an equal one nothing. So a replayed or re-listed record
-//! never shows twice, a write that changes nothing visible (a run record,
-//! the same value again) is no event, and a subscription's computed
-//! `expected_sync_id`/`synced` are re-rendered when its registration's
-//! announcement comes from the registrations feed.
+//! It keeps the JSON of every object it has sent and, on each change its
+//! feed announces, renders the record **as of that change** the way a GET
+//! would (once per record for all streams: the rendering and its frames
+//! are shared through the feed's [`Record`], so a stream holds pointers,
+//! not copies) and compares: a new object is `ADDED`, a different one
+//! `MODIFIED`, a gone one `DELETED`, an equal one nothing. So every
+//! transition is shown in order (never only the latest state read later),
+//! a re-listed record never shows twice, a write that changes nothing
+//! visible (a run record, the same value again) is no event, and a
+//! subscription's computed `expected_sync_id`/`synced` are re-rendered,
+//! from the record the stream showed last, when its registration's change
+//! comes from the registrations feed.
 //!
 //! Authorization is checked when the stream opens (the route's resource
 //! with verb `watch`) and again every [`WatchOptions::recheck`]: a revoked
@@ -44,7 +46,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::authz::require_cluster_rbac;
 use super::error::ApiError;
-use super::hub::{Feed, Hub, KeyRange, Record, WatchOptions};
+use super::hub::{Feed, FeedChange, Hub, KeyRange, Record, WatchOptions};
 use super::users::TokenInfo;
 use crate::repo::{Repository, keys};
 
@@ -210,13 +212,7 @@ impl Target {
                 (object, Some(token.id), Some(token.user))
             }
         };
-        Some(Rendered {
-            key: Arc::from(kv.key.as_str()),
-            object: object.into_boxed_str(),
-            id,
-            owner,
-            frames: Default::default(),
-        })
+        Some(Rendered { object: object.into_boxed_str(), id, owner, frames: Default::default() })
     }
 
     /// Whether this stream shows `rendered` (one run, one user's tokens).
@@ -259,7 +255,6 @@ fn to_text<T: Serialize>(value: &T) -> Option<String> {
 /// An object as a GET answers it, rendered once per record and shared by
 /// every stream that shows it, with its event frames made on first use.
 pub(crate) struct Rendered {
-    key: Arc<str>,
     object: Box<str>,
     /// A run's or a token's id, for the streams of one of them.
     id: Option<String>,
@@ -352,7 +347,6 @@ pub(crate) async fn open(
     let (rx, present) = primary.subscribe(&target.range);
     let mut stream = Stream {
         target,
-        primary,
         rx,
         dependency,
         sent: HashMap::new(),
@@ -360,7 +354,8 @@ pub(crate) async fn open(
         closed: false,
     };
     for record in present {
-        stream.refresh_with(&record.kv.key, Some(record.clone()));
+        let key = Arc::from(record.kv.key.as_str());
+        stream.show(key, Some(record));
     }
     let body = Body::from_stream(futures::stream::unfold(stream, |mut stream| async move {
         let chunk = stream.next_chunk().await?;
@@ -461,14 +456,20 @@ impl Outbox {
 /// One open watch stream.
 struct Stream {
     target: Target,
-    primary: Arc<Feed>,
-    rx: broadcast::Receiver<Arc<str>>,
-    dependency: Option<(Arc<Feed>, broadcast::Receiver<Arc<str>>)>,
-    /// The object last sent for each key shown: what the next render is
-    /// compared with, and what a `DELETED` carries.
-    sent: HashMap<Arc<str>, Arc<Rendered>>,
+    rx: broadcast::Receiver<FeedChange>,
+    dependency: Option<(Arc<Feed>, broadcast::Receiver<FeedChange>)>,
+    /// What was last sent for each key shown: the next rendering is
+    /// compared with it, a `DELETED` carries it, and a dependency's change
+    /// re-renders its record.
+    sent: HashMap<Arc<str>, Shown>,
     outbox: Outbox,
     closed: bool,
+}
+
+/// One object a stream has sent: the record and its rendering.
+struct Shown {
+    record: Arc<Record>,
+    rendered: Arc<Rendered>,
 }
 
 impl Stream {
@@ -489,18 +490,26 @@ impl Stream {
             };
             tokio::select! {
                 alive = self.outbox.housekeeping() => if !alive { return None },
-                key = self.rx.recv() => match key {
-                    Ok(key) => self.refresh(&key),
+                change = self.rx.recv() => match change {
+                    Ok(change) => {
+                        if self.target.range.contains(&change.key) {
+                            self.show(change.key, change.value);
+                        }
+                    }
                     Err(RecvError::Lagged(missed)) => {
                         tracing::info!(user = %self.outbox.watcher().user, missed, "watch stream fell behind; closing it");
                         return None;
                     }
                     Err(RecvError::Closed) => return None,
                 },
-                key = dependency => match key {
-                    Ok(key) => {
-                        if let Some(affected) = self.target.affected_by_registration(&key) {
-                            self.refresh(&affected);
+                change = dependency => match change {
+                    Ok(change) => {
+                        if let Some(affected) = self.target.affected_by_registration(&change.key) {
+                            // The record this stream showed last, against the new registration.
+                            if let Some((key, shown)) = self.sent.get_key_value(affected.as_str()) {
+                                let (key, record) = (key.clone(), shown.record.clone());
+                                self.show(key, Some(record));
+                            }
                         }
                     }
                     Err(RecvError::Lagged(missed)) => {
@@ -513,42 +522,37 @@ impl Stream {
         }
     }
 
-    /// Re-renders `key` from its feed's current record and queues the event
-    /// that tells the client, if any.
-    fn refresh(&mut self, key: &str) {
-        if !self.target.range.contains(key) {
-            return;
-        }
-        let current = self.primary.get(key);
-        self.refresh_with(key, current);
-    }
-
-    fn refresh_with(&mut self, key: &str, current: Option<Arc<Record>>) {
+    /// Renders `key`'s record as of its change (`None`: gone) and queues
+    /// the event that tells the client, if any.
+    fn show(&mut self, key: Arc<str>, record: Option<Arc<Record>>) {
         let registrations = self.dependency.as_ref().map(|(feed, _)| feed.as_ref());
         let target = &self.target;
-        let rendered = current.and_then(|record| {
-            let dependency = target.dependency_revision(key, registrations);
-            record.rendered(dependency, |kv| target.render(kv, registrations)).filter(|r| target.shows(r))
+        let shown = record.and_then(|record| {
+            let dependency = target.dependency_revision(&key, registrations);
+            let rendered =
+                record.rendered(dependency, |kv| target.render(kv, registrations)).filter(|r| target.shows(r))?;
+            Some(Shown { record, rendered })
         });
         let framing = self.outbox.framing();
-        let event = match (rendered, self.sent.get(key)) {
-            (Some(object), None) => {
-                let event = object.frame(Kind::Added, framing);
-                self.sent.insert(object.key.clone(), object);
+        let event = match (shown, self.sent.get(&key)) {
+            (Some(shown), None) => {
+                let event = shown.rendered.frame(Kind::Added, framing);
+                self.sent.insert(key, shown);
                 event
             }
-            (Some(object), Some(previous)) => {
-                let changed = !Arc::ptr_eq(&object, previous) && previous.object != object.object;
-                let event = changed.then(|| object.frame(Kind::Modified, framing));
+            (Some(shown), Some(previous)) => {
+                let changed = !Arc::ptr_eq(&shown.rendered, &previous.rendered)
+                    && previous.rendered.object != shown.rendered.object;
+                let event = changed.then(|| shown.rendered.frame(Kind::Modified, framing));
                 // Holding the newest rendering lets the feed free the old one.
-                self.sent.insert(object.key.clone(), object);
+                self.sent.insert(key, shown);
                 match event {
                     Some(event) => event,
                     None => return,
                 }
             }
-            (None, Some(_)) => match self.sent.remove(key) {
-                Some(previous) => previous.frame(Kind::Deleted, framing),
+            (None, Some(_)) => match self.sent.remove(&key) {
+                Some(previous) => previous.rendered.frame(Kind::Deleted, framing),
                 None => return,
             },
             (None, None) => return,

@@ -137,6 +137,33 @@ both_backends! {
         events.expect("MODIFIED", "name", "gamma").await;
     }
 
+    async fn every_transition_is_streamed_with_the_object_as_of_it(server: Server) {
+        // Local polls far apart, so the create and the reconciler's result
+        // below reach the server's feed in one poll, as a fast failing
+        // first sync does: both must still be shown, in order.
+        let server = server
+            .restart_with(|config| {
+                if let Some(local) = config.database.local.as_mut() {
+                    local.poll_interval = kayra_config::Duration::from_secs(2);
+                }
+            })
+            .await;
+        server.registration(API, json!({"sync_id": "s1"})).await;
+        server.namespace("core").await;
+        let mut events = Events::open(&server, "/namespaces/core/subscriptions", &server.admin, false).await;
+        server.subscribe("core", API).await;
+        let created = server.repo.get_subscription("core", API).await.unwrap().expect("created");
+        server.repo.mark_subscription_error(&created).await.unwrap();
+        let added = events.expect("ADDED", "api", API).await;
+        assert_eq!((added["state"].as_str(), added["active"].as_bool()), (Some("init"), Some(false)), "{added}");
+        let failed = events.expect("MODIFIED", "api", API).await;
+        assert_eq!((failed["state"].as_str(), failed["active"].as_bool()), (Some("error"), Some(false)), "{failed}");
+        // And a stream opened now starts from the present state.
+        let mut late = Events::open(&server, "/namespaces/core/subscriptions", &server.admin, false).await;
+        let now = late.expect("ADDED", "api", API).await;
+        assert_eq!(now, failed);
+    }
+
     async fn one_object_streams_only_its_own_changes(server: Server) {
         server.registration(API, json!({"sync_id": "s1"})).await;
         server.registration("other.example.com", json!({})).await;
