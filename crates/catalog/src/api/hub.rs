@@ -33,33 +33,8 @@ use kayra_store::{KeyValue, Revision, Store};
 use tokio::sync::broadcast;
 use tokio_util::sync::CancellationToken;
 
-use super::watch::Rendered;
+use super::stream::{Rendered, WatchOptions};
 use crate::cache::subscribers::SubscriberIndex;
-
-/// Tunables of the watch streams; shortened by tests.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct WatchOptions {
-    /// An SSE stream sends `: keep-alive` after this much silence (§4.5: ≤ 15 s).
-    pub keep_alive: Duration,
-    /// How often a stream re-checks its caller's token and right to watch
-    /// (a revoked one is closed within 1 s).
-    pub recheck: Duration,
-    /// Announcements a stream may fall behind before it is closed.
-    pub capacity: usize,
-    /// How long a new stream waits for its feeds' first listing (503 after).
-    pub ready_timeout: Duration,
-}
-
-impl Default for WatchOptions {
-    fn default() -> Self {
-        Self {
-            keep_alive: Duration::from_secs(10),
-            recheck: Duration::from_millis(400),
-            capacity: 4096,
-            ready_timeout: Duration::from_secs(10),
-        }
-    }
-}
 
 /// The process's feeds, by prefix. Cheap to clone.
 #[derive(Clone)]

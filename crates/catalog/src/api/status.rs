@@ -25,11 +25,10 @@ use tokio::sync::{broadcast, watch};
 use tokio::time::Instant;
 use utoipa::ToSchema;
 
-use super::authz::WatchCheck;
 use super::error::{ApiError, ErrorBody};
 use super::extract::Path;
 use super::hub::{Feed, FeedChange, Hub, KeyRange};
-use super::watch::{Framing, Kind, Outbox, Watcher, frame, streaming};
+use super::stream::{Framing, Kind, Outbox, WatchCheck, Watcher, frame, streaming};
 use super::{ApiState, long_name, registration_not_found};
 use crate::cache::subscribers::SubscriberIndex;
 use crate::repo::{Repository, keys};
