@@ -29,6 +29,7 @@ use super::ApiState;
 use super::authz::{Access, Caller, require_cluster_rbac};
 use super::error::ApiError;
 use super::extract::Query;
+use super::hub::Refused;
 use super::list::ListQuery;
 use super::status;
 use super::stream::{Framing, WatchCheck, Watcher};
@@ -191,14 +192,36 @@ async fn serve_watch(
     if checked.status() != StatusCode::OK {
         return Err(checked);
     }
-    let watcher = Watcher { user: caller.user, token, resource };
     let hub = &requirement.state.hub;
+    let permit = hub.admit(&caller.user).map_err(|refused| refusal(&caller.user, refused).into_response())?;
+    let watcher = Watcher { user: caller.user, token, resource };
     let opened = match kind {
         Watched::Status => {
             let framing = if event_stream { Framing::Sse } else { Framing::Ndjson };
-            status::open(hub, repo, &params, watcher, framing).await
+            status::open(hub, repo, &params, watcher, framing, permit).await
         }
-        kind => watch::open(hub, repo, kind, &params, watcher, event_stream).await,
+        kind => watch::open(hub, repo, kind, &params, watcher, event_stream, permit).await,
     };
     opened.map_err(IntoResponse::into_response)
+}
+
+/// How long a caller over its own stream cap is asked to wait.
+const STREAM_RETRY_AFTER_SECONDS: u32 = 5;
+
+/// The answer to a stream past a cap (§17): 429 with `Retry-After` for
+/// the user's own cap, 503 for the server's.
+fn refusal(user: &str, refused: Refused) -> ApiError {
+    match refused {
+        Refused::User(cap) => ApiError::too_many_requests(
+            format!(
+                "user {user:?} has {cap} open watch streams, the most one user may hold \
+                 (server.max_streams_per_user); close one or retry later"
+            ),
+            STREAM_RETRY_AFTER_SECONDS,
+        ),
+        Refused::All(cap) => {
+            tracing::warn!(cap, "watch stream refused: the server holds server.max_streams streams");
+            ApiError::unavailable(format!("the server holds {cap} open watch streams, its most; retry later"))
+        }
+    }
 }

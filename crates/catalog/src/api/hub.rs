@@ -48,7 +48,48 @@ struct Inner {
     feeds: Mutex<HashMap<String, Arc<Feed>>>,
     /// The `/status` reports' subscriber indexes, by subscriptions prefix.
     subscribers: Mutex<HashMap<String, SubscriberIndex>>,
+    /// Open streams against their caps (§17).
+    gate: Mutex<Gate>,
     shutdown: CancellationToken,
+}
+
+/// Open streams by user and in all, and the caps of §17
+/// (`server.max_streams_per_user`, `server.max_streams`).
+#[derive(Debug)]
+struct Gate {
+    by_user: HashMap<String, usize>,
+    total: usize,
+    max_streams: usize,
+    max_per_user: usize,
+}
+
+/// Why a stream was not admitted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Refused {
+    /// The user holds `server.max_streams_per_user` streams already.
+    User(usize),
+    /// The server holds `server.max_streams` streams already.
+    All(usize),
+}
+
+/// One open stream's place under the caps, given back when dropped
+/// (however the stream ends).
+pub(crate) struct StreamPermit {
+    hub: Arc<Inner>,
+    user: String,
+}
+
+impl Drop for StreamPermit {
+    fn drop(&mut self) {
+        let mut gate = self.hub.gate.lock().unwrap_or_else(|p| p.into_inner());
+        gate.total = gate.total.saturating_sub(1);
+        if let Some(held) = gate.by_user.get_mut(&self.user) {
+            *held -= 1;
+            if *held == 0 {
+                gate.by_user.remove(&self.user);
+            }
+        }
+    }
 }
 
 impl std::fmt::Debug for Hub {
@@ -65,6 +106,12 @@ impl Hub {
                 options,
                 feeds: Mutex::new(HashMap::new()),
                 subscribers: Mutex::new(HashMap::new()),
+                gate: Mutex::new(Gate {
+                    by_user: HashMap::new(),
+                    total: 0,
+                    max_streams: kayra_config::ServerConfig::default().max_streams,
+                    max_per_user: kayra_config::ServerConfig::default().max_streams_per_user,
+                }),
                 shutdown: CancellationToken::new(),
             }),
         }
@@ -82,6 +129,33 @@ impl Hub {
 
     pub(crate) fn stopping(&self) -> CancellationToken {
         self.inner.shutdown.clone()
+    }
+
+    /// Caps open streams at `max_streams` in all and `max_per_user` per
+    /// user (§17; `kayra serve` sets them from `server.*`).
+    pub fn set_stream_caps(&self, max_streams: usize, max_per_user: usize) {
+        let mut gate = self.inner.gate.lock().unwrap_or_else(|p| p.into_inner());
+        (gate.max_streams, gate.max_per_user) = (max_streams.max(1), max_per_user.max(1));
+    }
+
+    /// Admits one more stream of `user`, or says which cap it would pass.
+    pub(crate) fn admit(&self, user: &str) -> Result<StreamPermit, Refused> {
+        let mut gate = self.inner.gate.lock().unwrap_or_else(|p| p.into_inner());
+        let held = gate.by_user.get(user).copied().unwrap_or(0);
+        if held >= gate.max_per_user {
+            return Err(Refused::User(gate.max_per_user));
+        }
+        if gate.total >= gate.max_streams {
+            return Err(Refused::All(gate.max_streams));
+        }
+        gate.total += 1;
+        *gate.by_user.entry(user.to_string()).or_insert(0) += 1;
+        Ok(StreamPermit { hub: self.inner.clone(), user: user.to_string() })
+    }
+
+    /// How many streams are open.
+    pub fn stream_count(&self) -> usize {
+        self.inner.gate.lock().unwrap_or_else(|p| p.into_inner()).total
     }
 
     /// How many store watches this hub holds: one per prefix in use.
@@ -178,6 +252,13 @@ impl Feed {
     /// Waits for the first listing (false on timeout).
     pub(crate) async fn wait_ready(&self, timeout: Duration) -> bool {
         self.records.wait_synced(timeout).await
+    }
+
+    /// Waits until the feed holds every change up to `revision` (false on
+    /// timeout): a stream that starts then shows every write acknowledged
+    /// before it opened (§17).
+    pub(crate) async fn wait_for(&self, revision: Revision, timeout: Duration) -> bool {
+        self.records.wait_for(revision, timeout).await.is_ok()
     }
 
     /// Subscribes to changes, and reads under the same lock the records of

@@ -27,7 +27,7 @@ use utoipa::ToSchema;
 
 use super::error::{ApiError, ErrorBody};
 use super::extract::Path;
-use super::hub::{Feed, FeedChange, Hub, KeyRange};
+use super::hub::{Feed, FeedChange, Hub, KeyRange, StreamPermit};
 use super::stream::{Framing, Kind, Outbox, WatchCheck, Watcher, frame, streaming};
 use super::{ApiState, long_name, registration_not_found};
 use crate::cache::subscribers::SubscriberIndex;
@@ -156,6 +156,7 @@ pub(crate) async fn open(
     params: &HashMap<String, String>,
     watcher: Watcher,
     framing: Framing,
+    permit: StreamPermit,
 ) -> Result<Response, ApiError> {
     let name = params.get("name").cloned().unwrap_or_default();
     let key = keys::registration(repo.platform(), repo.region(), &name);
@@ -170,6 +171,10 @@ pub(crate) async fn open(
     let (registrations, _) = feed.subscribe(&KeyRange::Exact(key.clone()));
     let revision = repo.store().revision().await.map_err(crate::repo::Error::from)?;
     caught_up(&index, repo, revision).await?;
+    // Read-your-writes (§17) for the registration's own record too.
+    if !feed.wait_for(revision, options.ready_timeout).await {
+        return Err(ApiError::unavailable("the watch could not catch up with the store in time; retry"));
+    }
     let now = Instant::now();
     let mut stream = Stream {
         key,
@@ -181,6 +186,7 @@ pub(crate) async fn open(
         dirty: false,
         outbox: Outbox::new(framing, repo.clone(), watcher, options, hub.stopping()),
         last_render: now,
+        _permit: permit,
     };
     stream.render();
     let body = Body::from_stream(futures::stream::unfold(stream, |mut stream| async move {
@@ -205,6 +211,8 @@ struct Stream {
     dirty: bool,
     outbox: Outbox,
     last_render: Instant,
+    /// Its place under the stream caps, for as long as it is open.
+    _permit: StreamPermit,
 }
 
 impl Stream {

@@ -41,7 +41,7 @@ use tokio::sync::broadcast;
 use tokio::sync::broadcast::error::RecvError;
 
 use super::error::ApiError;
-use super::hub::{Feed, FeedChange, Hub, KeyRange, Record};
+use super::hub::{Feed, FeedChange, Hub, KeyRange, Record, StreamPermit};
 use super::stream::{Framing, Kind, Outbox, Rendered, Watcher, streaming};
 use super::users::TokenInfo;
 use crate::repo::{Repository, keys};
@@ -244,6 +244,7 @@ pub(crate) async fn open(
     params: &HashMap<String, String>,
     watcher: Watcher,
     event_stream: bool,
+    permit: StreamPermit,
 ) -> Result<Response, ApiError> {
     let framing = if event_stream { Framing::Sse } else { Framing::Ndjson };
     let target = Target::new(kind, params, repo);
@@ -253,6 +254,14 @@ pub(crate) async fn open(
     for feed in std::iter::once(&primary).chain(dependency.as_ref()) {
         if !feed.wait_ready(options.ready_timeout).await {
             return Err(ApiError::unavailable("the watch could not list its objects in time; retry"));
+        }
+    }
+    // Read-your-writes (§17): the stream starts at or after every write
+    // acknowledged before it opened, whichever process took it.
+    let revision = repo.store().revision().await.map_err(crate::repo::Error::from)?;
+    for feed in std::iter::once(&primary).chain(dependency.as_ref()) {
+        if !feed.wait_for(revision, options.ready_timeout).await {
+            return Err(ApiError::unavailable("the watch could not catch up with the store in time; retry"));
         }
     }
     // Subscribing to the dependency first: a registration change that lands
@@ -269,6 +278,7 @@ pub(crate) async fn open(
         sent: HashMap::new(),
         outbox: Outbox::new(framing, repo.clone(), watcher, options, hub.stopping()),
         closed: false,
+        _permit: permit,
     };
     for record in present {
         let key = Arc::from(record.kv.key.as_str());
@@ -292,6 +302,8 @@ struct Stream {
     sent: HashMap<Arc<str>, Shown>,
     outbox: Outbox,
     closed: bool,
+    /// Its place under the stream caps, for as long as it is open.
+    _permit: StreamPermit,
 }
 
 /// One object a stream has sent: the record and its rendering.
@@ -417,7 +429,8 @@ mod tests {
     /// A stream of every namespace, as the admin.
     async fn watch_namespaces(hub: &Hub, repo: &Repository) -> axum::body::BodyDataStream {
         let watcher = Watcher { user: "admin".into(), token: String::new(), resource: "namespaces" };
-        let response = open(hub, repo, Watched::Namespaces, &HashMap::new(), watcher, false).await.unwrap();
+        let permit = hub.admit("admin").unwrap_or_else(|_| panic!("under the stream caps"));
+        let response = open(hub, repo, Watched::Namespaces, &HashMap::new(), watcher, false, permit).await.unwrap();
         response.into_body().into_data_stream()
     }
 
