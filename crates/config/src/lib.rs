@@ -87,6 +87,10 @@ pub struct ServerConfig {
     /// An idle keep-alive connection is closed after this.
     pub idle_timeout: Duration,
     pub tls: Option<ServerTls>,
+    /// Open watch streams one user may hold (§17); past it 429.
+    pub max_streams_per_user: usize,
+    /// Open watch streams in all (§17); past it 503.
+    pub max_streams: usize,
 }
 
 impl Default for ServerConfig {
@@ -97,6 +101,8 @@ impl Default for ServerConfig {
             request_header_timeout: Duration::from_secs(10),
             idle_timeout: Duration::from_secs(120),
             tls: None,
+            max_streams_per_user: 100,
+            max_streams: 10_000,
         }
     }
 }
@@ -446,6 +452,12 @@ impl Config {
         }
         if self.server.max_body_bytes == 0 {
             return Err(invalid("server.max_body_bytes", "must be greater than zero"));
+        }
+        if self.server.max_streams_per_user == 0 {
+            return Err(invalid("server.max_streams_per_user", "must be greater than zero"));
+        }
+        if self.server.max_streams == 0 {
+            return Err(invalid("server.max_streams", "must be greater than zero"));
         }
         if !(1..=MAX_CONCURRENT_RECONCILES_LIMIT).contains(&self.reconciler.max_concurrent_reconciles) {
             return Err(Error::Invalid {

@@ -14,6 +14,7 @@
 mod admin;
 mod check;
 mod dev;
+mod fds;
 mod logging;
 mod render;
 mod signal;
@@ -104,6 +105,7 @@ async fn serve(common: Common) -> anyhow::Result<()> {
         config.server.listen = listen.clone();
     }
     logging::init(config.logging.format);
+    fds::raise_for(config.server.max_streams);
     // The recorder first: the store describes its metrics when it connects.
     kayra_server::metrics::handle();
     let store = kayra_store::Store::open(&config.database).await.context("open store")?;

@@ -49,9 +49,8 @@ pub struct Worker {
     pub fault: Option<FaultHook>,
     /// `reconciler.limits`: taken without waiting before each pipeline start.
     pub limits: Limits,
-    /// Running pipelines: (namespace, api) → (the SyncID worked toward, its
-    /// `RunControl.superseded`).
-    pub running: Mutex<HashMap<(String, String), (String, CancellationToken)>>,
+    /// Running pipelines, for §7 supersede (see [`RunningMap`]).
+    pub running: RunningMap,
     /// Immediate retries held back by a limit (a backend's `Retry-After`):
     /// (namespace, api) → the state whose first failure they retry. The
     /// job goes back to the queue, and whichever entry of that key runs
@@ -339,9 +338,9 @@ impl Worker {
     ) -> kayra_catalog::repo::Result<Step> {
         let sync_id = &reg.value.sync_id;
         let started = Instant::now();
-        metrics::gauge!(super::METRIC_IN_FLIGHT).increment(1.0);
+        let in_flight = InFlight::enter();
         let (result, mode, steps) = self.reconcile(&reg.value, &sub.value, run, &begun.id).await;
-        metrics::gauge!(super::METRIC_IN_FLIGHT).decrement(1.0);
+        drop(in_flight);
         metrics::histogram!(super::METRIC_DURATION).record(started.elapsed().as_secs_f64());
         let outcome = match &result {
             Ok(()) => Outcome::Succeeded,
@@ -550,13 +549,10 @@ impl Worker {
         };
         let control = RunControl::new(self.cancel.clone());
         let job = (sub.namespace.clone(), sub.api.clone());
-        if self.config.supersede {
-            self.running().insert(job.clone(), (reg.sync_id.clone(), control.superseded.clone()));
-        }
+        let running =
+            self.config.supersede.then(|| Running::enter(&self.running, job, &reg.sync_id, &control.superseded));
         let report = pipeline.run(&self.client, &ctx, &self.pipelines.settings(), &control).await;
-        if self.config.supersede {
-            self.running().remove(&job);
-        }
+        drop(running);
         if let Some(retry_after) = report.retry_after
             && let Err(e) = self.limits.backoff(mode, retry_after).await
         {
@@ -666,4 +662,65 @@ enum Step {
         failures: u32,
         trigger: Option<RunTrigger>,
     },
+}
+
+/// `kayra_reconciles_in_flight` counts a reconcile while this lives: a
+/// pipeline that panics or is dropped leaves the gauge right.
+struct InFlight(());
+
+impl InFlight {
+    fn enter() -> Self {
+        metrics::gauge!(super::METRIC_IN_FLIGHT).increment(1.0);
+        Self(())
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        metrics::gauge!(super::METRIC_IN_FLIGHT).decrement(1.0);
+    }
+}
+
+/// Running pipelines: (namespace, api) → (the SyncID worked toward, its
+/// `RunControl.superseded`).
+pub type RunningMap = Mutex<HashMap<(String, String), (String, CancellationToken)>>;
+
+/// A running pipeline's entry in [`Worker::running`] (what §7 supersede
+/// cancels), removed when this is dropped, however the pipeline ended.
+struct Running<'m> {
+    map: &'m RunningMap,
+    job: (String, String),
+}
+
+impl<'m> Running<'m> {
+    fn enter(map: &'m RunningMap, job: (String, String), sync_id: &str, superseded: &CancellationToken) -> Self {
+        let entry = (sync_id.to_string(), superseded.clone());
+        map.lock().unwrap_or_else(PoisonError::into_inner).insert(job.clone(), entry);
+        Self { map, job }
+    }
+}
+
+impl Drop for Running<'_> {
+    fn drop(&mut self) {
+        self.map.lock().unwrap_or_else(PoisonError::into_inner).remove(&self.job);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_pipeline_that_panics_leaves_no_running_entry() {
+        let map = RunningMap::default();
+        let token = CancellationToken::new();
+        let job = ("core".to_string(), "compute.example.com".to_string());
+        let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let _running = Running::enter(&map, job.clone(), "s1", &token);
+            assert_eq!(map.lock().unwrap().get(&job).map(|(s, _)| s.as_str()), Some("s1"));
+            panic!("the pipeline panicked");
+        }));
+        assert!(panicked.is_err());
+        assert!(map.lock().unwrap().is_empty(), "the entry went with the panic");
+    }
 }

@@ -29,6 +29,7 @@
 //! # Layout
 //! - [`decide`]: `ensureReconciled`'s decision, pure.
 //! - [`ensure`]: the jobs, the I/O around the decision.
+//! - `events`: watch events by resource: decode → view → queue policy.
 //! - [`queue`]: the work queue (coalescing, fair order).
 //! - [`pool`]: the numbered slots.
 //! - [`locks`]: cross-process job locks.
@@ -37,29 +38,30 @@
 
 pub mod decide;
 pub mod ensure;
+mod events;
 pub mod locks;
 pub mod pool;
 pub mod queue;
 pub mod runs;
 pub mod view;
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, PoisonError};
 use std::time::Duration;
 
 use futures::{FutureExt, StreamExt};
-use kayra_catalog::repo::{Collection, Layout, Repository};
+use kayra_catalog::repo::Repository;
 use kayra_config::ReconcilerConfig;
-use kayra_core::{ApiRegistration, Namespace, RunTrigger, Subscription};
+use kayra_core::RunTrigger;
 use kayra_pipeline::{Pipelines, ValidationError};
-use kayra_store::{Event, Revision, WatcherEvent};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use decide::{Attempt, Decision};
+use decide::Decision;
 use ensure::{FaultHook, JobEnd, Prepared, SyncNote, Worker};
+use events::Resource;
 use locks::JobLocks;
 use pool::Pool;
 use queue::{Cause, Class, JobKey, WorkQueue};
@@ -90,68 +92,8 @@ pub struct Reconciler {
     queue: Arc<WorkQueue>,
     tracker: TaskTracker,
     ready: Arc<AtomicBool>,
-}
-
-/// Where one resource's list → watch → re-list machine is.
-enum Phase {
-    /// Between `Init` and `InitDone`: the list so far.
-    Listing(Listing),
-    Watching,
-}
-
-/// A list in progress, decoded record by record as it arrives, so a large
-/// list is never held both raw and decoded (the restart over 100,000
-/// subscriptions peaks at its view, not at twice its list).
-enum Listing {
-    Namespaces(Vec<(String, bool, Revision)>),
-    Registrations(Vec<(ApiRegistration, Revision)>),
-    Subscriptions(Vec<(Subscription, Revision)>),
-    Attempts(Vec<((String, String), Attempt)>),
-}
-
-impl Listing {
-    fn new(kind: Kind) -> Self {
-        match kind {
-            Kind::Namespace => Self::Namespaces(Vec::new()),
-            Kind::Registration => Self::Registrations(Vec::new()),
-            Kind::Subscription => Self::Subscriptions(Vec::new()),
-            Kind::Attempt => Self::Attempts(Vec::new()),
-        }
-    }
-
-    /// Adds one listed record; an unreadable one is logged and left out,
-    /// as its watch event would be.
-    fn push(&mut self, kv: kayra_store::KeyValue, layout: &Layout) {
-        let rev = kv.mod_revision;
-        let decoded = match self {
-            Self::Namespaces(items) => {
-                serde_json::from_slice::<Namespace>(&kv.value).map(|n| items.push((n.name, n.active, rev)))
-            }
-            Self::Registrations(items) => {
-                serde_json::from_slice::<ApiRegistration>(&kv.value).map(|r| items.push((r, rev)))
-            }
-            Self::Subscriptions(items) => {
-                serde_json::from_slice::<Subscription>(&kv.value).map(|s| items.push((s, rev)))
-            }
-            Self::Attempts(items) => match attempt_parts(layout, &kv.key) {
-                Some((ns, api)) => serde_json::from_slice::<Attempt>(&kv.value)
-                    .map(|attempt| items.push(((ns.to_string(), api.to_string()), attempt))),
-                None => Ok(()),
-            },
-        };
-        if let Err(e) = decoded {
-            tracing::warn!(key = %kv.key, error = %e, "unreadable record left out of the list");
-        }
-    }
-}
-
-/// Which resource a watch event is about.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-enum Kind {
-    Namespace,
-    Registration,
-    Subscription,
-    Attempt,
+    /// The resources listed at least once since the start.
+    listed: HashSet<Resource>,
 }
 
 impl Reconciler {
@@ -188,6 +130,7 @@ impl Reconciler {
             queue: Arc::new(queue),
             tracker: TaskTracker::new(),
             ready: Arc::default(),
+            listed: HashSet::new(),
         })
     }
 
@@ -236,72 +179,40 @@ impl Reconciler {
     }
 
     /// The list → watch → re-list state machine, one per watched prefix
-    /// over `store.Store.Watch` ([`kayra_store::Store::watcher`]): while
-    /// **listing** (`Init`…`InitApply`…) records are buffered; at
-    /// `InitDone` that resource's part of the view is replaced whole, so
-    /// every delete missed in a gap is learnt, and the machine is
-    /// **watching** (`Apply`/`Delete`) until the store re-lists again. Once
-    /// all four resources have listed, reconcileExisting runs.
+    /// over `store.Store.Watch` ([`kayra_store::Store::watcher`]), decoded
+    /// by the store's reflector ([`events::updates`]): a list replaces that
+    /// resource's part of the view whole, so every delete missed in a gap
+    /// is learnt; changes update it and queue work ([`events`]). Once all
+    /// four resources have listed, reconcileExisting runs (again after
+    /// every later re-list).
     async fn watch(&mut self, cancel: &CancellationToken) {
-        let repo = self.worker.repo.clone();
-        let layout = repo.layout().clone();
-        let store = repo.store();
-        let prefixes = [
-            (Kind::Namespace, layout.prefix(Collection::Namespaces)),
-            (Kind::Registration, layout.prefix(Collection::Registrations)),
-            (Kind::Subscription, layout.prefix(Collection::Subscriptions)),
-            (Kind::Attempt, layout.prefix(Collection::Attempts)),
-        ];
-        let streams = prefixes.iter().map(|(kind, prefix)| {
-            let kind = *kind;
-            store.watcher(prefix).map(move |e| (kind, e)).boxed()
-        });
-        let mut events = futures::stream::select_all(streams);
-        let mut phases: HashMap<Kind, Phase> =
-            prefixes.iter().map(|(k, _)| (*k, Phase::Listing(Listing::new(*k)))).collect();
-        let mut listed: HashSet<Kind> = HashSet::new();
+        let mut updates = events::updates(&self.worker.repo);
         let mut gauges = tokio::time::interval(GAUGE_INTERVAL);
         loop {
             let next = tokio::select! {
-                next = events.next() => next,
+                next = updates.next() => next,
                 _ = gauges.tick() => {
                     self.report_behind();
                     continue;
                 }
                 _ = cancel.cancelled() => return,
             };
-            let Some((kind, event)) = next else {
+            let Some(update) = next else {
                 tracing::warn!("store gone; reconciler stops watching");
                 return;
             };
-            let phase = phases.entry(kind).or_insert(Phase::Watching);
-            match event {
-                WatcherEvent::Init => *phase = Phase::Listing(Listing::new(kind)),
-                WatcherEvent::InitApply(kv) => match phase {
-                    Phase::Listing(listing) => listing.push(kv, &layout),
-                    Phase::Watching => self.handle(kind, Event::Put(kv), &layout),
-                },
-                WatcherEvent::InitDone { .. } => {
-                    let listing = match std::mem::replace(phase, Phase::Watching) {
-                        Phase::Listing(listing) => listing,
-                        Phase::Watching => Listing::new(kind),
-                    };
-                    let first = listed.insert(kind);
-                    self.replace(listing);
-                    if listed.len() == prefixes.len() {
-                        if first {
-                            tracing::info!(kind = ?kind, "listed; reconciling existing records");
-                        } else {
-                            tracing::info!(kind = ?kind, "re-listed; the view is replaced");
-                        }
-                        self.queue_existing();
-                        self.report_behind();
-                        self.ready.store(true, Ordering::SeqCst);
-                    }
+            let (resource, list) = (update.resource(), update.is_list());
+            let first = list && self.listed.insert(resource);
+            self.apply(update);
+            if list && self.listed.len() == Resource::ALL.len() {
+                if first {
+                    tracing::info!(resource = ?resource, "listed; reconciling existing records");
+                } else {
+                    tracing::info!(resource = ?resource, "re-listed; the view is replaced");
                 }
-                WatcherEvent::Apply(kv) => self.handle(kind, Event::Put(kv), &layout),
-                WatcherEvent::Delete { key, revision } => self.handle(kind, Event::Delete { key, revision }, &layout),
-                WatcherEvent::Progress { .. } => {}
+                self.queue_existing();
+                self.report_behind();
+                self.ready.store(true, Ordering::SeqCst);
             }
         }
     }
@@ -316,31 +227,6 @@ impl Reconciler {
 
     fn view(&self) -> std::sync::RwLockWriteGuard<'_, View> {
         self.worker.view.write().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    /// Replaces one kind's records in the view with a complete list.
-    /// Subscriptions gone from it were deleted in a gap: their given-up
-    /// records go too.
-    fn replace(&mut self, listing: Listing) {
-        let mut view = self.view();
-        let gaps_matter = matches!(listing, Listing::Subscriptions(_) | Listing::Attempts(_));
-        match listing {
-            Listing::Namespaces(items) => view.replace_namespaces(items),
-            Listing::Registrations(items) => view.replace_registrations(items),
-            Listing::Subscriptions(items) => view.replace_subscriptions(items),
-            Listing::Attempts(items) => view.replace_given_up(items),
-        }
-        // Attempt records of subscriptions deleted while nobody watched.
-        let orphans = view.orphaned_given_up();
-        drop(view);
-        if !gaps_matter {
-            return;
-        }
-        for (ns, api) in orphans {
-            self.view().delete_given_up(&ns, &api);
-            let repo = self.worker.repo.clone();
-            self.tracker.spawn(async move { ensure::forget_given_up(&repo, &ns, &api).await });
-        }
     }
 
     /// reconcileExisting: every inactive namespace and every subscription
@@ -360,128 +246,6 @@ impl Reconciler {
                 let class = if activate { Class::Activation } else { Class::Ongoing };
                 self.queue.add(JobKey::subscription(ns, api), cause, class);
             }
-        }
-    }
-
-    fn handle(&mut self, kind: Kind, event: Event, layout: &Layout) {
-        let label = match kind {
-            Kind::Namespace => "namespace",
-            Kind::Registration => "apiregistration",
-            Kind::Subscription => "subscription",
-            Kind::Attempt => "reconcileattempt",
-        };
-        metrics::counter!(METRIC_WATCH_EVENTS, "resource" => label).increment(1);
-        match (kind, event) {
-            (Kind::Namespace, Event::Put(kv)) => match serde_json::from_slice::<Namespace>(&kv.value) {
-                Ok(ns) => {
-                    self.view().put_namespace(&ns.name, ns.active, kv.mod_revision);
-                    if !ns.active {
-                        self.queue.add(JobKey::Namespace(ns.name), Cause::new(RunTrigger::Initial), Class::Activation);
-                    }
-                }
-                Err(e) => tracing::warn!(key = %kv.key, error = %e, "unreadable namespace record ignored"),
-            },
-            (Kind::Namespace, Event::Delete { key, .. }) => {
-                if let Some(name) = self.worker.repo.namespace_key_name(&key) {
-                    self.view().delete_namespace(name);
-                }
-            }
-            (Kind::Registration, Event::Put(kv)) => match serde_json::from_slice::<ApiRegistration>(&kv.value) {
-                Ok(reg) => {
-                    let (name, sync_id) = (reg.name.clone(), reg.sync_id.clone());
-                    let (behind, waiting) = {
-                        let mut view = self.view();
-                        let new = view.registration(&name).is_none();
-                        view.put_registration(reg, kv.mod_revision);
-                        let waiting = if new { view.never_attempted(&name) } else { Vec::new() };
-                        (view.behind(&name, &sync_id), waiting)
-                    };
-                    // First syncs whose subscription event arrived before
-                    // their registration's (separate watches): decided then
-                    // without a registration, they are queued now.
-                    for namespace in waiting {
-                        let key = JobKey::subscription(namespace, name.clone());
-                        self.queue.add(key, Cause::new(RunTrigger::Initial), Class::Activation);
-                    }
-                    // Supersede: running pipelines toward an older SyncID stop,
-                    // and their jobs (first syncs included) run again toward this one.
-                    // A superseded first sync is still an activation.
-                    for namespace in self.worker.supersede(&name, &sync_id) {
-                        let first = self.view().subscription(&namespace, &name).is_none_or(|(sub, _)| !sub.active);
-                        let class = if first { Class::Activation } else { Class::Ongoing };
-                        let key = JobKey::subscription(namespace, name.clone());
-                        self.queue.add(key, Cause::new(RunTrigger::Ongoing), class);
-                    }
-                    // The ongoing action: every active subscriber behind the new SyncID.
-                    for namespace in behind {
-                        let key = JobKey::subscription(namespace, name.clone());
-                        self.queue.add(key, Cause::new(RunTrigger::Ongoing), Class::Ongoing);
-                    }
-                }
-                Err(e) => tracing::warn!(key = %kv.key, error = %e, "unreadable api registration record ignored"),
-            },
-            (Kind::Registration, Event::Delete { key, .. }) => {
-                if let Some(name) = self.worker.repo.registration_key_name(&key) {
-                    self.view().delete_registration(name);
-                }
-            }
-            (Kind::Subscription, Event::Put(kv)) => match serde_json::from_slice::<Subscription>(&kv.value) {
-                Ok(sub) => self.subscription_put(sub, kv.mod_revision),
-                Err(e) => tracing::warn!(key = %kv.key, error = %e, "unreadable subscription record ignored"),
-            },
-            (Kind::Subscription, Event::Delete { key, .. }) => {
-                if let Some((namespace, api)) = self.worker.repo.subscription_key_parts(&key) {
-                    let (namespace, api) = (namespace.to_string(), api.to_string());
-                    let had_record = {
-                        let mut view = self.view();
-                        view.delete_subscription(&namespace, &api);
-                        view.delete_given_up(&namespace, &api)
-                    };
-                    if had_record {
-                        let repo = self.worker.repo.clone();
-                        self.tracker.spawn(async move { ensure::forget_given_up(&repo, &namespace, &api).await });
-                    }
-                }
-            }
-            (Kind::Attempt, Event::Put(kv)) => {
-                if let (Some((ns, api)), Ok(attempt)) =
-                    (attempt_parts(layout, &kv.key), serde_json::from_slice::<Attempt>(&kv.value))
-                {
-                    self.view().put_given_up(ns, api, attempt);
-                }
-            }
-            (Kind::Attempt, Event::Delete { key, .. }) => {
-                if let Some((ns, api)) = attempt_parts(layout, &key) {
-                    self.view().delete_given_up(ns, api);
-                }
-            }
-        }
-    }
-
-    /// A write to a subscription: the initial action (or a force re-sync,
-    /// which the `/sync` reset says in the record it writes). The echo of
-    /// this reconciler's own result write (the job put it in
-    /// the view at its revision already) is no cause: when it finds the
-    /// subscription behind, what moved is the registration (`ongoing`),
-    /// and a trigger already queued for the key stays the run's.
-    fn subscription_put(&mut self, sub: Subscription, revision: Revision) {
-        let (namespace, api) = (sub.namespace.clone(), sub.api.clone());
-        let resync = sub.resync_requested;
-        let (decision, own_write) = {
-            let mut view = self.view();
-            let own_write = view.subscription(&namespace, &api).is_some_and(|(_, seen)| *seen >= revision);
-            view.put_subscription(sub, revision);
-            (view.decide(&namespace, &api, false), own_write)
-        };
-        if let Decision::Reconcile { activate, .. } = decision {
-            let class = if activate { Class::Activation } else { Class::Ongoing };
-            let cause = match (own_write, activate, resync) {
-                (true, false, _) => Cause::own_write(RunTrigger::Ongoing),
-                (true, true, _) => Cause::own_write(RunTrigger::Initial),
-                (false, _, true) => Cause::new(RunTrigger::Resync),
-                (false, _, false) => Cause::new(RunTrigger::Initial),
-            };
-            self.queue.add(JobKey::subscription(namespace, api), cause, class);
         }
     }
 }
@@ -630,48 +394,4 @@ fn describe_metrics() {
     metrics::gauge!(METRIC_IN_FLIGHT).set(0.0);
     metrics::gauge!(METRIC_SLOTS_IN_USE).set(0.0);
     metrics::gauge!(METRIC_QUEUE_DEPTH).set(0.0);
-}
-
-/// `(namespace, api)` of the key of one of `layout`'s deployment's attempt records.
-fn attempt_parts<'k>(layout: &Layout, key: &'k str) -> Option<(&'k str, &'k str)> {
-    match layout.parse(key)? {
-        kayra_catalog::repo::RecordRef::Attempt { namespace, api } => Some((namespace, api)),
-        _ => None,
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use kayra_catalog::repo::RecordRef;
-
-    fn kv(key: &str, value: &[u8], revision: Revision) -> kayra_store::KeyValue {
-        kayra_store::KeyValue {
-            key: key.into(),
-            value: value.to_vec(),
-            create_revision: revision,
-            mod_revision: revision,
-        }
-    }
-
-    #[test]
-    fn a_list_is_decoded_as_it_arrives_and_unreadable_records_are_left_out() {
-        let mut listing = Listing::new(Kind::Subscription);
-        let sub = Subscription::new("team-a", "compute.example.com");
-        let layout = Layout::new("p", "r");
-        let key = |namespace| layout.key(RecordRef::Subscription { namespace, api: "compute.example.com" });
-        listing.push(kv(&key("team-a"), &serde_json::to_vec(&sub).unwrap(), 7), &layout);
-        listing.push(kv(&key("team-b"), b"{not json", 8), &layout);
-        let Listing::Subscriptions(items) = listing else { panic!("a subscription listing") };
-        assert_eq!(items, vec![(sub, 7)]);
-
-        let mut listing = Listing::new(Kind::Attempt);
-        let attempt = Attempt { subscription_revision: 3, registration_revision: 2 };
-        let value = serde_json::to_vec(&attempt).unwrap();
-        let attempt_key = layout.key(RecordRef::Attempt { namespace: "team-a", api: "compute.example.com" });
-        listing.push(kv(&attempt_key, &value, 9), &layout);
-        listing.push(kv("/elsewhere/team-a/compute.example.com", &value, 10), &layout);
-        let Listing::Attempts(items) = listing else { panic!("an attempt listing") };
-        assert_eq!(items, vec![(("team-a".to_string(), "compute.example.com".to_string()), attempt)]);
-    }
 }

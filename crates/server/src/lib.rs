@@ -179,6 +179,7 @@ pub async fn run_with(
     hub: api::Hub,
 ) -> anyhow::Result<()> {
     let request_timeout = config.database.request_timeout.0;
+    hub.set_stream_caps(config.server.max_streams, config.server.max_streams_per_user);
     let cache = AuthCache::start(&store, &config.platform, &config.region, request_timeout);
     let state = AppState::cached(&config, store, cache).with_hub(hub);
     // `/status` answers from this index: listed now, not on the first call.

@@ -1,9 +1,28 @@
-//! A reflector: a typed, read-only map kept current from a
-//! [`WatcherEvent`] stream (kube-runtime's `reflector::store`).
+//! The one reflector of kayra: a watcher's events turned into whole lists
+//! and decoded changes ([`Reflect`]), and a typed, read-only map kept
+//! current from them ([`Reflector`], kube-runtime's `reflector::store`).
 //!
-//! The writer side ([`Reflector::apply`], or [`Reflector::run`] over a
-//! [`crate::Store::watcher`] stream) keeps one map of decoded values by key
-//! and three facts readers decide with:
+//! Every consumer of a [`crate::Store::watcher`] stands on this file: the
+//! serve caches and the `/status` subscriber index are [`Reflector`]s, the
+//! watch hub's feeds are [`Reflector`]s that announce their changes
+//! ([`Reflector::announcing`]), and the reconciler, whose view keeps
+//! indexes of its own, reads [`Reflected`] items from [`reflect`]. So "buffer
+//! a list until `InitDone`, then replace" is written once, here.
+//!
+//! # Lists and changes
+//! A (re-)list (`Init`, `InitApply`…, `InitDone`) is decoded record by
+//! record as it arrives (a large list is never held raw and decoded at
+//! once) and comes out whole, as one [`Reflected::Listed`]: the consumer
+//! replaces everything, so a key deleted while the watch was lost
+//! (compaction, a trimmed change log) disappears. `Progress` during a
+//! re-list confirms nothing: the map being rebuilt is not the one readers
+//! see. A value that does not decode is logged and comes out as a change
+//! to "unreadable" (`value: None`): a record kayra cannot read grants
+//! nothing.
+//!
+//! # The map
+//! [`Reflector`] keeps one map of decoded values by key and three facts
+//! readers decide with:
 //!
 //! - **the revision it has reached**: every change up to it is in the map.
 //!   [`Reflector::wait_for`] waits until a revision is reached — how a
@@ -16,14 +35,12 @@
 //! - **whether it was ever synced**: before the first `InitDone` the map
 //!   is empty, not "nothing exists".
 //!
-//! A re-list (`Init` … `InitDone`) is buffered and replaces the whole map
-//! at `InitDone`, so a key deleted while the watch was lost (compaction,
-//! a trimmed change log) disappears. Until then readers keep the old map;
-//! its confirmation time keeps ageing, so a re-list that takes too long
-//! shows as not current rather than as a silent half-view.
-//!
-//! A value that does not decode is logged and left out: a record kayra
-//! cannot read grants nothing.
+//! An announcing reflector also broadcasts every change of its map as a
+//! [`Change`] carrying the value **as of that change's revision**, never
+//! one read later: a subscriber sees every transition of a key, in order
+//! (a create and an update that arrive in one poll are two changes). A
+//! re-list announces exactly the keys whose value it added, changed or
+//! removed.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -31,13 +48,122 @@ use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use futures::{Stream, StreamExt};
-use tokio::sync::watch;
+use tokio::sync::{broadcast, watch};
 use tokio::time::Instant;
 
 use crate::{KeyValue, Revision, WatcherEvent};
 
 /// Turns a stored value into the reflector's type, or says why not.
 pub type Decode<T> = dyn Fn(&KeyValue) -> Result<T, String> + Send + Sync;
+
+/// One decoded record of a list.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Item<T> {
+    pub key: String,
+    pub value: T,
+    /// The revision of the record's last write.
+    pub revision: Revision,
+}
+
+/// What a watcher's events come to (see [`Reflect`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Reflected<T> {
+    /// A complete (re-)list at `revision`: replace everything with `items`
+    /// (sorted by key; unreadable records left out).
+    Listed { items: Vec<Item<T>>, revision: Revision },
+    /// `key` was written at `revision`; `None`: the value does not decode
+    /// (already logged).
+    Applied { key: String, value: Option<T>, revision: Revision },
+    /// `key` was deleted at `revision`.
+    Deleted { key: String, revision: Revision },
+    /// Nothing changed up to `revision`: what was delivered is current.
+    Progress { revision: Revision },
+}
+
+/// Assembles a watcher's events into [`Reflected`] items: buffers a list,
+/// decoding each record as it arrives, and hands it out whole at
+/// `InitDone`. The writer side of every consumer of a watcher.
+pub struct Reflect<T> {
+    decode: Box<Decode<T>>,
+    /// A (re-)list in progress: the records decoded so far.
+    listing: Option<Vec<Item<T>>>,
+}
+
+impl<T> Reflect<T> {
+    pub fn new(decode: impl Fn(&KeyValue) -> Result<T, String> + Send + Sync + 'static) -> Self {
+        Self { decode: Box::new(decode), listing: None }
+    }
+
+    /// Whether a list is being gathered (between `Init` and `InitDone`).
+    pub fn listing(&self) -> bool {
+        self.listing.is_some()
+    }
+
+    /// Feeds one watcher event; `None` while a list is being gathered.
+    pub fn feed(&mut self, event: WatcherEvent) -> Option<Reflected<T>> {
+        match event {
+            WatcherEvent::Init => {
+                self.listing = Some(Vec::new());
+                None
+            }
+            WatcherEvent::InitApply(kv) => {
+                let value = self.decoded(&kv);
+                // An `InitApply` outside a list is a watcher bug; start
+                // one rather than mixing it into the live view.
+                let listing = self.listing.get_or_insert_with(Vec::new);
+                if let Some(value) = value {
+                    listing.push(Item { key: kv.key, value, revision: kv.mod_revision });
+                }
+                None
+            }
+            WatcherEvent::InitDone { revision } => {
+                let mut items = self.listing.take().unwrap_or_default();
+                // Lists come sorted; a watcher that did not sort is not
+                // trusted to have.
+                if !items.is_sorted_by(|a, b| a.key <= b.key) {
+                    items.sort_by(|a, b| a.key.cmp(&b.key));
+                }
+                Some(Reflected::Listed { items, revision })
+            }
+            WatcherEvent::Apply(kv) => {
+                let value = self.decoded(&kv);
+                Some(Reflected::Applied { key: kv.key, value, revision: kv.mod_revision })
+            }
+            WatcherEvent::Delete { key, revision } => Some(Reflected::Deleted { key, revision }),
+            WatcherEvent::Progress { revision } => self.listing.is_none().then_some(Reflected::Progress { revision }),
+        }
+    }
+
+    fn decoded(&self, kv: &KeyValue) -> Option<T> {
+        match (self.decode)(kv) {
+            Ok(value) => Some(value),
+            Err(message) => {
+                tracing::warn!(key = %kv.key, %message, "stored record does not decode; leaving it out");
+                None
+            }
+        }
+    }
+}
+
+/// A watcher's events as [`Reflected`] items (see [`Reflect`]).
+pub fn reflect<T: Send + 'static>(
+    events: impl Stream<Item = WatcherEvent> + Send + 'static,
+    decode: impl Fn(&KeyValue) -> Result<T, String> + Send + Sync + 'static,
+) -> futures::stream::BoxStream<'static, Reflected<T>> {
+    let mut reflect = Reflect::new(decode);
+    events.filter_map(move |event| std::future::ready(reflect.feed(event))).boxed()
+}
+
+/// One change of an announcing reflector's map.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Change<T> {
+    pub key: Arc<str>,
+    /// The value as of `revision`; `None`: the key is gone (deleted, or
+    /// its new value does not decode).
+    pub value: Option<T>,
+    /// The revision of the change (a re-list's: the list's revision).
+    pub revision: Revision,
+}
 
 /// Why [`Reflector::wait_for`] gave up.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -62,33 +188,63 @@ impl<T> Clone for Reflector<T> {
     }
 }
 
-impl<T: Send + Sync + 'static> fmt::Debug for Reflector<T> {
+impl<T: Clone + Send + Sync + 'static> fmt::Debug for Reflector<T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Reflector").field("revision", &self.revision()).field("synced", &self.synced()).finish()
     }
 }
 
+/// Whether two values of one key are the same record (no change to announce).
+type Same<T> = dyn Fn(&T, &T) -> bool + Send + Sync;
+
+struct Announcer<T> {
+    sender: broadcast::Sender<Change<T>>,
+    same: Box<Same<T>>,
+}
+
 struct Shared<T> {
-    decode: Box<Decode<T>>,
     view: RwLock<View<T>>,
     /// The revision reached, published after the map holds it.
     reached: watch::Sender<Revision>,
+    /// True once the first list is in.
+    synced: watch::Sender<bool>,
+    announcer: Option<Announcer<T>>,
 }
 
 struct View<T> {
     map: BTreeMap<String, T>,
-    /// A re-list in progress: `InitApply`s gathered until `InitDone`.
-    relist: Option<BTreeMap<String, T>>,
-    synced: bool,
+    reflect: Reflect<T>,
     confirmed_at: Option<Instant>,
 }
 
-impl<T: Send + Sync + 'static> Reflector<T> {
+impl<T: Clone + Send + Sync + 'static> Reflector<T> {
     /// An empty, not yet synced reflector decoding values with `decode`.
     pub fn new(decode: impl Fn(&KeyValue) -> Result<T, String> + Send + Sync + 'static) -> Self {
-        let view = View { map: BTreeMap::new(), relist: None, synced: false, confirmed_at: None };
+        Self::build(decode, None)
+    }
+
+    /// A reflector that also announces every change of its map to
+    /// [`Reflector::subscribe`]rs, who may fall `capacity` changes behind
+    /// (then they see `Lagged`). `same` tells when a re-listed value is the
+    /// one already held (e.g. equal mod revisions), so a re-list announces
+    /// only what it changed.
+    pub fn announcing(
+        decode: impl Fn(&KeyValue) -> Result<T, String> + Send + Sync + 'static,
+        capacity: usize,
+        same: impl Fn(&T, &T) -> bool + Send + Sync + 'static,
+    ) -> Self {
+        let (sender, _) = broadcast::channel(capacity.max(1));
+        Self::build(decode, Some(Announcer { sender, same: Box::new(same) }))
+    }
+
+    fn build(
+        decode: impl Fn(&KeyValue) -> Result<T, String> + Send + Sync + 'static,
+        announcer: Option<Announcer<T>>,
+    ) -> Self {
+        let view = View { map: BTreeMap::new(), reflect: Reflect::new(decode), confirmed_at: None };
         let (reached, _) = watch::channel(0);
-        Self { shared: Arc::new(Shared { decode: Box::new(decode), view: RwLock::new(view), reached }) }
+        let (synced, _) = watch::channel(false);
+        Self { shared: Arc::new(Shared { view: RwLock::new(view), reached, synced, announcer }) }
     }
 
     /// Applies every event of `events` until the stream ends.
@@ -103,46 +259,63 @@ impl<T: Send + Sync + 'static> Reflector<T> {
     pub fn apply(&self, event: WatcherEvent) {
         let now = Instant::now();
         let mut reached = None;
+        let mut first_list = false;
         {
             let mut view = self.shared.view.write().unwrap_or_else(|e| e.into_inner());
-            match event {
-                WatcherEvent::Init => view.relist = Some(BTreeMap::new()),
-                WatcherEvent::InitApply(kv) => {
-                    let decoded = self.decoded(&kv);
-                    // An `InitApply` outside a re-list is a watcher bug;
-                    // start one rather than mixing it into the live map.
-                    let relist = view.relist.get_or_insert_with(BTreeMap::new);
-                    if let Some(value) = decoded {
-                        relist.insert(kv.key, value);
+            let announcer = self.shared.announcer.as_ref();
+            let announce = |key: &str, value: Option<&T>, revision: Revision| {
+                if let Some(announcer) = announcer {
+                    // Sent under the write lock, so a subscriber that reads
+                    // the map under the read lock misses nothing.
+                    let _ = announcer.sender.send(Change { key: Arc::from(key), value: value.cloned(), revision });
+                }
+            };
+            match view.reflect.feed(event) {
+                None => {}
+                Some(Reflected::Listed { items, revision }) => {
+                    let mut listed: BTreeMap<String, T> =
+                        items.into_iter().map(|item| (item.key, item.value)).collect();
+                    std::mem::swap(&mut view.map, &mut listed);
+                    if let Some(announcer) = announcer {
+                        let (new, old) = (&view.map, &listed);
+                        for key in old.keys().filter(|k| !new.contains_key(*k)) {
+                            announce(key, None, revision);
+                        }
+                        for (key, value) in new {
+                            if old.get(key).is_none_or(|previous| !(announcer.same)(previous, value)) {
+                                announce(key, Some(value), revision);
+                            }
+                        }
                     }
-                }
-                WatcherEvent::InitDone { revision } => {
-                    view.map = view.relist.take().unwrap_or_default();
-                    view.synced = true;
                     view.confirmed_at = Some(now);
                     reached = Some(revision);
+                    first_list = true;
                 }
-                WatcherEvent::Apply(kv) => {
-                    let revision = kv.mod_revision;
-                    match self.decoded(&kv) {
-                        Some(value) => view.map.insert(kv.key, value),
-                        None => view.map.remove(&kv.key),
-                    };
-                    view.confirmed_at = Some(now);
-                    reached = Some(revision);
-                }
-                WatcherEvent::Delete { key, revision } => {
-                    view.map.remove(&key);
-                    view.confirmed_at = Some(now);
-                    reached = Some(revision);
-                }
-                WatcherEvent::Progress { revision } => {
-                    // Progress during a re-list confirms nothing: the map
-                    // being rebuilt is not the one readers see.
-                    if view.relist.is_none() {
-                        view.confirmed_at = Some(now);
-                        reached = Some(revision);
+                Some(Reflected::Applied { key, value, revision }) => {
+                    match value {
+                        Some(value) => {
+                            announce(&key, Some(&value), revision);
+                            view.map.insert(key, value);
+                        }
+                        None => {
+                            if view.map.remove(&key).is_some() {
+                                announce(&key, None, revision);
+                            }
+                        }
                     }
+                    view.confirmed_at = Some(now);
+                    reached = Some(revision);
+                }
+                Some(Reflected::Deleted { key, revision }) => {
+                    if view.map.remove(&key).is_some() {
+                        announce(&key, None, revision);
+                    }
+                    view.confirmed_at = Some(now);
+                    reached = Some(revision);
+                }
+                Some(Reflected::Progress { revision }) => {
+                    view.confirmed_at = Some(now);
+                    reached = Some(revision);
                 }
             }
         }
@@ -157,16 +330,23 @@ impl<T: Send + Sync + 'static> Reflector<T> {
                 advance
             });
         }
+        if first_list {
+            self.shared.synced.send_if_modified(|synced| !std::mem::replace(synced, true));
+        }
     }
 
-    fn decoded(&self, kv: &KeyValue) -> Option<T> {
-        match (self.shared.decode)(kv) {
-            Ok(value) => Some(value),
-            Err(message) => {
-                tracing::warn!(key = %kv.key, %message, "stored record does not decode; leaving it out");
-                None
-            }
-        }
+    /// Subscribes to the changes of an announcing reflector and, under the
+    /// same lock, reads the map with `f` (what a new subscriber starts
+    /// from): every change after what `f` saw is received, none before.
+    /// A reflector built with [`Reflector::new`] announces nothing.
+    pub fn subscribe<R>(&self, f: impl FnOnce(&BTreeMap<String, T>) -> R) -> (broadcast::Receiver<Change<T>>, R) {
+        let view = self.shared.view.read().unwrap_or_else(|e| e.into_inner());
+        let receiver = match &self.shared.announcer {
+            Some(announcer) => announcer.sender.subscribe(),
+            // A receiver of a channel with no sender: closed at once.
+            None => broadcast::channel(1).1,
+        };
+        (receiver, f(&view.map))
     }
 
     /// Reads the map under the lock; keep `f` short.
@@ -176,10 +356,7 @@ impl<T: Send + Sync + 'static> Reflector<T> {
     }
 
     /// A copy of one value.
-    pub fn get(&self, key: &str) -> Option<T>
-    where
-        T: Clone,
-    {
+    pub fn get(&self, key: &str) -> Option<T> {
         self.read(|map| map.get(key).cloned())
     }
 
@@ -205,7 +382,13 @@ impl<T: Send + Sync + 'static> Reflector<T> {
 
     /// Whether a first list has completed.
     pub fn synced(&self) -> bool {
-        self.shared.view.read().unwrap_or_else(|e| e.into_inner()).synced
+        *self.shared.synced.borrow()
+    }
+
+    /// Waits for the first list, at most `timeout`: false when it did not come.
+    pub async fn wait_synced(&self, timeout: Duration) -> bool {
+        let mut synced = self.shared.synced.subscribe();
+        matches!(tokio::time::timeout(timeout, synced.wait_for(|s| *s)).await, Ok(Ok(_)))
     }
 
     /// When the map was last confirmed current: the newest event,
@@ -394,6 +577,108 @@ mod tests {
         let e = r.wait_for(4, Duration::from_secs(2)).await.unwrap_err();
         assert_eq!(e, WaitError::Timeout { wanted: 4, reached: 3 });
         assert_eq!(started.elapsed(), Duration::from_secs(2));
+    }
+
+    fn announcing() -> Reflector<String> {
+        Reflector::announcing(
+            |kv: &KeyValue| String::from_utf8(kv.value.clone()).map_err(|e| e.to_string()),
+            64,
+            |a, b| a == b,
+        )
+    }
+
+    fn drain(rx: &mut broadcast::Receiver<Change<String>>) -> Vec<String> {
+        let mut out = Vec::new();
+        while let Ok(change) = rx.try_recv() {
+            out.push(format!("{}={}@{}", change.key, change.value.as_deref().unwrap_or("-"), change.revision));
+        }
+        out
+    }
+
+    #[tokio::test]
+    async fn every_change_is_announced_with_its_value_as_of_its_revision() {
+        let r = announcing();
+        let (mut rx, present) = r.subscribe(|map| map.len());
+        assert_eq!(present, 0);
+        r.apply(WatcherEvent::Init);
+        r.apply(WatcherEvent::InitApply(kv("/a", "1", 2)));
+        r.apply(WatcherEvent::InitDone { revision: 2 });
+        // A create and two updates applied before anyone reads: three
+        // changes, each with its own value, not three times the last one.
+        r.apply(WatcherEvent::Apply(kv("/b", "init", 3)));
+        r.apply(WatcherEvent::Apply(kv("/b", "error", 4)));
+        r.apply(WatcherEvent::Apply(kv("/b", "success", 5)));
+        r.apply(WatcherEvent::Delete { key: "/a".into(), revision: 6 });
+        // A delete of a key never seen changes nothing.
+        r.apply(WatcherEvent::Delete { key: "/zz".into(), revision: 7 });
+        r.apply(WatcherEvent::Progress { revision: 8 });
+        assert_eq!(drain(&mut rx), ["/a=1@2", "/b=init@3", "/b=error@4", "/b=success@5", "/a=-@6"]);
+        assert_eq!(r.get("/b").as_deref(), Some("success"));
+    }
+
+    #[tokio::test]
+    async fn a_relist_announces_only_what_it_changed() {
+        let r = announcing();
+        r.apply(WatcherEvent::Init);
+        for (key, value) in [("/a", "1"), ("/b", "1"), ("/c", "1")] {
+            r.apply(WatcherEvent::InitApply(kv(key, value, 2)));
+        }
+        r.apply(WatcherEvent::InitDone { revision: 2 });
+        let (mut rx, present) = r.subscribe(|map| map.keys().cloned().collect::<Vec<_>>());
+        assert_eq!(present, ["/a", "/b", "/c"]);
+        // Re-listed after a gap: /a the same, /b changed, /c deleted, /d new.
+        r.apply(WatcherEvent::Init);
+        r.apply(WatcherEvent::InitApply(kv("/d", "1", 9)));
+        r.apply(WatcherEvent::InitApply(kv("/a", "1", 2)));
+        r.apply(WatcherEvent::InitApply(kv("/b", "2", 8)));
+        assert!(drain(&mut rx).is_empty(), "nothing is announced before the list is complete");
+        r.apply(WatcherEvent::InitDone { revision: 10 });
+        assert_eq!(drain(&mut rx), ["/c=-@10", "/b=2@10", "/d=1@10"]);
+        assert_eq!(keys(&r), ["/a=1", "/b=2", "/d=1"]);
+    }
+
+    #[tokio::test]
+    async fn a_plain_reflector_announces_nothing_and_wait_synced_waits_for_the_first_list() {
+        let r = reflector();
+        let (mut rx, _) = r.subscribe(|_| ());
+        assert!(matches!(rx.try_recv(), Err(broadcast::error::TryRecvError::Closed)));
+        assert!(!r.wait_synced(Duration::from_millis(10)).await);
+        let waiter = {
+            let r = r.clone();
+            tokio::spawn(async move { r.wait_synced(Duration::from_secs(30)).await })
+        };
+        r.apply(WatcherEvent::Init);
+        r.apply(WatcherEvent::InitDone { revision: 0 });
+        assert!(waiter.await.unwrap(), "an empty store at revision 0 is synced too");
+    }
+
+    #[test]
+    fn reflect_hands_out_whole_decoded_lists_and_changes() {
+        let mut reflect = Reflect::new(|kv: &KeyValue| {
+            let s = String::from_utf8(kv.value.clone()).map_err(|e| e.to_string())?;
+            if s == "bad" { Err("bad value".to_string()) } else { Ok(s) }
+        });
+        assert_eq!(reflect.feed(WatcherEvent::Init), None);
+        assert!(reflect.listing());
+        assert_eq!(reflect.feed(WatcherEvent::InitApply(kv("/b", "1", 3))), None);
+        assert_eq!(reflect.feed(WatcherEvent::InitApply(kv("/a", "bad", 2))), None);
+        assert_eq!(reflect.feed(WatcherEvent::InitApply(kv("/a0", "2", 4))), None);
+        assert_eq!(reflect.feed(WatcherEvent::Progress { revision: 4 }), None, "progress in a list confirms nothing");
+        let item = |key: &str, value: &str, revision| Item { key: key.into(), value: value.to_string(), revision };
+        assert_eq!(
+            reflect.feed(WatcherEvent::InitDone { revision: 5 }),
+            Some(Reflected::Listed { items: vec![item("/a0", "2", 4), item("/b", "1", 3)], revision: 5 })
+        );
+        assert!(!reflect.listing());
+        assert_eq!(
+            reflect.feed(WatcherEvent::Apply(kv("/b", "bad", 6))),
+            Some(Reflected::Applied { key: "/b".into(), value: None, revision: 6 })
+        );
+        assert_eq!(
+            reflect.feed(WatcherEvent::Delete { key: "/b".into(), revision: 7 }),
+            Some(Reflected::Deleted { key: "/b".into(), revision: 7 })
+        );
+        assert_eq!(reflect.feed(WatcherEvent::Progress { revision: 8 }), Some(Reflected::Progress { revision: 8 }));
     }
 
     #[tokio::test]

@@ -20,7 +20,7 @@ pub struct ErrorBody {
     /// The HTTP status code, repeated.
     pub code: u16,
     /// `BadRequest`, `Unauthorized`, `Forbidden`, `NotFound`, `Conflict`,
-    /// `PayloadTooLarge`, `BadGateway`, `GatewayTimeout`, `Unavailable` or `Internal`.
+    /// `PayloadTooLarge`, `TooManyRequests`, `BadGateway`, `GatewayTimeout`, `Unavailable` or `Internal`.
     pub reason: String,
     /// What went wrong, for a person.
     pub message: String,
@@ -31,11 +31,17 @@ pub struct ErrorBody {
 pub struct ApiError {
     status: StatusCode,
     message: String,
+    /// Seconds for a `Retry-After` header (a 429).
+    retry_after: Option<u32>,
 }
 
 impl ApiError {
     pub fn new(status: StatusCode, message: impl Into<String>) -> Self {
-        Self { status, message: message.into() }
+        Self { status, message: message.into(), retry_after: None }
+    }
+    /// 429: the caller holds too much of something shared; retry after `seconds`.
+    pub fn too_many_requests(message: impl Into<String>, seconds: u32) -> Self {
+        Self { retry_after: Some(seconds), ..Self::new(StatusCode::TOO_MANY_REQUESTS, message) }
     }
     /// 400: the request is malformed or breaks a rule.
     pub fn bad_request(message: impl Into<String>) -> Self {
@@ -97,6 +103,7 @@ pub fn reason(status: StatusCode) -> &'static str {
         StatusCode::METHOD_NOT_ALLOWED => "MethodNotAllowed",
         StatusCode::CONFLICT => "Conflict",
         StatusCode::PAYLOAD_TOO_LARGE => "PayloadTooLarge",
+        StatusCode::TOO_MANY_REQUESTS => "TooManyRequests",
         StatusCode::BAD_GATEWAY => "BadGateway",
         StatusCode::SERVICE_UNAVAILABLE => "Unavailable",
         StatusCode::GATEWAY_TIMEOUT => "GatewayTimeout",
@@ -119,6 +126,9 @@ impl IntoResponse for ApiError {
         let mut response = (status, Json(self.body())).into_response();
         if status == StatusCode::UNAUTHORIZED {
             response.headers_mut().insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        }
+        if let Some(seconds) = self.retry_after {
+            response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(seconds));
         }
         response
     }

@@ -1,17 +1,18 @@
 //! The watch hub: one store watch per key prefix per `kayra serve`, fanned
 //! out to every watch stream a client opens (§4.5).
 //!
-//! A [`Feed`] mirrors one prefix of the store — a map of key → record, kept
-//! current by a single store watcher — and announces which key changed on a
-//! tokio broadcast channel. Streams do not get values from the channel:
-//! they re-read the key from the feed's map, so a stream always renders the
-//! present state (level-triggered, as kube-runtime's reflector), can never
-//! go back in time, and a re-list (compaction, a trimmed change log, a lost
-//! connection) needs no special case downstream: the feed diffs the
-//! re-listed state against its map and announces exactly the keys whose
-//! record was added, changed or removed.
+//! A [`Feed`] mirrors one prefix of the store: an announcing
+//! [`Reflector`] of its records, kept current by a single store watcher.
+//! Each change comes to the streams with the record **as of that change**
+//! ([`kayra_store::reflector::Change`]), never re-read later: a stream
+//! shows every transition of an object (a subscription's `init`, then its
+//! `error`), in order, even when the store delivered both in one poll. A
+//! re-list (compaction, a trimmed change log, a lost connection) needs no
+//! special case downstream: the reflector diffs the re-listed state
+//! against its map and announces exactly the records added, changed or
+//! removed.
 //!
-//! A stream that falls more than [`WatchOptions::capacity`] announcements
+//! A stream that falls more than [`WatchOptions::capacity`] changes
 //! behind is closed (the client reconnects and gets a fresh initial state)
 //! rather than allowed to buffer without bound.
 //!
@@ -27,39 +28,13 @@ use std::ops::Bound;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use futures::StreamExt;
-use futures::stream::BoxStream;
-use kayra_store::{KeyValue, Revision, Store, WatcherEvent};
-use tokio::sync::{broadcast, watch};
+use kayra_store::reflector::{Change, Reflector};
+use kayra_store::{KeyValue, Revision, Store};
+use tokio::sync::broadcast;
 use tokio_util::sync::CancellationToken;
 
-use super::watch::Rendered;
+use super::stream::{Rendered, WatchOptions};
 use crate::cache::subscribers::SubscriberIndex;
-
-/// Tunables of the watch streams; shortened by tests.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct WatchOptions {
-    /// An SSE stream sends `: keep-alive` after this much silence (§4.5: ≤ 15 s).
-    pub keep_alive: Duration,
-    /// How often a stream re-checks its caller's token and right to watch
-    /// (a revoked one is closed within 1 s).
-    pub recheck: Duration,
-    /// Announcements a stream may fall behind before it is closed.
-    pub capacity: usize,
-    /// How long a new stream waits for its feeds' first listing (503 after).
-    pub ready_timeout: Duration,
-}
-
-impl Default for WatchOptions {
-    fn default() -> Self {
-        Self {
-            keep_alive: Duration::from_secs(10),
-            recheck: Duration::from_millis(400),
-            capacity: 4096,
-            ready_timeout: Duration::from_secs(10),
-        }
-    }
-}
 
 /// The process's feeds, by prefix. Cheap to clone.
 #[derive(Clone)]
@@ -73,7 +48,48 @@ struct Inner {
     feeds: Mutex<HashMap<String, Arc<Feed>>>,
     /// The `/status` reports' subscriber indexes, by subscriptions prefix.
     subscribers: Mutex<HashMap<String, SubscriberIndex>>,
+    /// Open streams against their caps (§17).
+    gate: Mutex<Gate>,
     shutdown: CancellationToken,
+}
+
+/// Open streams by user and in all, and the caps of §17
+/// (`server.max_streams_per_user`, `server.max_streams`).
+#[derive(Debug)]
+struct Gate {
+    by_user: HashMap<String, usize>,
+    total: usize,
+    max_streams: usize,
+    max_per_user: usize,
+}
+
+/// Why a stream was not admitted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Refused {
+    /// The user holds `server.max_streams_per_user` streams already.
+    User(usize),
+    /// The server holds `server.max_streams` streams already.
+    All(usize),
+}
+
+/// One open stream's place under the caps, given back when dropped
+/// (however the stream ends).
+pub(crate) struct StreamPermit {
+    hub: Arc<Inner>,
+    user: String,
+}
+
+impl Drop for StreamPermit {
+    fn drop(&mut self) {
+        let mut gate = self.hub.gate.lock().unwrap_or_else(|p| p.into_inner());
+        gate.total = gate.total.saturating_sub(1);
+        if let Some(held) = gate.by_user.get_mut(&self.user) {
+            *held -= 1;
+            if *held == 0 {
+                gate.by_user.remove(&self.user);
+            }
+        }
+    }
 }
 
 impl std::fmt::Debug for Hub {
@@ -90,6 +106,12 @@ impl Hub {
                 options,
                 feeds: Mutex::new(HashMap::new()),
                 subscribers: Mutex::new(HashMap::new()),
+                gate: Mutex::new(Gate {
+                    by_user: HashMap::new(),
+                    total: 0,
+                    max_streams: kayra_config::ServerConfig::default().max_streams,
+                    max_per_user: kayra_config::ServerConfig::default().max_streams_per_user,
+                }),
                 shutdown: CancellationToken::new(),
             }),
         }
@@ -109,6 +131,33 @@ impl Hub {
         self.inner.shutdown.clone()
     }
 
+    /// Caps open streams at `max_streams` in all and `max_per_user` per
+    /// user (§17; `kayra serve` sets them from `server.*`).
+    pub fn set_stream_caps(&self, max_streams: usize, max_per_user: usize) {
+        let mut gate = self.inner.gate.lock().unwrap_or_else(|p| p.into_inner());
+        (gate.max_streams, gate.max_per_user) = (max_streams.max(1), max_per_user.max(1));
+    }
+
+    /// Admits one more stream of `user`, or says which cap it would pass.
+    pub(crate) fn admit(&self, user: &str) -> Result<StreamPermit, Refused> {
+        let mut gate = self.inner.gate.lock().unwrap_or_else(|p| p.into_inner());
+        let held = gate.by_user.get(user).copied().unwrap_or(0);
+        if held >= gate.max_per_user {
+            return Err(Refused::User(gate.max_per_user));
+        }
+        if gate.total >= gate.max_streams {
+            return Err(Refused::All(gate.max_streams));
+        }
+        gate.total += 1;
+        *gate.by_user.entry(user.to_string()).or_insert(0) += 1;
+        Ok(StreamPermit { hub: self.inner.clone(), user: user.to_string() })
+    }
+
+    /// How many streams are open.
+    pub fn stream_count(&self) -> usize {
+        self.inner.gate.lock().unwrap_or_else(|p| p.into_inner()).total
+    }
+
     /// How many store watches this hub holds: one per prefix in use.
     pub fn feed_count(&self) -> usize {
         self.inner.feeds.lock().unwrap_or_else(|p| p.into_inner()).len()
@@ -120,12 +169,16 @@ impl Hub {
         if let Some(feed) = feeds.get(prefix) {
             return feed.clone();
         }
-        let (announce, _) = broadcast::channel(self.inner.options.capacity);
-        let (ready, _) = watch::channel(false);
-        let feed = Arc::new(Feed { state: Mutex::new(BTreeMap::new()), announce, ready });
+        let feed = Arc::new(Feed::new(self.inner.options.capacity));
         feeds.insert(prefix.to_string(), feed.clone());
-        let events = self.inner.store.watcher(prefix);
-        tokio::spawn(feed.clone().run(events, self.inner.shutdown.clone(), prefix.to_string()));
+        let (events, stop) = (self.inner.store.watcher(prefix), self.inner.shutdown.clone());
+        let reflector = feed.records.clone();
+        tokio::spawn(async move {
+            tokio::select! {
+                () = stop.cancelled() => {}
+                () = reflector.run(events) => {}
+            }
+        });
         feed
     }
 }
@@ -176,104 +229,47 @@ impl Record {
     }
 }
 
+/// A change of a feed: a record as of its revision, or its removal.
+pub(crate) type FeedChange = Change<Arc<Record>>;
+
 /// One prefix of the store, mirrored.
 pub(crate) struct Feed {
-    /// Every record under the prefix, as of the last event applied.
-    state: Mutex<BTreeMap<String, Arc<Record>>>,
-    /// The key that changed. Sent while `state` is locked, so a subscriber
-    /// that reads `state` and subscribes under the same lock misses nothing.
-    announce: broadcast::Sender<Arc<str>>,
-    /// True once the first listing is in.
-    ready: watch::Sender<bool>,
+    /// Every record under the prefix, announcing each change.
+    records: Reflector<Arc<Record>>,
 }
 
 impl Feed {
-    /// Waits for the first listing (false on timeout or shutdown).
-    pub(crate) async fn wait_ready(&self, timeout: Duration) -> bool {
-        let mut ready = self.ready.subscribe();
-        matches!(tokio::time::timeout(timeout, ready.wait_for(|r| *r)).await, Ok(Ok(_)))
+    fn new(capacity: usize) -> Self {
+        let records = Reflector::announcing(
+            |kv: &KeyValue| Ok(Arc::new(Record::new(kv.clone()))),
+            capacity,
+            // One write, one record: a re-listed key at the same revision is unchanged.
+            |a: &Arc<Record>, b: &Arc<Record>| a.kv.mod_revision == b.kv.mod_revision,
+        );
+        Self { records }
     }
 
-    /// Subscribes to announcements, and reads under the same lock the keys
-    /// of `range` present now: what a new stream starts from.
-    pub(crate) fn subscribe(&self, range: &KeyRange) -> (broadcast::Receiver<Arc<str>>, Vec<Arc<Record>>) {
-        let state = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        let present = range.select(&state).cloned().collect();
-        (self.announce.subscribe(), present)
+    /// Waits for the first listing (false on timeout).
+    pub(crate) async fn wait_ready(&self, timeout: Duration) -> bool {
+        self.records.wait_synced(timeout).await
+    }
+
+    /// Waits until the feed holds every change up to `revision` (false on
+    /// timeout): a stream that starts then shows every write acknowledged
+    /// before it opened (§17).
+    pub(crate) async fn wait_for(&self, revision: Revision, timeout: Duration) -> bool {
+        self.records.wait_for(revision, timeout).await.is_ok()
+    }
+
+    /// Subscribes to changes, and reads under the same lock the records of
+    /// `range` present now: what a new stream starts from.
+    pub(crate) fn subscribe(&self, range: &KeyRange) -> (broadcast::Receiver<FeedChange>, Vec<Arc<Record>>) {
+        self.records.subscribe(|map| range.select(map).cloned().collect())
     }
 
     /// The record at `key` now.
     pub(crate) fn get(&self, key: &str) -> Option<Arc<Record>> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner()).get(key).cloned()
-    }
-
-    async fn run(
-        self: Arc<Self>,
-        mut events: BoxStream<'static, WatcherEvent>,
-        stop: CancellationToken,
-        prefix: String,
-    ) {
-        // A re-list in progress: the records listed so far.
-        let mut listing: Option<BTreeMap<String, Arc<Record>>> = None;
-        loop {
-            let event = tokio::select! {
-                () = stop.cancelled() => return,
-                event = events.next() => event,
-            };
-            let Some(event) = event else { return };
-            match event {
-                WatcherEvent::Init => listing = Some(BTreeMap::new()),
-                WatcherEvent::InitApply(kv) => {
-                    listing.get_or_insert_with(BTreeMap::new).insert(kv.key.clone(), Arc::new(Record::new(kv)));
-                }
-                WatcherEvent::InitDone { revision } => {
-                    let listed = listing.take().unwrap_or_default();
-                    let changed = self.replace(listed);
-                    tracing::debug!(prefix, revision, changed, "watch feed listed");
-                    self.ready.send_replace(true);
-                }
-                WatcherEvent::Apply(kv) => self.apply(kv),
-                WatcherEvent::Delete { key, revision } => self.delete(&key, revision),
-                WatcherEvent::Progress { .. } => {}
-            }
-        }
-    }
-
-    /// Replaces the whole map with a listing, announcing every key whose
-    /// record appeared, changed or vanished. Returns how many did.
-    fn replace(&self, listed: BTreeMap<String, Arc<Record>>) -> usize {
-        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        let mut changed: Vec<String> = state.keys().filter(|k| !listed.contains_key(*k)).cloned().collect();
-        changed.extend(
-            listed
-                .iter()
-                .filter(|(k, r)| state.get(*k).is_none_or(|old| old.kv.mod_revision != r.kv.mod_revision))
-                .map(|(k, _)| k.clone()),
-        );
-        *state = listed;
-        for key in &changed {
-            let _ = self.announce.send(Arc::from(key.as_str()));
-        }
-        changed.len()
-    }
-
-    fn apply(&self, kv: KeyValue) {
-        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        // A replayed event (the same write seen twice across a re-watch) changes nothing.
-        if state.get(&kv.key).is_some_and(|old| old.kv.mod_revision >= kv.mod_revision) {
-            return;
-        }
-        let key: Arc<str> = Arc::from(kv.key.as_str());
-        state.insert(kv.key.clone(), Arc::new(Record::new(kv)));
-        let _ = self.announce.send(key);
-    }
-
-    fn delete(&self, key: &str, revision: Revision) {
-        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        if state.get(key).is_some_and(|old| old.kv.mod_revision < revision) {
-            state.remove(key);
-            let _ = self.announce.send(Arc::from(key));
-        }
+        self.records.get(key)
     }
 }
 
@@ -307,51 +303,50 @@ impl KeyRange {
 
 #[cfg(test)]
 mod tests {
+    use kayra_store::WatcherEvent;
+
     use super::*;
 
     fn kv(key: &str, rev: Revision) -> KeyValue {
         KeyValue { key: key.into(), value: b"{}".to_vec(), create_revision: 1, mod_revision: rev }
     }
 
-    fn feed() -> Feed {
-        let (announce, _) = broadcast::channel(64);
-        let (ready, _) = watch::channel(false);
-        Feed { state: Mutex::new(BTreeMap::new()), announce, ready }
-    }
-
-    fn drain(rx: &mut broadcast::Receiver<Arc<str>>) -> Vec<String> {
+    fn drain(rx: &mut broadcast::Receiver<FeedChange>) -> Vec<String> {
         let mut out = Vec::new();
-        while let Ok(key) = rx.try_recv() {
-            out.push(key.to_string());
+        while let Ok(change) = rx.try_recv() {
+            let revision = change.value.map_or(0, |record| record.kv.mod_revision);
+            out.push(format!("{}@{revision}", change.key));
         }
         out
     }
 
     #[test]
-    fn replays_are_ignored_and_relists_announce_only_differences() {
-        let feed = feed();
+    fn changes_carry_their_record_and_relists_announce_only_differences() {
+        let feed = Feed::new(64);
+        let apply = |event| feed.records.apply(event);
+        apply(WatcherEvent::Init);
+        apply(WatcherEvent::InitDone { revision: 1 });
         let (mut rx, present) = feed.subscribe(&KeyRange::Prefix("/a/".into()));
         assert!(present.is_empty());
-        feed.apply(kv("/a/1", 2));
-        feed.apply(kv("/a/2", 3));
-        feed.apply(kv("/a/1", 2)); // replayed
-        feed.delete("/a/3", 4); // never seen
-        assert_eq!(drain(&mut rx), ["/a/1", "/a/2"]);
-        // A re-list: /a/1 unchanged, /a/2 changed, /a/3 new, and a delete of
-        // /a/4 that was missed entirely is not noticed (never seen).
-        let mut listed = BTreeMap::new();
-        for kv in [kv("/a/1", 2), kv("/a/2", 7), kv("/a/3", 6)] {
-            listed.insert(kv.key.clone(), Arc::new(Record::new(kv)));
+        apply(WatcherEvent::Apply(kv("/a/1", 2)));
+        apply(WatcherEvent::Apply(kv("/a/2", 3)));
+        apply(WatcherEvent::Apply(kv("/a/1", 4)));
+        apply(WatcherEvent::Delete { key: "/a/3".into(), revision: 5 }); // never seen
+        assert_eq!(drain(&mut rx), ["/a/1@2", "/a/2@3", "/a/1@4"]);
+        // A re-list: /a/1 unchanged, /a/2 changed, /a/3 new.
+        apply(WatcherEvent::Init);
+        for kv in [kv("/a/1", 4), kv("/a/2", 7), kv("/a/3", 6)] {
+            apply(WatcherEvent::InitApply(kv));
         }
-        assert_eq!(feed.replace(listed), 2);
-        assert_eq!(drain(&mut rx), ["/a/2", "/a/3"]);
+        apply(WatcherEvent::InitDone { revision: 8 });
+        assert_eq!(drain(&mut rx), ["/a/2@7", "/a/3@6"]);
         // A re-list that lacks /a/1: its delete was missed.
-        let mut listed = BTreeMap::new();
+        apply(WatcherEvent::Init);
         for kv in [kv("/a/2", 7), kv("/a/3", 6)] {
-            listed.insert(kv.key.clone(), Arc::new(Record::new(kv)));
+            apply(WatcherEvent::InitApply(kv));
         }
-        assert_eq!(feed.replace(listed), 1);
-        assert_eq!(drain(&mut rx), ["/a/1"]);
+        apply(WatcherEvent::InitDone { revision: 9 });
+        assert_eq!(drain(&mut rx), ["/a/1@0"]);
         assert!(feed.get("/a/1").is_none());
     }
 

@@ -13,7 +13,9 @@
 //! server's middleware puts a [`Caller`] into the request.
 //!
 //! # Layout
-//! - [`authz`]: [`Caller`], `RequireClusterRBAC` as a route layer, the route table.
+//! - [`authz`]: [`Caller`], [`Access`], `RequireClusterRBAC`.
+//! - [`endpoint`]: routes as declared ([`Endpoint`](endpoint::Endpoint)),
+//!   their access enforced as a route layer, `?watch=true` dispatched; the route table.
 //! - [`error`]: [`ApiError`], the `{code, reason, message}` shape.
 //! - [`extract`]: body/path/query extractors refusing in that shape (400/413).
 //! - [`list`]: `{items, continue}` and pagination.
@@ -21,11 +23,13 @@
 //!   [`subscriptions`] (with their [`runs`]), [`users`] (with tokens and `/whoami`), [`roles`],
 //!   [`bindings`] (cluster and namespace role bindings).
 //! - [`watch`], [`hub`]: `?watch=true` streams, fanned out from one store
-//!   watch per prefix; [`status`]: the `/status` report and its stream.
+//!   watch per prefix; [`status`]: the `/status` report and its stream;
+//!   [`stream`]: what every stream shares (framing, outbox, re-checks).
 //! - [`openapi`]: the OpenAPI 3 document, derived from the handlers' types.
 
 pub mod authz;
 pub mod bindings;
+pub mod endpoint;
 pub mod error;
 pub mod extract;
 pub mod hub;
@@ -36,6 +40,7 @@ pub mod registrations;
 pub mod roles;
 pub mod runs;
 pub mod status;
+pub mod stream;
 pub mod subscriptions;
 pub mod users;
 pub mod watch;
@@ -51,11 +56,14 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use utoipa::ToSchema;
 
-pub use authz::{Access, Caller, RouteSpec, require_cluster_rbac};
+pub use authz::{Access, Caller, require_cluster_rbac};
+pub use endpoint::RouteSpec;
 pub use error::{ApiError, ErrorBody};
-pub use hub::{Hub, WatchOptions};
+pub use hub::Hub;
+pub use stream::WatchOptions;
 
-use authz::{Endpoint, cluster};
+use authz::cluster;
+use endpoint::Endpoint;
 use extract::RequestBody;
 use watch::Watched as W;
 

@@ -18,7 +18,7 @@ use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityRequirement
 use utoipa::openapi::{ContentBuilder, Ref, RefOr, Required, Response, ResponseBuilder};
 
 use super::error::ErrorBody;
-use super::watch::WatchEvent;
+use super::stream::WatchEvent;
 use super::{
     Access, BASE_PATH, bindings, namespaces, registrations, roles, routes, runs, status, subscriptions, users,
 };

@@ -25,11 +25,10 @@ use tokio::sync::{broadcast, watch};
 use tokio::time::Instant;
 use utoipa::ToSchema;
 
-use super::authz::WatchCheck;
 use super::error::{ApiError, ErrorBody};
 use super::extract::Path;
-use super::hub::{Feed, Hub, KeyRange};
-use super::watch::{Framing, Kind, Outbox, Watcher, frame, streaming};
+use super::hub::{Feed, FeedChange, Hub, KeyRange, StreamPermit};
+use super::stream::{Framing, Kind, Outbox, WatchCheck, Watcher, frame, streaming};
 use super::{ApiState, long_name, registration_not_found};
 use crate::cache::subscribers::SubscriberIndex;
 use crate::repo::{Collection, RecordRef, Repository};
@@ -155,6 +154,7 @@ pub(crate) async fn open(
     params: &HashMap<String, String>,
     watcher: Watcher,
     framing: Framing,
+    permit: StreamPermit,
 ) -> Result<Response, ApiError> {
     let name = params.get("name").cloned().unwrap_or_default();
     let key = repo.layout().key(RecordRef::Registration(&name));
@@ -169,6 +169,10 @@ pub(crate) async fn open(
     let (registrations, _) = feed.subscribe(&KeyRange::Exact(key.clone()));
     let revision = repo.store().revision().await.map_err(crate::repo::Error::from)?;
     caught_up(&index, repo, revision).await?;
+    // Read-your-writes (§17) for the registration's own record too.
+    if !feed.wait_for(revision, options.ready_timeout).await {
+        return Err(ApiError::unavailable("the watch could not catch up with the store in time; retry"));
+    }
     let now = Instant::now();
     let mut stream = Stream {
         key,
@@ -180,6 +184,7 @@ pub(crate) async fn open(
         dirty: false,
         outbox: Outbox::new(framing, repo.clone(), watcher, options, hub.stopping()),
         last_render: now,
+        _permit: permit,
     };
     stream.render();
     let body = Body::from_stream(futures::stream::unfold(stream, |mut stream| async move {
@@ -194,7 +199,7 @@ struct Stream {
     /// The registration's store key.
     key: String,
     feed: Arc<Feed>,
-    registrations: broadcast::Receiver<Arc<str>>,
+    registrations: broadcast::Receiver<FeedChange>,
     index: SubscriberIndex,
     changes: watch::Receiver<u64>,
     /// The document last sent: what a render is compared with, and what a
@@ -204,6 +209,8 @@ struct Stream {
     dirty: bool,
     outbox: Outbox,
     last_render: Instant,
+    /// Its place under the stream caps, for as long as it is open.
+    _permit: StreamPermit,
 }
 
 impl Stream {
@@ -216,8 +223,8 @@ impl Stream {
             let render_at = self.last_render + COALESCE;
             tokio::select! {
                 alive = self.outbox.housekeeping() => if !alive { return None },
-                key = self.registrations.recv() => match key {
-                    Ok(key) => self.dirty |= *key == *self.key,
+                change = self.registrations.recv() => match change {
+                    Ok(change) => self.dirty |= *change.key == *self.key,
                     // Missed announcements only mean "render again".
                     Err(RecvError::Lagged(_)) => self.dirty = true,
                     Err(RecvError::Closed) => return None,

@@ -9,56 +9,42 @@
 //! object there is, then every change.
 //!
 //! A stream reads from the process's [`Hub`]: no store watch of its own.
-//! It keeps the JSON of every object it has sent and, on each announced
-//! key, renders that key's *current* record the way a GET would (once per
-//! record for all streams: the rendering and its frames are shared through
-//! the feed's [`Record`], so a stream holds pointers, not copies) and
-//! compares: a new object is `ADDED`, a different one `MODIFIED`, a gone
-//! one `DELETED`, an equal one nothing. So a replayed or re-listed record
-//! never shows twice, a write that changes nothing visible (a run record,
-//! the same value again) is no event, and a subscription's computed
-//! `expected_sync_id`/`synced` are re-rendered when its registration's
-//! announcement comes from the registrations feed.
+//! It keeps the JSON of every object it has sent and, on each change its
+//! feed announces, renders the record **as of that change** the way a GET
+//! would (once per record for all streams: the rendering and its frames
+//! are shared through the feed's [`Record`], so a stream holds pointers,
+//! not copies) and compares: a new object is `ADDED`, a different one
+//! `MODIFIED`, a gone one `DELETED`, an equal one nothing. So every
+//! transition is shown in order (never only the latest state read later),
+//! a re-listed record never shows twice, a write that changes nothing
+//! visible (a run record, the same value again) is no event, and a
+//! subscription's computed `expected_sync_id`/`synced` are re-rendered,
+//! from the record the stream showed last, when its registration's change
+//! comes from the registrations feed.
 //!
 //! Authorization is checked when the stream opens (the route's resource
 //! with verb `watch`) and again every [`WatchOptions::recheck`]: a revoked
 //! token, a deleted user or a lost right closes the stream.
 
-use std::collections::{HashMap, VecDeque};
-use std::sync::{Arc, OnceLock};
+use std::collections::HashMap;
+use std::sync::Arc;
 
 use axum::body::{Body, Bytes};
-use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::Response;
 use kayra_core::{
     ApiRegistration, ClusterRoleBinding, Namespace, Role, RoleBinding, Run, Subscription, TokenRecord, User,
 };
-use kayra_rbac::Verb;
 use kayra_store::{KeyValue, Revision};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tokio::sync::broadcast;
 use tokio::sync::broadcast::error::RecvError;
-use tokio::time::Instant;
-use tokio_util::sync::CancellationToken;
 
-use super::authz::require_cluster_rbac;
 use super::error::ApiError;
-use super::hub::{Feed, Hub, KeyRange, Record, WatchOptions};
+use super::hub::{Feed, FeedChange, Hub, KeyRange, Record, StreamPermit};
+use super::stream::{Framing, Kind, Outbox, Rendered, Watcher, streaming};
 use super::users::TokenInfo;
 use crate::repo::{Collection, RecordRef, Repository};
-
-/// One event of a watch stream (the schema of each NDJSON line and SSE `data:`).
-#[derive(Debug, Clone, Serialize, serde::Deserialize, utoipa::ToSchema)]
-pub struct WatchEvent {
-    /// `ADDED`, `MODIFIED` or `DELETED`.
-    #[serde(rename = "type")]
-    #[schema(example = "ADDED")]
-    pub kind: String,
-    /// The object exactly as a GET answers it (for `DELETED`, as last sent).
-    #[schema(value_type = Object)]
-    pub object: serde_json::Value,
-}
 
 /// What a watchable GET route shows, and so which feed it reads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -72,7 +58,7 @@ pub(crate) enum Watched {
     Roles,
     ClusterRoleBindings,
     RoleBindings,
-    /// A registration's `/status` report (see [`super::status`]).
+    /// A registration's `/status` report (served by its own stream).
     Status,
 }
 
@@ -216,13 +202,7 @@ impl Target {
                 (object, Some(token.id), Some(token.user))
             }
         };
-        Some(Rendered {
-            key: Arc::from(kv.key.as_str()),
-            object: object.into_boxed_str(),
-            id,
-            owner,
-            frames: Default::default(),
-        })
+        Some(Rendered::new(object, id, owner))
     }
 
     /// Whether this stream shows `rendered` (one run, one user's tokens).
@@ -262,71 +242,6 @@ fn to_text<T: Serialize>(value: &T) -> Option<String> {
     serde_json::to_string(value).ok()
 }
 
-/// An object as a GET answers it, rendered once per record and shared by
-/// every stream that shows it, with its event frames made on first use.
-pub(crate) struct Rendered {
-    key: Arc<str>,
-    object: Box<str>,
-    /// A run's or a token's id, for the streams of one of them.
-    id: Option<String>,
-    /// A token's user.
-    owner: Option<String>,
-    /// By [`Kind`] and [`Framing`].
-    frames: [OnceLock<Bytes>; 6],
-}
-
-impl Rendered {
-    fn frame(&self, kind: Kind, framing: Framing) -> Bytes {
-        let slot = &self.frames[kind as usize * 2 + framing as usize];
-        slot.get_or_init(|| frame(kind, &self.object, framing)).clone()
-    }
-}
-
-/// The type of an event.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Kind {
-    Added = 0,
-    Modified = 1,
-    Deleted = 2,
-}
-
-impl Kind {
-    fn name(self) -> &'static str {
-        match self {
-            Kind::Added => "ADDED",
-            Kind::Modified => "MODIFIED",
-            Kind::Deleted => "DELETED",
-        }
-    }
-}
-
-/// One event, `object` being its JSON text, framed as `framing` says.
-pub(crate) fn frame(kind: Kind, object: &str, framing: Framing) -> Bytes {
-    let kind = kind.name();
-    let line = format!("{{\"type\":\"{kind}\",\"object\":{object}}}");
-    Bytes::from(match framing {
-        Framing::Ndjson => format!("{line}\n"),
-        Framing::Sse => format!("event: {kind}\ndata: {line}\n\n"),
-    })
-}
-
-/// Who is watching, to re-check while the stream is open.
-#[derive(Debug, Clone)]
-pub(crate) struct Watcher {
-    pub user: String,
-    /// The bearer token the stream was opened with (never logged).
-    pub token: String,
-    /// The route's RBAC resource; the verb is `watch`.
-    pub resource: &'static str,
-}
-
-/// How the events are framed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Framing {
-    Ndjson = 0,
-    Sse = 1,
-}
-
 /// Opens a watch stream of `kind` at the route's `params` for `watcher`.
 pub(crate) async fn open(
     hub: &Hub,
@@ -335,11 +250,9 @@ pub(crate) async fn open(
     params: &HashMap<String, String>,
     watcher: Watcher,
     event_stream: bool,
+    permit: StreamPermit,
 ) -> Result<Response, ApiError> {
     let framing = if event_stream { Framing::Sse } else { Framing::Ndjson };
-    if kind == Watched::Status {
-        return super::status::open(hub, repo, params, watcher, framing).await;
-    }
     let target = Target::new(kind, params, repo);
     let options = hub.options();
     let primary = hub.feed(&target.feed);
@@ -347,6 +260,14 @@ pub(crate) async fn open(
     for feed in std::iter::once(&primary).chain(dependency.as_ref()) {
         if !feed.wait_ready(options.ready_timeout).await {
             return Err(ApiError::unavailable("the watch could not list its objects in time; retry"));
+        }
+    }
+    // Read-your-writes (§17): the stream starts at or after every write
+    // acknowledged before it opened, whichever process took it.
+    let revision = repo.store().revision().await.map_err(crate::repo::Error::from)?;
+    for feed in std::iter::once(&primary).chain(dependency.as_ref()) {
+        if !feed.wait_for(revision, options.ready_timeout).await {
+            return Err(ApiError::unavailable("the watch could not catch up with the store in time; retry"));
         }
     }
     // Subscribing to the dependency first: a registration change that lands
@@ -358,15 +279,16 @@ pub(crate) async fn open(
     let (rx, present) = primary.subscribe(&target.range);
     let mut stream = Stream {
         target,
-        primary,
         rx,
         dependency,
         sent: HashMap::new(),
         outbox: Outbox::new(framing, repo.clone(), watcher, options, hub.stopping()),
         closed: false,
+        _permit: permit,
     };
     for record in present {
-        stream.refresh_with(&record.kv.key, Some(record.clone()));
+        let key = Arc::from(record.kv.key.as_str());
+        stream.show(key, Some(record));
     }
     let body = Body::from_stream(futures::stream::unfold(stream, |mut stream| async move {
         let chunk = stream.next_chunk().await?;
@@ -375,106 +297,25 @@ pub(crate) async fn open(
     Ok(streaming(framing, body))
 }
 
-/// The 200 answer of a watch stream whose events `body` carries.
-pub(crate) fn streaming(framing: Framing, body: Body) -> Response {
-    let content_type = match framing {
-        Framing::Ndjson => "application/x-ndjson",
-        Framing::Sse => "text/event-stream",
-    };
-    let mut response = Response::new(body);
-    *response.status_mut() = StatusCode::OK;
-    let headers = response.headers_mut();
-    headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
-    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
-    // Proxies such as nginx would otherwise buffer the events.
-    headers.insert("x-accel-buffering", HeaderValue::from_static("no"));
-    response
-}
-
-/// What every watch stream does besides rendering its events: the frames
-/// not yet sent, SSE keep-alives, re-checking that the caller may still
-/// watch, and closing at shutdown.
-pub(crate) struct Outbox {
-    /// Framed events not yet handed to the connection.
-    pending: VecDeque<Bytes>,
-    framing: Framing,
-    repo: Repository,
-    watcher: Watcher,
-    options: WatchOptions,
-    stop: CancellationToken,
-    last_sent: Instant,
-    next_check: Instant,
-}
-
-impl Outbox {
-    pub(crate) fn new(
-        framing: Framing,
-        repo: Repository,
-        watcher: Watcher,
-        options: WatchOptions,
-        stop: CancellationToken,
-    ) -> Self {
-        let now = Instant::now();
-        let next_check = now + options.recheck;
-        Self { pending: VecDeque::new(), framing, repo, watcher, options, stop, last_sent: now, next_check }
-    }
-
-    pub(crate) fn framing(&self) -> Framing {
-        self.framing
-    }
-
-    pub(crate) fn watcher(&self) -> &Watcher {
-        &self.watcher
-    }
-
-    /// Queues one framed event.
-    pub(crate) fn push(&mut self, event: Bytes) {
-        self.pending.push_back(event);
-    }
-
-    /// The next queued bytes to send, if any.
-    pub(crate) fn pop(&mut self) -> Option<Bytes> {
-        let chunk = self.pending.pop_front()?;
-        self.last_sent = Instant::now();
-        Some(chunk)
-    }
-
-    /// Waits for the next piece of housekeeping and does it: `false` when
-    /// the stream must end (shutdown, or the caller may no longer watch).
-    /// Cancel-safe: a re-check interrupted by an event is done again.
-    pub(crate) async fn housekeeping(&mut self) -> bool {
-        let keep_alive = self.last_sent + self.options.keep_alive;
-        let sse = self.framing == Framing::Sse;
-        tokio::select! {
-            () = self.stop.cancelled() => false,
-            () = tokio::time::sleep_until(self.next_check) => {
-                if !self.watcher.still_allowed(&self.repo).await {
-                    tracing::info!(user = %self.watcher.user, resource = self.watcher.resource,
-                        "watch stream closed: the caller may no longer watch");
-                    return false;
-                }
-                self.next_check = Instant::now() + self.options.recheck;
-                true
-            },
-            () = tokio::time::sleep_until(keep_alive), if sse => {
-                self.pending.push_back(Bytes::from_static(b": keep-alive\n\n"));
-                true
-            },
-        }
-    }
-}
-
 /// One open watch stream.
 struct Stream {
     target: Target,
-    primary: Arc<Feed>,
-    rx: broadcast::Receiver<Arc<str>>,
-    dependency: Option<(Arc<Feed>, broadcast::Receiver<Arc<str>>)>,
-    /// The object last sent for each key shown: what the next render is
-    /// compared with, and what a `DELETED` carries.
-    sent: HashMap<Arc<str>, Arc<Rendered>>,
+    rx: broadcast::Receiver<FeedChange>,
+    dependency: Option<(Arc<Feed>, broadcast::Receiver<FeedChange>)>,
+    /// What was last sent for each key shown: the next rendering is
+    /// compared with it, a `DELETED` carries it, and a dependency's change
+    /// re-renders its record.
+    sent: HashMap<Arc<str>, Shown>,
     outbox: Outbox,
     closed: bool,
+    /// Its place under the stream caps, for as long as it is open.
+    _permit: StreamPermit,
+}
+
+/// One object a stream has sent: the record and its rendering.
+struct Shown {
+    record: Arc<Record>,
+    rendered: Arc<Rendered>,
 }
 
 impl Stream {
@@ -495,18 +336,26 @@ impl Stream {
             };
             tokio::select! {
                 alive = self.outbox.housekeeping() => if !alive { return None },
-                key = self.rx.recv() => match key {
-                    Ok(key) => self.refresh(&key),
+                change = self.rx.recv() => match change {
+                    Ok(change) => {
+                        if self.target.range.contains(&change.key) {
+                            self.show(change.key, change.value);
+                        }
+                    }
                     Err(RecvError::Lagged(missed)) => {
                         tracing::info!(user = %self.outbox.watcher().user, missed, "watch stream fell behind; closing it");
                         return None;
                     }
                     Err(RecvError::Closed) => return None,
                 },
-                key = dependency => match key {
-                    Ok(key) => {
-                        if let Some(affected) = self.target.affected_by_registration(&key) {
-                            self.refresh(&affected);
+                change = dependency => match change {
+                    Ok(change) => {
+                        if let Some(affected) = self.target.affected_by_registration(&change.key) {
+                            // The record this stream showed last, against the new registration.
+                            if let Some((key, shown)) = self.sent.get_key_value(affected.as_str()) {
+                                let (key, record) = (key.clone(), shown.record.clone());
+                                self.show(key, Some(record));
+                            }
                         }
                     }
                     Err(RecvError::Lagged(missed)) => {
@@ -519,64 +368,42 @@ impl Stream {
         }
     }
 
-    /// Re-renders `key` from its feed's current record and queues the event
-    /// that tells the client, if any.
-    fn refresh(&mut self, key: &str) {
-        if !self.target.range.contains(key) {
-            return;
-        }
-        let current = self.primary.get(key);
-        self.refresh_with(key, current);
-    }
-
-    fn refresh_with(&mut self, key: &str, current: Option<Arc<Record>>) {
+    /// Renders `key`'s record as of its change (`None`: gone) and queues
+    /// the event that tells the client, if any.
+    fn show(&mut self, key: Arc<str>, record: Option<Arc<Record>>) {
         let registrations = self.dependency.as_ref().map(|(feed, _)| feed.as_ref());
         let target = &self.target;
-        let rendered = current.and_then(|record| {
-            let dependency = target.dependency_revision(key, registrations);
-            record.rendered(dependency, |kv| target.render(kv, registrations)).filter(|r| target.shows(r))
+        let shown = record.and_then(|record| {
+            let dependency = target.dependency_revision(&key, registrations);
+            let rendered =
+                record.rendered(dependency, |kv| target.render(kv, registrations)).filter(|r| target.shows(r))?;
+            Some(Shown { record, rendered })
         });
         let framing = self.outbox.framing();
-        let event = match (rendered, self.sent.get(key)) {
-            (Some(object), None) => {
-                let event = object.frame(Kind::Added, framing);
-                self.sent.insert(object.key.clone(), object);
+        let event = match (shown, self.sent.get(&key)) {
+            (Some(shown), None) => {
+                let event = shown.rendered.frame(Kind::Added, framing);
+                self.sent.insert(key, shown);
                 event
             }
-            (Some(object), Some(previous)) => {
-                let changed = !Arc::ptr_eq(&object, previous) && previous.object != object.object;
-                let event = changed.then(|| object.frame(Kind::Modified, framing));
+            (Some(shown), Some(previous)) => {
+                let changed = !Arc::ptr_eq(&shown.rendered, &previous.rendered)
+                    && previous.rendered.object != shown.rendered.object;
+                let event = changed.then(|| shown.rendered.frame(Kind::Modified, framing));
                 // Holding the newest rendering lets the feed free the old one.
-                self.sent.insert(object.key.clone(), object);
+                self.sent.insert(key, shown);
                 match event {
                     Some(event) => event,
                     None => return,
                 }
             }
-            (None, Some(_)) => match self.sent.remove(key) {
-                Some(previous) => previous.frame(Kind::Deleted, framing),
+            (None, Some(_)) => match self.sent.remove(&key) {
+                Some(previous) => previous.rendered.frame(Kind::Deleted, framing),
                 None => return,
             },
             (None, None) => return,
         };
         self.outbox.push(event);
-    }
-}
-
-impl Watcher {
-    /// Whether the token still authenticates the same user and that user
-    /// may still watch. A store failure is not a revocation: the stream
-    /// stays open and the next check decides.
-    pub(crate) async fn still_allowed(&self, repo: &Repository) -> bool {
-        match repo.authenticate(&self.token).await {
-            Ok(Some(user)) if user == self.user => {}
-            Ok(_) => return false,
-            Err(_) => return true,
-        }
-        match require_cluster_rbac(repo, &self.user, self.resource, Verb::Watch).await {
-            Ok(()) => true,
-            Err(e) => e.status() != StatusCode::FORBIDDEN,
-        }
     }
 }
 
@@ -588,6 +415,7 @@ mod tests {
     use kayra_store::Store;
 
     use super::*;
+    use crate::api::stream::WatchOptions;
 
     /// A hub over a fresh local store (kept while the `TempDir` lives),
     /// its re-checks far apart: the empty token of these tests would fail them.
@@ -607,7 +435,8 @@ mod tests {
     /// A stream of every namespace, as the admin.
     async fn watch_namespaces(hub: &Hub, repo: &Repository) -> axum::body::BodyDataStream {
         let watcher = Watcher { user: "admin".into(), token: String::new(), resource: "namespaces" };
-        let response = open(hub, repo, Watched::Namespaces, &HashMap::new(), watcher, false).await.unwrap();
+        let permit = hub.admit("admin").unwrap_or_else(|_| panic!("under the stream caps"));
+        let response = open(hub, repo, Watched::Namespaces, &HashMap::new(), watcher, false, permit).await.unwrap();
         response.into_body().into_data_stream()
     }
 

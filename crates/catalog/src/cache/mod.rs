@@ -114,7 +114,7 @@ trait Status: Send + Sync {
     fn wait_for(&self, revision: Revision, timeout: Duration) -> BoxFuture<'_, Result<(), WaitError>>;
 }
 
-impl<T: Send + Sync + 'static> Status for Reflector<T> {
+impl<T: Clone + Send + Sync + 'static> Status for Reflector<T> {
     fn synced(&self) -> bool {
         Reflector::synced(self)
     }

@@ -137,6 +137,33 @@ both_backends! {
         events.expect("MODIFIED", "name", "gamma").await;
     }
 
+    async fn every_transition_is_streamed_with_the_object_as_of_it(server: Server) {
+        // Local polls far apart, so the create and the reconciler's result
+        // below reach the server's feed in one poll, as a fast failing
+        // first sync does: both must still be shown, in order.
+        let server = server
+            .restart_with(|config| {
+                if let Some(local) = config.database.local.as_mut() {
+                    local.poll_interval = kayra_config::Duration::from_secs(2);
+                }
+            })
+            .await;
+        server.registration(API, json!({"sync_id": "s1"})).await;
+        server.namespace("core").await;
+        let mut events = Events::open(&server, "/namespaces/core/subscriptions", &server.admin, false).await;
+        server.subscribe("core", API).await;
+        let created = server.repo.get_subscription("core", API).await.unwrap().expect("created");
+        crate::common::record_result(&server.repo, &created, None).await;
+        let added = events.expect("ADDED", "api", API).await;
+        assert_eq!((added["state"].as_str(), added["active"].as_bool()), (Some("init"), Some(false)), "{added}");
+        let failed = events.expect("MODIFIED", "api", API).await;
+        assert_eq!((failed["state"].as_str(), failed["active"].as_bool()), (Some("error"), Some(false)), "{failed}");
+        // And a stream opened now starts from the present state.
+        let mut late = Events::open(&server, "/namespaces/core/subscriptions", &server.admin, false).await;
+        let now = late.expect("ADDED", "api", API).await;
+        assert_eq!(now, failed);
+    }
+
     async fn one_object_streams_only_its_own_changes(server: Server) {
         server.registration(API, json!({"sync_id": "s1"})).await;
         server.registration("other.example.com", json!({})).await;
@@ -297,6 +324,67 @@ both_backends! {
         sse.ended(PATIENCE).await;
         assert!(lost.elapsed() < Duration::from_secs(1), "closed after {:?}", lost.elapsed());
         server.call(Method::GET, "/namespaces/core?watch=true", Some(&token), None).await.error(403, &["watch"]);
+    }
+
+    async fn streams_are_capped_per_user_and_in_all_and_everything_else_is_still_answered(server: Server) {
+        let server = server
+            .restart_with(|config| {
+                config.server.max_streams_per_user = 2;
+                config.server.max_streams = 3;
+            })
+            .await;
+        server.namespace("core").await;
+        let alice = server.user_with_rules("alice", rule(&["namespaces"], &["watch", "list", "get"])).await;
+        let bob = server.user_with_rules("bob", rule(&["namespaces"], &["watch", "list", "get"])).await;
+        let mut held = Vec::new();
+        for _ in 0..2 {
+            let mut events = Events::open(&server, "/namespaces", &alice, false).await;
+            events.expect("ADDED", "name", "core").await;
+            held.push(events);
+        }
+        // Alice's third: 429 with Retry-After, in the error shape.
+        let refused = Events::request(&server, "/namespaces", &alice, false).await;
+        assert_eq!(refused.status(), 429);
+        let retry_after = refused.headers().get("retry-after").expect("Retry-After").to_str().unwrap().to_string();
+        assert!(retry_after.parse::<u32>().is_ok_and(|s| s >= 1), "{retry_after}");
+        let body: Value = refused.json().await.unwrap();
+        assert_eq!((body["code"].as_u64(), body["reason"].as_str()), (Some(429), Some("TooManyRequests")), "{body}");
+        assert!(body["message"].as_str().unwrap().contains("server.max_streams_per_user"), "{body}");
+        // Bob's first fills the server; his second passes the server's cap: 503.
+        let mut third = Events::open(&server, "/namespaces/core", &bob, true).await;
+        third.expect("ADDED", "name", "core").await;
+        let full = Events::request(&server, "/namespaces", &bob, false).await;
+        assert_eq!(full.status(), 503);
+        // At the cap, health and ordinary requests are answered.
+        let health = server.client.get(server.url("/healthz")).send().await.unwrap();
+        assert_eq!(health.status(), 200);
+        server.get("/namespaces/core").await.expect(200);
+        server.call(Method::GET, "/namespaces", Some(&bob), None).await.expect(200);
+        assert_eq!(server.hub.stream_count(), 3);
+        // A stream the server ends gives its place back: revoke bob's token.
+        let tokens = server.get("/users/bob/tokens").await.expect(200);
+        let id = tokens["items"][0]["id"].as_str().unwrap();
+        server.delete(&format!("/users/bob/tokens/{id}")).await.expect(204);
+        third.ended(PATIENCE).await;
+        kayra_testkit::eventually("the ended stream's place to be given back", || async {
+            server.hub.stream_count() == 2
+        })
+        .await;
+        let mut again = Events::open(&server, "/namespaces/core", &server.admin, false).await;
+        again.expect("ADDED", "name", "core").await;
+    }
+
+    async fn a_watch_opened_after_an_acknowledged_write_starts_at_or_after_it(server: Server) {
+        server.namespace("core").await;
+        // Each round: a write acknowledged, then a stream opened at once;
+        // its first event shows that write (or a later one), never the one before.
+        for round in 0..20 {
+            let description = format!("round {round}");
+            server.put("/namespaces/core", json!({"description": description})).await.expect(200);
+            let mut events = Events::open(&server, "/namespaces/core", &server.admin, false).await;
+            let first = events.expect("ADDED", "name", "core").await;
+            assert_eq!(first["description"].as_str(), Some(description.as_str()), "round {round}: {first}");
+        }
     }
 
     async fn open_streams_do_not_hold_up_shutdown(server: Server) {
