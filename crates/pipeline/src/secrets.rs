@@ -9,8 +9,20 @@
 //! by the next run without a restart.
 //!
 //! [`Redactor`] is the other half: a rendered field (endpoint, header value,
-//! `data` string) or an output that contains any of the run's secret values
-//! is shown as [`REDACTED`], whole, wherever kayra shows it.
+//! `data` string), an output or an error value that contains any of the
+//! run's secret values is shown as [`REDACTED`], whole, wherever kayra shows
+//! it (platform §2, §17 "Secrets in any form").
+//!
+//! "Contains" covers the forms a value takes on its way through a template
+//! or a backend, not only the value itself: JSON-escaped (`\"`, `\\`,
+//! `\u00e9`, as a backend echoing a request body writes it, and Rust's
+//! `{:?}` form an error message uses) and percent-encoded (`urlquery`,
+//! `pathescape`, any URL encoder, `+` for space), and these nested a few
+//! times. Rather than list every encoder's choice of characters, a text is
+//! decoded (percent-decoding, with and without `+` as space, and JSON/Rust
+//! unescaping, combined up to [`DECODE_DEPTH`] times) and each decoding is
+//! searched for the plain value. A text that merely decodes to a secret is
+//! hidden too: showing less than possible is the safe mistake.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
@@ -19,6 +31,7 @@ use std::sync::Arc;
 use kayra_config::SecretSource;
 
 use crate::error::PipelineError;
+use crate::http::percent_decode;
 
 /// What kayra shows instead of anything that holds a secret.
 pub const REDACTED: &str = "<redacted>";
@@ -88,7 +101,9 @@ impl SecretValues {
     /// without reading it: each value is unique to its name, so the field
     /// it lands in is found and redacted like a real one.
     pub(crate) fn placeholders<'a>(names: impl IntoIterator<Item = &'a String>) -> Self {
-        Self(names.into_iter().map(|name| (name.clone(), format!("\u{1}kayra-secret:{name}\u{1}"))).collect())
+        // URL-safe (lower-case letters and hex), so a secret in a host or a
+        // path renders to a URL that is checked as a real one would be.
+        Self(names.into_iter().map(|name| (name.clone(), format!("kayrasecret{}x", hex(name)))).collect())
     }
 
     pub(crate) fn get(&self, name: &str) -> Option<&str> {
@@ -107,21 +122,62 @@ impl fmt::Debug for SecretValues {
     }
 }
 
-/// Finds secret values in what kayra is about to show.
+/// Lower-case hex of `name`'s bytes.
+fn hex(name: &str) -> String {
+    name.bytes().map(|b| format!("{b:02x}")).collect()
+}
+
+/// How many layers of escaping [`Redactor::hides`] looks through (a value
+/// percent-encoded inside a JSON string inside a JSON string, say).
+const DECODE_DEPTH: usize = 3;
+
+/// Finds secret values, in any of their forms, in what kayra is about to show.
 #[derive(Default)]
 pub(crate) struct Redactor {
-    values: Vec<String>,
+    /// Each non-empty secret value, as bytes.
+    values: Vec<Vec<u8>>,
+    /// Each value and its common escaped forms, longest first: what
+    /// [`Self::scrub`] replaces in free text.
+    forms: Vec<String>,
 }
 
 impl Redactor {
     pub(crate) fn new(secrets: &SecretValues) -> Self {
         // An empty value is in every string; it hides nothing.
-        Self { values: secrets.0.values().filter(|v| !v.is_empty()).cloned().collect() }
+        let values: Vec<&String> = secrets.0.values().filter(|v| !v.is_empty()).collect();
+        let mut forms: Vec<String> = values.iter().flat_map(|v| escaped_forms(v)).collect();
+        forms.sort_by(|a, b| b.len().cmp(&a.len()).then_with(|| a.cmp(b)));
+        forms.dedup();
+        Self { values: values.into_iter().map(|v| v.as_bytes().to_vec()).collect(), forms }
     }
 
-    /// Whether `text` contains a secret value.
+    /// Whether `text` contains a secret value, plain or escaped (see the
+    /// module docs).
     pub(crate) fn hides(&self, text: &str) -> bool {
-        self.values.iter().any(|v| text.contains(v.as_str()))
+        if self.values.is_empty() {
+            return false;
+        }
+        let mut seen: Vec<Vec<u8>> = vec![text.as_bytes().to_vec()];
+        let mut layer = seen.clone();
+        for _ in 0..=DECODE_DEPTH {
+            if layer.iter().any(|t| self.values.iter().any(|v| contains(t, v))) {
+                return true;
+            }
+            let mut next = Vec::new();
+            for text in &layer {
+                for decoded in [percent_decode(text, false), percent_decode(text, true), unescape(text)] {
+                    if !seen.contains(&decoded) {
+                        seen.push(decoded.clone());
+                        next.push(decoded);
+                    }
+                }
+            }
+            if next.is_empty() {
+                return false;
+            }
+            layer = next;
+        }
+        false
     }
 
     /// `text`, or [`REDACTED`] when it contains a secret value.
@@ -129,16 +185,18 @@ impl Redactor {
         if self.hides(&text) { REDACTED.to_string() } else { text }
     }
 
-    /// `text` with every secret value replaced by [`REDACTED`]: the last
-    /// line of defence for free text such as an error chain.
+    /// `text` with every secret value, and each of its common escaped
+    /// forms, replaced by [`REDACTED`]: the last line of defence for free
+    /// text such as an error chain. Should a less common form remain, the
+    /// whole text is [`REDACTED`].
     pub(crate) fn scrub(&self, text: &str) -> String {
         let mut text = text.to_string();
-        for value in &self.values {
-            if text.contains(value.as_str()) {
-                text = text.replace(value.as_str(), REDACTED);
+        for form in &self.forms {
+            if text.contains(form.as_str()) {
+                text = text.replace(form.as_str(), REDACTED);
             }
         }
-        text
+        self.field(text)
     }
 
     /// Every string inside `value` that contains a secret value becomes
@@ -152,6 +210,97 @@ impl Redactor {
             other => other,
         }
     }
+}
+
+/// `value` and the forms escaping commonly gives it: JSON, Rust `{:?}`,
+/// `urlquery`, `pathescape`, and every byte percent-encoded.
+fn escaped_forms(value: &str) -> Vec<String> {
+    let quoted = |s: String| s.get(1..s.len().saturating_sub(1)).unwrap_or_default().to_string();
+    let every_byte = |upper: bool| -> String {
+        value.bytes().map(|b| if upper { format!("%{b:02X}") } else { format!("%{b:02x}") }).collect()
+    };
+    vec![
+        value.to_string(),
+        quoted(serde_json::Value::from(value).to_string()),
+        quoted(format!("{value:?}")),
+        gotmpl::url_encode(value),
+        crate::template::path_escape(value),
+        every_byte(true),
+        every_byte(false),
+    ]
+    .into_iter()
+    .filter(|form| !form.is_empty())
+    .collect()
+}
+
+fn contains(haystack: &[u8], needle: &[u8]) -> bool {
+    !needle.is_empty() && haystack.windows(needle.len()).any(|window| window == needle)
+}
+
+/// JSON string escapes (`\"` `\\` `\/` `\b` `\f` `\n` `\r` `\t`
+/// `\uXXXX`, surrogate pairs joined) and Rust's (`\'` `\0` `\u{X…}`)
+/// decoded; anything else, a malformed escape included, kept.
+fn unescape(text: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(text.len());
+    let mut i = 0;
+    let push_char = |out: &mut Vec<u8>, c: char| out.extend_from_slice(c.encode_utf8(&mut [0; 4]).as_bytes());
+    while i < text.len() {
+        if text[i] != b'\\' || i + 1 == text.len() {
+            out.push(text[i]);
+            i += 1;
+            continue;
+        }
+        let simple = match text[i + 1] {
+            b'"' => Some(b'"'),
+            b'\\' => Some(b'\\'),
+            b'/' => Some(b'/'),
+            b'\'' => Some(b'\''),
+            b'b' => Some(0x08),
+            b'f' => Some(0x0c),
+            b'n' => Some(b'\n'),
+            b'r' => Some(b'\r'),
+            b't' => Some(b'\t'),
+            b'0' => Some(0),
+            _ => None,
+        };
+        if let Some(byte) = simple {
+            out.push(byte);
+            i += 2;
+            continue;
+        }
+        if text[i + 1] == b'u' {
+            if let Some((c, used)) = unicode_escape(&text[i..]) {
+                push_char(&mut out, c);
+                i += used;
+                continue;
+            }
+        }
+        out.push(text[i]);
+        i += 1;
+    }
+    out
+}
+
+/// A `\uXXXX` (a surrogate pair as two of them) or `\u{X…}` escape at the
+/// start of `text`: the character and how many bytes it took.
+fn unicode_escape(text: &[u8]) -> Option<(char, usize)> {
+    let hex = |digits: &[u8]| u32::from_str_radix(std::str::from_utf8(digits).ok()?, 16).ok();
+    if text.get(2) == Some(&b'{') {
+        let close = text.iter().take(10).position(|&b| b == b'}')?;
+        let code = hex(text.get(3..close)?)?;
+        return Some((char::from_u32(code)?, close + 1));
+    }
+    let four = |at: usize| text.get(at..at + 4).filter(|d| d.iter().all(u8::is_ascii_hexdigit)).and_then(hex);
+    let high = four(2)?;
+    if let Some(c) = char::from_u32(high) {
+        return Some((c, 6));
+    }
+    if (0xd800..0xdc00).contains(&high) && text.get(6..8) == Some(b"\\u".as_slice()) {
+        let low = four(8).filter(|low| (0xdc00..0xe000).contains(low))?;
+        let code = 0x10000 + ((high - 0xd800) << 10) + (low - 0xdc00);
+        return Some((char::from_u32(code)?, 12));
+    }
+    None
 }
 
 #[cfg(test)]
