@@ -136,8 +136,8 @@ const DECODE_DEPTH: usize = 3;
 pub(crate) struct Redactor {
     /// Each non-empty secret value, as bytes.
     values: Vec<Vec<u8>>,
-    /// Each value and its common escaped forms, longest first: what
-    /// [`Self::scrub`] replaces in free text.
+    /// Each value and its common escaped forms, longest first: looked for
+    /// as they are by [`Self::hides`], replaced in free text by [`Self::scrub`].
     forms: Vec<String>,
 }
 
@@ -156,6 +156,9 @@ impl Redactor {
     pub(crate) fn hides(&self, text: &str) -> bool {
         if self.values.is_empty() {
             return false;
+        }
+        if self.forms.iter().any(|form| text.contains(form.as_str())) {
+            return true;
         }
         let mut seen: Vec<Vec<u8>> = vec![text.as_bytes().to_vec()];
         let mut layer = seen.clone();
@@ -213,24 +216,27 @@ impl Redactor {
 }
 
 /// `value` and the forms escaping commonly gives it: JSON, Rust `{:?}`,
-/// `urlquery`, `pathescape`, and every byte percent-encoded.
+/// `urlquery`, `pathescape`, every byte percent-encoded (either case), and
+/// each of these applied to each of them once more. Looked for as they
+/// are, they are found wherever they start (decoding a text from its
+/// first byte may pair a `%` or `\\` before the value with the value's own
+/// first characters).
 fn escaped_forms(value: &str) -> Vec<String> {
     let quoted = |s: String| s.get(1..s.len().saturating_sub(1)).unwrap_or_default().to_string();
-    let every_byte = |upper: bool| -> String {
-        value.bytes().map(|b| if upper { format!("%{b:02X}") } else { format!("%{b:02x}") }).collect()
+    let every_byte = |s: &str, upper: bool| -> String {
+        s.bytes().map(|b| if upper { format!("%{b:02X}") } else { format!("%{b:02x}") }).collect()
     };
-    vec![
-        value.to_string(),
-        quoted(serde_json::Value::from(value).to_string()),
-        quoted(format!("{value:?}")),
-        gotmpl::url_encode(value),
-        crate::template::path_escape(value),
-        every_byte(true),
-        every_byte(false),
-    ]
-    .into_iter()
-    .filter(|form| !form.is_empty())
-    .collect()
+    let encoders: [&dyn Fn(&str) -> String; 6] = [
+        &|s| quoted(serde_json::Value::from(s).to_string()),
+        &|s| quoted(format!("{s:?}")),
+        &|s| gotmpl::url_encode(s),
+        &|s| crate::template::path_escape(s),
+        &|s| every_byte(s, true),
+        &|s| every_byte(s, false),
+    ];
+    let once: Vec<String> = encoders.iter().map(|encode| encode(value)).collect();
+    let twice: Vec<String> = once.iter().flat_map(|form| encoders.iter().map(|encode| encode(form))).collect();
+    std::iter::once(value.to_string()).chain(once).chain(twice).filter(|form| !form.is_empty()).collect()
 }
 
 fn contains(haystack: &[u8], needle: &[u8]) -> bool {
@@ -350,5 +356,106 @@ mod tests {
         assert_eq!(r.scrub("x s3cr3t y s3cr3t"), "x <redacted> y <redacted>");
         let json = serde_json::json!({"k": ["s3cr3t-1", 2, "ok"], "s3cr3t": true});
         assert_eq!(r.json(json), serde_json::json!({"k": ["<redacted>", 2, "ok"], "s3cr3t": true}));
+    }
+
+    fn redactor(value: &str) -> Redactor {
+        Redactor::new(&SecretValues(BTreeMap::from([("s".into(), value.into())])))
+    }
+
+    #[test]
+    fn escaped_forms_are_redacted_whole() {
+        let r = redactor("a\"b\\c/d é?&+ %\u{1}");
+        for shown in [
+            r#"{"echo":"a\"b\\c/d é?&+ %\u0001"}"#,
+            r#"x a\"b\\c\/d \u00e9?&+ %\u0001 y"#,
+            r#"last: .status="a\"b\\c/d é?&+ %\u{1}""#,
+            "q=a%22b%5Cc%2Fd+%C3%A9%3F%26%2B+%25%01",
+            "/k/a%22b%5Cc%2Fd%20%C3%A9%3F&+%20%25%01",
+            "%61%22%62%5c%63%2f%64%20%c3%a9%3f%26%2b%20%25%01",
+            // JSON inside JSON, and percent-encoding inside JSON.
+            r#"{"outputs":"{\"E\":\"a\\\"b\\\\c/d é?&+ %\\u0001\"}"}"#,
+            r#""a%22b%5Cc%2Fd+%C3%A9%3F%26%2B+%25\u0001""#,
+        ] {
+            assert_eq!(r.field(shown.to_string()), REDACTED, "{shown}");
+        }
+        for fine in ["a\"b", "plain", "%zz%", "\\u{110000} \\ud800 \\", "a%22b%5Cc"] {
+            assert_eq!(r.field(fine.to_string()), fine, "{fine}");
+        }
+        // Astral characters escaped as a surrogate pair.
+        assert!(redactor("x\u{1f600}y").hides(r#"x\ud83d\ude00y"#));
+    }
+
+    #[test]
+    fn scrub_replaces_known_forms_and_hides_the_rest_whole() {
+        let r = redactor("s3\"cr");
+        assert_eq!(r.scrub(r#"step 1: value "s3\"cr" or s3%22cr"#), "step 1: value \"<redacted>\" or <redacted>");
+        assert_eq!(r.scrub("odd: s3%22%63r"), REDACTED);
+    }
+
+    #[test]
+    fn placeholders_are_url_safe_and_unique() {
+        let names = ["tok".to_string(), "t".to_string(), "gitlab token".to_string()];
+        let values = SecretValues::placeholders(&names);
+        for name in &names {
+            let value = values.get(name).unwrap();
+            assert!(value.bytes().all(|b| b.is_ascii_alphanumeric()), "{value}");
+            assert!(names.iter().filter(|n| *n != name).all(|n| !value.contains(values.get(n).unwrap())));
+        }
+    }
+
+    /// The forms a secret may take, made without the redactor's own list.
+    fn forms(value: &str) -> Vec<String> {
+        let unquote = |s: String| s[1..s.len() - 1].to_string();
+        let json = |s: &str| unquote(serde_json::to_string(s).unwrap());
+        let debug = |s: &str| unquote(format!("{s:?}"));
+        let every_byte = |s: &str| s.bytes().map(|b| format!("%{b:02x}")).collect::<String>();
+        let query = gotmpl::url_encode;
+        let path = crate::template::path_escape;
+        let mut forms =
+            vec![value.to_string(), json(value), debug(value), every_byte(value), query(value), path(value)];
+        for outer in [json(value), query(value), path(value)] {
+            forms.extend([json(&outer), debug(&outer), query(&outer), every_byte(&outer)]);
+        }
+        forms
+    }
+
+    #[test]
+    fn secrets_with_any_characters_are_never_visible_in_any_form() {
+        use proptest::prelude::*;
+        use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
+
+        let secret = prop_oneof![
+            "\\PC{3,16}",
+            proptest::collection::vec(
+                proptest::sample::select(
+                    &["\"", "\\", "/", "%", "+", " ", "?", "#", "&", "é", "\u{1}", "\n", "😀", "a", "Z", "9", "\u{7f}"]
+                        [..]
+                ),
+                3..10
+            )
+            .prop_map(|p| p.concat()),
+        ]
+        // "<redacted>" itself must not show the secret.
+        .prop_filter("not inside the placeholder", |s| forms(s).iter().all(|f| !REDACTED.contains(f.as_str())));
+        let around = "[ -~]{0,8}";
+        let config = Config { cases: 2000, failure_persistence: None, max_shrink_iters: 500, ..Config::default() };
+        let mut runner = TestRunner::new_with_rng(config, TestRng::from_seed(RngAlgorithm::ChaCha, &[0x73; 32]));
+        let result = runner.run(&(secret, around, around), |(secret, before, after)| {
+            let r = redactor(&secret);
+            for form in forms(&secret) {
+                let text = format!("{before}{form}{after}");
+                prop_assert_eq!(r.field(text.clone()), REDACTED, "{:?} in {:?}", secret, text);
+                let scrubbed = r.scrub(&text);
+                for shown in forms(&secret) {
+                    prop_assert!(!scrubbed.contains(&shown), "{:?}: {:?} scrubbed to {:?}", secret, text, scrubbed);
+                }
+                let json = r.json(serde_json::json!({"k": [text]}));
+                prop_assert_eq!(json, serde_json::json!({"k": [REDACTED]}));
+            }
+            Ok(())
+        });
+        if let Err(failure) = result {
+            panic!("{failure}");
+        }
     }
 }
