@@ -274,12 +274,12 @@ fn unescape(text: &[u8]) -> Vec<u8> {
             i += 2;
             continue;
         }
-        if text[i + 1] == b'u' {
-            if let Some((c, used)) = unicode_escape(&text[i..]) {
-                push_char(&mut out, c);
-                i += used;
-                continue;
-            }
+        if text[i + 1] == b'u'
+            && let Some((c, used)) = unicode_escape(&text[i..])
+        {
+            push_char(&mut out, c);
+            i += used;
+            continue;
         }
         out.push(text[i]);
         i += 1;
