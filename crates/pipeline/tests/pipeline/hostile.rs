@@ -366,3 +366,21 @@ fn escape_path(s: &str) -> String {
         })
         .collect()
 }
+
+#[tokio::test]
+async fn a_wait_failure_quoting_a_secret_is_redacted_in_the_run_error() {
+    // Contrived (a failure value that is a secret), but the value quoted is
+    // still the backend's answer.
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("token");
+    std::fs::write(&path, "fail-s3cr3t").unwrap();
+    let server = TestServer::start(|_, _| ok(json!({"status": "fail-s3cr3t"}))).await;
+    let steps = r#"
+- {method: get, endpoint: "BASE/s", headers: {X-T: {secret: tok}}, wait: [{key: .status, successes: [ok], failures: [fail-s3cr3t]}]}
+"#;
+    let pipelines = compile_with(steps, &server.base, &format!("  secrets:\n    tok: {{file: {}}}\n", path.display()));
+    let report = report(&pipelines).await;
+    let err = report.result.expect_err("failed");
+    assert_eq!(err.to_string(), r#"step 0: wait condition .status is "<redacted>", one of its failures"#);
+    assert!(!format!("{err:?} {:?}", report.steps).contains("s3cr3t"));
+}
