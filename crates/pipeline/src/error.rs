@@ -28,8 +28,10 @@ pub enum PipelineError {
     /// A template failed to execute, before any request was made.
     #[error("step {step}: render {field}: {message}")]
     Render { step: usize, field: String, message: String },
-    /// The rendered request is unusable: the endpoint is not an http(s) URL,
-    /// or a header value contains characters HTTP does not allow.
+    /// The rendered request is unusable, and was not sent: the endpoint is
+    /// not an absolute http(s) URL, or has user info, a fragment or a `.`
+    /// or `..` path segment (the message starts `endpoint: `), or a header
+    /// value contains characters HTTP does not allow.
     #[error("step {step}: invalid request: {message}")]
     InvalidRequest { step: usize, message: String },
     /// No answer: connect, TLS, reset, or a broken body.

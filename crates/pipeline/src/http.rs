@@ -127,6 +127,26 @@ pub(crate) fn shown_url(url: &Url) -> String {
     shown.to_string()
 }
 
+/// `%XX` decoded (and `+` as a space when `plus`); anything else kept.
+pub(crate) fn percent_decode(text: &[u8], plus: bool) -> Vec<u8> {
+    let hex = |b: Option<&u8>| b.and_then(|&b| char::from(b).to_digit(16));
+    let mut out = Vec::with_capacity(text.len());
+    let mut i = 0;
+    while i < text.len() {
+        if text[i] == b'%'
+            && let (Some(hi), Some(lo)) = (hex(text.get(i + 1)), hex(text.get(i + 2)))
+        {
+            // Two hex digits make a byte.
+            out.push(u8::try_from(hi << 4 | lo).unwrap_or(b'%'));
+            i += 3;
+            continue;
+        }
+        out.push(if plus && text[i] == b'+' { b' ' } else { text[i] });
+        i += 1;
+    }
+    out
+}
+
 /// An error with its sources, `a: b: c`, for the step's log line.
 pub(crate) fn error_chain(error: &dyn StdError) -> String {
     let mut text = error.to_string();

@@ -16,7 +16,6 @@
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
-use reqwest::Url;
 use reqwest::header::HeaderValue;
 
 use crate::error::PipelineError;
@@ -60,12 +59,12 @@ impl Pipeline {
             let request = step.render(&scope)?;
             let index = step.index();
             let invalid = |message: String| PipelineError::InvalidRequest { step: index, message };
+            // Checked as a run checks it, secrets or not: a step the run
+            // would refuse is refused here too.
+            let url = check_url(&request.endpoint).map_err(|message| invalid(format!("endpoint: {message}")))?;
             let endpoint = if redactor.hides(&request.endpoint) {
                 crate::REDACTED.to_string()
             } else {
-                let url = Url::parse(&request.endpoint)
-                    .map_err(|e| invalid(format!("the rendered endpoint is not a URL: {e}")))?;
-                check_url(url.as_str()).map_err(invalid)?;
                 reveal(&stand_ins, shown_url(&url))
             };
             let mut headers = Vec::with_capacity(request.headers.len());

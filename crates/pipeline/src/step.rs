@@ -36,7 +36,7 @@ use tokio::time::Instant;
 
 use super::dotpath::DotPath;
 use super::error::PipelineError;
-use super::http::{Answer, Prepared, shown_url};
+use super::http::{Answer, Prepared, percent_decode, shown_url};
 use super::secrets::{REDACTED, Redactor};
 use super::template::{Data, OutputUse, Scope, TemplateError, Text};
 use super::{PipelineSettings, RunControl, SubscriptionContext};
@@ -331,15 +331,14 @@ impl CompiledStep {
     fn prepare(&self, rendered: Rendered, redactor: &Redactor) -> Result<(Prepared, String), (String, PipelineError)> {
         let step = self.index;
         let hidden = redactor.hides(&rendered.endpoint);
-        let url = Url::parse(&rendered.endpoint)
-            .map_err(|e| format!("the rendered endpoint is not a URL: {e}"))
-            .and_then(|url| check_url(url.as_str()).map(|()| url))
-            .map_err(|message| {
-                // The rendered text might carry user info; its source does not.
-                let shown = if hidden { REDACTED.to_string() } else { self.endpoint_source.clone() };
-                (shown, PipelineError::InvalidRequest { step, message })
-            })?;
-        let shown = if hidden { REDACTED.to_string() } else { shown_url(&url) };
+        // Checked before anything is sent: a refused endpoint is never called.
+        let url = check_url(&rendered.endpoint).map_err(|message| {
+            // The rendered text might carry user info; its source does not.
+            let shown = if hidden { REDACTED.to_string() } else { self.endpoint_source.clone() };
+            (shown, PipelineError::InvalidRequest { step, message: format!("endpoint: {message}") })
+        })?;
+        let shown = shown_url(&url);
+        let shown = if hidden || redactor.hides(&shown) { REDACTED.to_string() } else { shown };
         let fail = |error: PipelineError| (shown.clone(), error);
 
         let mut headers = HeaderMap::with_capacity(rendered.headers.len());
@@ -402,7 +401,7 @@ impl CompiledStep {
                 return outcome;
             }
             let outputs = self.extract_outputs(&answer);
-            let last = match self.evaluate(answer.json.as_ref()) {
+            let last = match self.evaluate(answer.json.as_ref(), env.redactor) {
                 Verdict::Done => return self.timed(started, endpoint, attempts, status, outputs, Ok(())),
                 Verdict::Failed { key, value } => {
                     let error = PipelineError::WaitFailed { step, key, value };
@@ -475,8 +474,10 @@ impl CompiledStep {
     }
 
     /// Any condition in its failures fails at once, whatever the others say;
-    /// done only when every condition is in its successes.
-    fn evaluate(&self, body: Option<&serde_json::Value>) -> Verdict {
+    /// done only when every condition is in its successes. The values a
+    /// verdict quotes came from the backend and end up in an error: one
+    /// that holds a secret, in any form, is [`REDACTED`].
+    fn evaluate(&self, body: Option<&serde_json::Value>, redactor: &Redactor) -> Verdict {
         if self.wait.is_empty() {
             return Verdict::Done;
         }
@@ -486,7 +487,7 @@ impl CompiledStep {
         let values: Vec<Option<String>> = self.wait.iter().map(|c| c.key.resolve_text(body)).collect();
         for (condition, value) in self.wait.iter().zip(&values) {
             if let Some(value) = value.as_ref().filter(|v| condition.failures.contains(v)) {
-                return Verdict::Failed { key: condition.key.to_string(), value: value.clone() };
+                return Verdict::Failed { key: condition.key.to_string(), value: redactor.field(value.clone()) };
             }
         }
         let done = self.wait.iter().zip(&values).all(|(c, v)| v.as_ref().is_some_and(|v| c.successes.contains(v)));
@@ -498,7 +499,7 @@ impl CompiledStep {
             .iter()
             .zip(&values)
             .map(|(c, v)| match v {
-                Some(v) => format!("{}={v:?}", c.key),
+                Some(v) => format!("{}={:?}", c.key, redactor.field(v.clone())),
                 None => format!("{} missing", c.key),
             })
             .collect::<Vec<_>>()
@@ -535,15 +536,62 @@ fn far_future() -> Instant {
     Instant::now() + Duration::from_secs(86400 * 365 * 30)
 }
 
-/// Steps call http(s) backends and nothing else.
-/// The message never quotes the endpoint: it may carry user info.
-pub(crate) fn check_url(endpoint: &str) -> Result<(), String> {
+/// Steps call http(s) backends and nothing else, at the path they name
+/// (platform §17, "Rendered endpoints"): `endpoint`, as written or as
+/// rendered, must be an absolute `http`/`https` URL with a host, without
+/// user info, without a fragment and without a `.` or `..` path segment
+/// (percent-decoded: `%2e%2e` is one too). Returns the URL to send.
+///
+/// A URL parser resolves dot segments (`/items/../../admin` becomes
+/// `/admin`), so they are looked for in the text as written, read the way
+/// the parser reads it (see [`dot_segment`]): what is sent is then exactly
+/// what the template's literal path says, with rendered values inside it.
+/// Used by compile (a literal endpoint), by a run before anything is sent,
+/// and by `kayra render`, so all three agree.
+///
+/// The message never quotes the endpoint: it may carry user info or a
+/// secret.
+pub(crate) fn check_url(endpoint: &str) -> Result<Url, String> {
     let url = Url::parse(endpoint).map_err(|e| format!("is not a URL: {e}"))?;
     match url.scheme() {
-        "http" | "https" if url.has_host() => Ok(()),
-        "http" | "https" => Err("the URL has no host".into()),
-        other => Err(format!("unsupported scheme {other:?}; use http or https")),
+        "http" | "https" if url.has_host() => {}
+        "http" | "https" => return Err("the URL has no host".into()),
+        other => return Err(format!("unsupported scheme {other:?}; use http or https")),
     }
+    if !url.username().is_empty() || url.password().is_some() {
+        return Err("the URL has user info; send credentials in a header".into());
+    }
+    if let Some(segment) = dot_segment(endpoint) {
+        return Err(format!(
+            "the URL has a {segment:?} path segment (percent-decoded); pass a value that may hold '/' through \
+             pathescape"
+        ));
+    }
+    if url.fragment().is_some() {
+        return Err("the URL has a fragment (#); pass a value that may hold '#' through pathescape or urlquery".into());
+    }
+    Ok(url)
+}
+
+/// The first `.` or `..` segment of `endpoint`'s path, percent-decoded.
+///
+/// The path is found as the WHATWG URL parser finds it for http(s):
+/// leading and trailing C0 controls and spaces are ignored, tabs and
+/// newlines anywhere; after the scheme's `:`, any run of `/` and `\`
+/// starts the authority, which ends at the first `/`, `\`, `?` or `#`; the
+/// path ends at `?` or `#`; segments are separated by `/` and `\`.
+fn dot_segment(endpoint: &str) -> Option<&'static str> {
+    let cleaned: String =
+        endpoint.trim_matches(|c: char| c <= ' ').chars().filter(|c| !matches!(c, '\t' | '\n' | '\r')).collect();
+    let (_scheme, rest) = cleaned.split_once(':')?;
+    let rest = rest.trim_start_matches(['/', '\\']);
+    let rest = &rest[rest.find(['/', '\\', '?', '#'])?..];
+    let path = &rest[..rest.find(['?', '#']).unwrap_or(rest.len())];
+    path.split(['/', '\\']).find_map(|segment| match percent_decode(segment.as_bytes(), false).as_slice() {
+        b"." => Some("."),
+        b".." => Some(".."),
+        _ => None,
+    })
 }
 
 impl fmt::Debug for CompiledStep {

@@ -20,9 +20,19 @@
 //! [`Data`] is a step's `data` with every string, at any depth, compiled to a
 //! [`Text`]; object keys, numbers, booleans and nulls are kept as they are.
 //!
+//! # `pathescape`
+//!
+//! `{{ pathescape X }}` is Go's `url.PathEscape`: `X` made safe as one path
+//! segment (`/`, `?`, `#`, `%`, `;`, `,` and space escaped among others),
+//! for an output or field that goes into an endpoint's path. Go's builtin
+//! `urlquery` (`url.QueryEscape`) is its counterpart for a query value. A
+//! value pasted into a path unescaped may move the request elsewhere; the
+//! rendered endpoint is checked (see `step::check_url`), but only escaping
+//! keeps such a value a value.
+//!
 //! # `secret`
 //!
-//! `{{ secret "NAME" }}` is the one function added to Go's builtins. Its
+//! `{{ secret "NAME" }}` is the other function added to Go's builtins. Its
 //! argument must be a quoted name, so every template's secret names are
 //! known at compile time (and unknown ones refused at startup). gotmpl's
 //! functions see only their arguments, not the data, so the values read
@@ -48,6 +58,10 @@ const BUILTIN_FUNCTIONS: [&str; 19] = [
 
 /// kayra's own template function (see the module docs).
 const SECRET_FUNCTION: &str = "secret";
+
+/// Go's `url.PathEscape`, which `text/template` does not have but kayra
+/// templates do (see the module docs).
+const PATHESCAPE_FUNCTION: &str = "pathescape";
 
 /// A template that failed to parse or to render. `field` is the step-relative
 /// key (`endpoint`, `headers.Authorization.value`, `data.variables[0].value`).
@@ -169,6 +183,40 @@ fn secret_function(args: &[gotmpl::Value]) -> gotmpl::Result<gotmpl::Value> {
     })
 }
 
+/// `{{ pathescape X }}`: Go's `url.PathEscape` of `X` printed as `print`
+/// would (a missing output is `<no value>`, escaped).
+fn pathescape_function(args: &[gotmpl::Value]) -> gotmpl::Result<gotmpl::Value> {
+    let [arg] = args else {
+        return Err(gotmpl::TemplateError::Exec(format!("pathescape takes one argument, got {}", args.len())));
+    };
+    let text = match arg {
+        gotmpl::Value::String(s) => path_escape(s),
+        gotmpl::Value::Nil => path_escape("<no value>"),
+        other => path_escape(&other.to_string()),
+    };
+    Ok(gotmpl::Value::from(text.as_str()))
+}
+
+/// Go's `url.PathEscape`: every byte but the unreserved characters
+/// (`A-Z a-z 0-9 - _ . ~`) and `$ & + : = @` becomes `%XX` (upper-case
+/// hex), so the result is one path segment: no `/`, `?`, `#`, `;` or `,`.
+pub(crate) fn path_escape(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for byte in text.bytes() {
+        match byte {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => out.push(char::from(byte)),
+            b'$' | b'&' | b'+' | b':' | b'=' | b'@' => out.push(char::from(byte)),
+            _ => {
+                const HEX: &[u8; 16] = b"0123456789ABCDEF";
+                out.push('%');
+                out.push(char::from(HEX[usize::from(byte >> 4)]));
+                out.push(char::from(HEX[usize::from(byte & 0xf)]));
+            }
+        }
+    }
+    out
+}
+
 /// One templated string.
 pub(crate) struct Text {
     field: String,
@@ -204,8 +252,11 @@ impl Text {
         let error = |message: String| TemplateError { field: field.clone(), message };
         // Unnamed, so errors read `template: 1:7: unclosed action`; the
         // caller prefixes the full config key.
-        let template =
-            Template::new("").func(SECRET_FUNCTION, secret_function).parse(source).map_err(|e| error(e.to_string()))?;
+        let template = Template::new("")
+            .func(SECRET_FUNCTION, secret_function)
+            .func(PATHESCAPE_FUNCTION, pathescape_function)
+            .parse(source)
+            .map_err(|e| error(e.to_string()))?;
         let (tree, defines) =
             Parser::new(source, "{{", "}}").and_then(Parser::parse).map_err(|e| error(e.to_string()))?;
         blocks_closed(source).map_err(|e| error(e.to_string()))?;
@@ -495,7 +546,11 @@ impl Walk {
 
     fn expr(&mut self, expr: &Expr) {
         match expr {
-            Expr::Identifier(_, name) if name != SECRET_FUNCTION && !BUILTIN_FUNCTIONS.contains(&name.as_str()) => {
+            Expr::Identifier(_, name)
+                if name != SECRET_FUNCTION
+                    && name != PATHESCAPE_FUNCTION
+                    && !BUILTIN_FUNCTIONS.contains(&name.as_str()) =>
+            {
                 self.undefined.push(name.to_string())
             }
             Expr::Pipe(_, pipe) => self.pipe(pipe),
@@ -640,6 +695,33 @@ mod tests {
         assert_eq!(render("{{ if .Previous.Outputs }}has{{ else }}none{{ end }}", &[]).unwrap(), "none");
         assert_eq!(render("{{ len .Previous.Outputs }}", &[("a", "1"), ("b", "2")]).unwrap(), "2");
         assert_eq!(render("{{ .Subscription.Namespace | urlquery }}", &[]).unwrap(), "core");
+    }
+
+    #[test]
+    fn pathescape_and_urlquery_escape_like_go() {
+        let id = "../../admin/delete-all?confirm=yes#";
+        // Go: url.PathEscape and url.QueryEscape of the same string.
+        assert_eq!(
+            render("{{ pathescape .Previous.Outputs.ID }}", &[("ID", id)]).unwrap(),
+            "..%2F..%2Fadmin%2Fdelete-all%3Fconfirm=yes%23"
+        );
+        assert_eq!(
+            render("{{ .Previous.Outputs.ID | urlquery }}", &[("ID", id)]).unwrap(),
+            "..%2F..%2Fadmin%2Fdelete-all%3Fconfirm%3Dyes%23"
+        );
+        assert_eq!(
+            render("{{ pathescape .Previous.Outputs.ID }}", &[("ID", "a b;c,d$e&f+g:h=i@j%k~l\u{e9}")]).unwrap(),
+            "a%20b%3Bc%2Cd$e&f+g:h=i@j%25k~l%C3%A9"
+        );
+        assert_eq!(render("{{ urlquery \"a b&c\" }}", &[]).unwrap(), "a+b%26c");
+        assert_eq!(render("{{ pathescape .Run.FencingToken }}", &[]).unwrap(), "17");
+        assert_eq!(render("{{ pathescape .Previous.Outputs.Nope }}", &[]).unwrap(), "%3Cno%20value%3E");
+        let err = Text::parse("endpoint", "{{ pathescape }}", false).unwrap().render(&Scope::new(
+            &subscription(),
+            &BTreeMap::new(),
+            Default::default(),
+        ));
+        assert!(err.unwrap_err().message.contains("pathescape takes one argument"));
     }
 
     #[test]

@@ -9,9 +9,12 @@
 //! - this file: rendering, outputs, async steps, failures, cancellation.
 //! - `support`: the recording server and shared helpers.
 //! - `wait`, `config` (validation and the example file), `logs`.
+//! - `hostile`: outputs that would move a request, escaped secrets (§17).
 
 #[path = "pipeline/config.rs"]
 mod config;
+#[path = "pipeline/hostile.rs"]
+mod hostile;
 #[path = "pipeline/logs.rs"]
 mod logs;
 #[path = "pipeline/records.rs"]

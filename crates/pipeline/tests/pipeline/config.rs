@@ -153,6 +153,22 @@ async fn example_gitlab_trigger_then_poll() {
 }
 
 #[tokio::test]
+async fn example_gitlab_poll_escapes_a_hostile_pipeline_id() {
+    let server = TestServer::start(|r, _| match r.method.as_str() {
+        "POST" => ok(json!({"id": "7/../../../../users?all=1#"})),
+        _ => ok(json!({"status": "success"})),
+    })
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let pipelines = example_pipelines(&server.base, dir.path());
+    let pipeline = pipelines.get("trigger").expect("trigger mode");
+    pipeline.run(&http_client(), &ctx(), &pipelines.settings(), &RunControl::default()).await.result.expect("run");
+    let requests = server.requests();
+    assert_eq!(requests.len(), 2);
+    assert_eq!(requests[1].path, "/api/v4/projects/1234/pipelines/7%2F..%2F..%2F..%2F..%2Fusers%3Fall=1%23");
+}
+
+#[tokio::test]
 async fn example_gitlab_failed_pipeline_fails_the_run() {
     let server = TestServer::start(|r, _| match r.method.as_str() {
         "POST" => ok(json!({"id": 5})),

@@ -9,33 +9,30 @@ use crate::support::*;
 async fn render_shows_each_request_redacted_with_output_placeholders_and_sends_nothing() {
     let server = TestServer::start(|_, _| ok(json!({}))).await;
     let base = &server.base;
-    let with_user = base.replace("http://", "http://user:pw@");
-    let steps = format!(
-        r#"
+    let steps = r#"
 - method: post
-  endpoint: "BASE/api/v1/namespaces/{{{{ .Subscription.Namespace }}}}/sync"
+  endpoint: "BASE/api/v1/namespaces/{{ .Subscription.Namespace }}/sync"
   async: true
   headers:
-    Authorization: {{type: Bearer, secret: tok}}
-    X-Tenant: "{{{{ .Subscription.Namespace }}}}-{{{{ .Subscription.Region }}}}"
+    Authorization: {type: Bearer, secret: tok}
+    X-Tenant: "{{ .Subscription.Namespace }}-{{ .Subscription.Region }}"
   data:
-    nested: [{{n: 1, s: "{{{{ .Subscription.Api }}}}"}}]
-    sync_id: "{{{{ .Subscription.ExpectedSyncID }}}}"
-    token: 'x-{{{{ secret "tok" }}}}'
-  outputs: {{JobID: .id, Other Name: .o}}
+    nested: [{n: 1, s: "{{ .Subscription.Api }}"}]
+    sync_id: "{{ .Subscription.ExpectedSyncID }}"
+    token: 'x-{{ secret "tok" }}'
+  outputs: {JobID: .id, Other Name: .o}
 - method: get
-  endpoint: "BASE/jobs/{{{{ .Previous.Outputs.JobID }}}}?n={{{{ index .Previous.Outputs \"Other Name\" }}}}"
-  headers: {{X-Run: "{{{{ .Run.ID }}}}/{{{{ .Run.FencingToken }}}}", X-Job: "{{{{ .Previous.Outputs.JobID }}}}"}}
-  data: {{job: "{{{{ .Previous.Outputs.JobID }}}}"}}
+  endpoint: "BASE/jobs/{{ .Previous.Outputs.JobID }}?n={{ index .Previous.Outputs \"Other Name\" }}"
+  headers: {X-Run: "{{ .Run.ID }}/{{ .Run.FencingToken }}", X-Job: "{{ .Previous.Outputs.JobID }}"}
+  data: {job: "{{ .Previous.Outputs.JobID }}"}
 - method: Delete
-  endpoint: "{with_user}/x/{{{{ .Previous.Outputs.JobID }}}}"
-  headers: {{Content-Type: text/plain}}
+  endpoint: "BASE/x/{{ .Previous.Outputs.JobID }}"
+  headers: {Content-Type: text/plain}
 - method: get
-  endpoint: 'BASE/k/{{{{ secret "file" }}}}'
-"#
-    );
+  endpoint: 'BASE/k/{{ secret "file" }}'
+"#;
     let pipelines = compile_with(
-        &steps,
+        steps,
         base,
         "  secrets:\n    tok: {env: KAYRA_NOBODY_SETS_THIS}\n    file: {file: /nonexistent}\n",
     );
