@@ -23,8 +23,6 @@ use hyper::Request;
 use hyper::header::{AUTHORIZATION, CONTENT_TYPE, HOST};
 use hyper_util::rt::TokioIo;
 
-use crate::serve::Figures;
-
 /// One request of a measurement: method, path (with query), optional
 /// bearer token, optional JSON body.
 pub struct Call {
@@ -117,4 +115,25 @@ pub async fn measure(
     let rate = ops as f64 / started.elapsed().as_secs_f64();
     latencies.sort_unstable();
     Ok(Figures::from_sorted(rate, &latencies))
+}
+
+/// Throughput and latency of one measurement.
+pub(crate) struct Figures {
+    pub(crate) rate: f64,
+    pub(crate) p50: Duration,
+    pub(crate) p99: Duration,
+}
+
+impl Figures {
+    pub(crate) fn from_sorted(rate: f64, latencies: &[Duration]) -> Self {
+        Self { rate, p50: percentile(latencies, 0.50), p99: percentile(latencies, 0.99) }
+    }
+}
+
+/// The `q` quantile of `sorted` latencies (zero for none).
+pub(crate) fn percentile(sorted: &[Duration], q: f64) -> Duration {
+    if sorted.is_empty() {
+        return Duration::ZERO;
+    }
+    sorted[((sorted.len() - 1) as f64 * q).round() as usize]
 }

@@ -26,25 +26,12 @@ use kayra_store::Store;
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
-use crate::client::{self, Call};
+use crate::client::{self, Call, Figures, percentile};
 
 const API: &str = "compute.example.com";
 pub(crate) const ADMIN: &str = "bench-admin-token-0123456789abcdef0123456789";
 pub(crate) const CATALOG: &str = "/apis/catalog.example.com/v1";
 const INFLIGHT: usize = 32;
-
-/// Throughput and latency of one measurement.
-pub(crate) struct Figures {
-    rate: f64,
-    p50: Duration,
-    p99: Duration,
-}
-
-impl Figures {
-    pub(crate) fn from_sorted(rate: f64, latencies: &[Duration]) -> Self {
-        Self { rate, p50: percentile(latencies, 0.50), p99: percentile(latencies, 0.99) }
-    }
-}
 
 fn row(backend: &str, what: &str, f: &Figures, baselines: &[(&str, &Figures)]) {
     let ratios: Vec<String> = baselines.iter().map(|(name, b)| format!("{:.2}× {name}", f.rate / b.rate)).collect();
@@ -96,13 +83,6 @@ where
     let mut latencies = results.into_iter().collect::<anyhow::Result<Vec<_>>>()?;
     latencies.sort_unstable();
     Ok(Figures::from_sorted(rate, &latencies))
-}
-
-fn percentile(sorted: &[Duration], q: f64) -> Duration {
-    if sorted.is_empty() {
-        return Duration::ZERO;
-    }
-    sorted[((sorted.len() - 1) as f64 * q).round() as usize]
 }
 
 /// A `kayra serve` on `store`, in this process; stopped with the token.

@@ -23,6 +23,8 @@ use futures::StreamExt;
 use serde_json::json;
 use tokio::sync::mpsc;
 
+use crate::client::percentile;
+
 const ADMIN: &str = "bench-admin-token-0123456789abcdef0123456789";
 const CATALOG: &str = "/apis/catalog.example.com/v1";
 const INFLIGHT: usize = 32;
@@ -80,13 +82,6 @@ async fn ok(response: reqwest::Response) -> anyhow::Result<reqwest::Response> {
     let status = response.status();
     anyhow::ensure!(status.is_success(), "HTTP {status}: {}", response.text().await.unwrap_or_default());
     Ok(response)
-}
-
-fn percentile(sorted: &[Duration], q: f64) -> Duration {
-    if sorted.is_empty() {
-        return Duration::ZERO;
-    }
-    sorted[((sorted.len() - 1) as f64 * q).round() as usize]
 }
 
 fn ms(d: Duration) -> f64 {

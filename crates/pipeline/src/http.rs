@@ -163,6 +163,26 @@ pub(crate) fn error_chain(error: &dyn StdError) -> String {
     text
 }
 
+/// Go's `url.PathEscape`: every byte but the unreserved characters
+/// (`A-Z a-z 0-9 - _ . ~`) and `$ & + : = @` becomes `%XX` (upper-case
+/// hex), so the result is one path segment: no `/`, `?`, `#`, `;` or `,`.
+pub(crate) fn path_escape(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for byte in text.bytes() {
+        match byte {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => out.push(char::from(byte)),
+            b'$' | b'&' | b'+' | b':' | b'=' | b'@' => out.push(char::from(byte)),
+            _ => {
+                const HEX: &[u8; 16] = b"0123456789ABCDEF";
+                out.push('%');
+                out.push(char::from(HEX[usize::from(byte >> 4)]));
+                out.push(char::from(HEX[usize::from(byte & 0xf)]));
+            }
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

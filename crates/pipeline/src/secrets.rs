@@ -230,7 +230,7 @@ fn escaped_forms(value: &str) -> Vec<String> {
         &|s| quoted(serde_json::Value::from(s).to_string()),
         &|s| quoted(format!("{s:?}")),
         &|s| gotmpl::url_encode(s),
-        &|s| crate::template::path_escape(s),
+        &|s| crate::http::path_escape(s),
         &|s| every_byte(s, true),
         &|s| every_byte(s, false),
     ];
@@ -410,7 +410,7 @@ mod tests {
         let debug = |s: &str| unquote(format!("{s:?}"));
         let every_byte = |s: &str| s.bytes().map(|b| format!("%{b:02x}")).collect::<String>();
         let query = gotmpl::url_encode;
-        let path = crate::template::path_escape;
+        let path = crate::http::path_escape;
         let mut forms =
             vec![value.to_string(), json(value), debug(value), every_byte(value), query(value), path(value)];
         for outer in [json(value), query(value), path(value)] {

@@ -40,7 +40,7 @@ use serde::de::DeserializeOwned;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use crate::repo::{Collection, Layout, RecordRef};
+use crate::repo::layout::{Collection, Layout, RecordRef};
 
 /// Why the caches cannot decide right now (answered as 503).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

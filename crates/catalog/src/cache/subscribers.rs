@@ -29,7 +29,7 @@ use kayra_store::{KeyValue, Revision, WatcherEvent};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use crate::repo::{Layout, RecordRef};
+use crate::repo::layout::{Layout, RecordRef};
 
 /// What the report shows of one subscriber (its namespace is in the key).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -165,7 +165,7 @@ impl SubscriberIndex {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::repo::Collection;
+    use crate::repo::layout::Collection;
 
     fn layout() -> Layout {
         Layout::new("dev", "local")

@@ -36,9 +36,10 @@
 
 pub mod auth;
 mod keys;
+pub mod layout;
 pub mod tenancy;
 
-pub use keys::{Collection, Layout, RecordRef};
+pub use layout::{Collection, Layout, RecordRef};
 
 use serde::Serialize;
 use serde::de::DeserializeOwned;
