@@ -137,7 +137,8 @@ async fn execute(
         Follow::Wait(timeout) => {
             let name = waits_for.unwrap_or_default();
             if let Body::Json(registration) = client.send(&request).await? {
-                let sync_id = registration.get("sync_id").and_then(Value::as_str).unwrap_or_default();
+                let sync_id =
+                    output::escape_controls(registration.get("sync_id").and_then(Value::as_str).unwrap_or_default());
                 eprintln!("{name}: sync_id is now {sync_id}; waiting for every subscriber");
             }
             wait::run(&client, &name, timeout).await

@@ -67,16 +67,8 @@ fn rows_of(value: &Value) -> Vec<&Value> {
 /// stderr).
 pub fn render(value: &Value, view: View, format: Format) -> Result<String, Error> {
     match format {
-        Format::Json => {
-            let text = serde_json::to_string_pretty(value).map_err(|e| invalid(format!("render JSON: {e}")))?;
-            // serde_json escapes C0 controls in strings; DEL and C1 (8-bit
-            // CSI, OSC, ...) it leaves raw. Outside strings there are none.
-            let mut text = escape_json_controls(&text);
-            text.push('\n');
-            Ok(text)
-        }
-        // The YAML emitter escapes every non-printable character itself.
-        Format::Yaml => serde_norway::to_string(value).map_err(|e| invalid(format!("render YAML: {e}"))),
+        Format::Json => json(value, true),
+        Format::Yaml => yaml(value),
         Format::Table => Ok(table(value, view)),
     }
 }
@@ -166,31 +158,73 @@ fn is_tabular(value: &Value) -> bool {
     }
 }
 
+/// How [`escape`] writes a control character.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Escaped {
+    /// Rust's form, `\u{1b}`, `\n`, `\t`: for text shown as it is (table
+    /// cells, messages, raw bodies).
+    Text,
+    /// `\u001b`: a JSON string escape (a YAML double-quoted one too) that
+    /// decodes to the character itself.
+    Json,
+}
+
+/// The one escaping of every output format (platform §17, "Terminal
+/// output"): each C0, DEL and C1 control character of `text` that is not in
+/// `keep` (a format's own line breaks) is written as `form` says; all else
+/// is kept.
+pub fn escape(text: &str, keep: &[char], form: Escaped) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        if !c.is_control() || keep.contains(&c) {
+            out.push(c);
+            continue;
+        }
+        match form {
+            Escaped::Text => out.extend(c.escape_default()),
+            Escaped::Json => {
+                let _ = write!(out, "\\u{:04x}", u32::from(c));
+            }
+        }
+    }
+    out
+}
+
 /// Anything the server sent that goes to a terminal as one line —
 /// messages, table cells — with its control characters escaped.
-pub use kayra_core::validation::escape_controls;
+pub fn escape_controls(text: &str) -> String {
+    escape(text, &[], Escaped::Text)
+}
 
 /// A raw body (a backend's non-JSON answer) made safe for a terminal: line
 /// breaks and tabs stay, every other control character is escaped, and
 /// bytes that are not UTF-8 are replaced.
 pub fn escape_raw(bytes: &[u8]) -> Vec<u8> {
-    let text = String::from_utf8_lossy(bytes);
-    let mut out = String::with_capacity(text.len());
-    for c in text.chars() {
-        if c.is_control() && c != '\n' && c != '\t' {
-            out.extend(c.escape_default());
-        } else {
-            out.push(c);
-        }
-    }
-    out.into_bytes()
+    escape(&String::from_utf8_lossy(bytes), &['\n', '\t'], Escaped::Text).into_bytes()
 }
 
-/// Rendered JSON with DEL and C1 controls as `\u00XX` escapes.
-fn escape_json_controls(text: &str) -> String {
-    text.chars()
-        .map(|c| if c.is_control() && c != '\n' { format!("\\u{:04x}", u32::from(c)) } else { c.to_string() })
-        .collect()
+/// `value` as JSON, indented or on one line, ending with a newline.
+/// serde_json escapes C0 controls in strings but leaves DEL and C1 (8-bit
+/// CSI, OSC, ...) raw; outside strings there are none but the indenting
+/// line breaks. So escaping the rendered text leaves valid JSON that
+/// decodes to the same value.
+pub(crate) fn json(value: &Value, pretty: bool) -> Result<String, Error> {
+    let text = if pretty { serde_json::to_string_pretty(value) } else { serde_json::to_string(value) };
+    let text = text.map_err(|e| invalid(format!("render JSON: {e}")))?;
+    let mut text = escape(&text, &['\n'], Escaped::Json);
+    text.push('\n');
+    Ok(text)
+}
+
+/// `value` as a YAML document. The emitter writes any string holding a
+/// character YAML calls non-printable (C0 but the line feed, DEL, C1) in
+/// double quotes, every such character escaped, so it decodes to the same
+/// value; [`escape`] then finds nothing to do. It runs all the same, so no
+/// control character could reach the terminal raw even if the emitter
+/// changed.
+fn yaml(value: &Value) -> Result<String, Error> {
+    let text = serde_norway::to_string(value).map_err(|e| invalid(format!("render YAML: {e}")))?;
+    Ok(escape(&text, &['\n'], Escaped::Json))
 }
 
 /// Writes to stdout. A reader that went away (`| head`) is not an error
@@ -279,6 +313,71 @@ dev.example.com       <none>    <none>   x
         let raw = String::from_utf8(raw).unwrap();
         assert!(!raw.chars().any(|c| c.is_control() && c != '\n' && c != '\t'), "{raw:?}");
         assert!(raw.starts_with("line 1\n\\u{1b}[2Jline 2\tend"), "{raw:?}");
+    }
+
+    #[test]
+    fn escape_forms() {
+        let text = "a\nb\tc\u{1b}[31m\u{7}\u{7f}\u{85}\u{9b}\u{9f}\u{a0}ü";
+        assert_eq!(escape_controls(text), "a\\nb\\tc\\u{1b}[31m\\u{7}\\u{7f}\\u{85}\\u{9b}\\u{9f}\u{a0}ü");
+        assert_eq!(
+            escape(text, &['\n'], Escaped::Json),
+            "a\nb\\u0009c\\u001b[31m\\u0007\\u007f\\u0085\\u009b\\u009f\u{a0}ü"
+        );
+        assert_eq!(String::from_utf8(escape_raw(text.as_bytes())).unwrap().lines().count(), 2);
+    }
+
+    /// Any string, however hostile, as a cell, a key, a raw body, and in
+    /// every format `get` and `get --watch` print: no control character
+    /// but the format's own line breaks, and JSON and YAML decode to the
+    /// very same value.
+    #[test]
+    fn no_string_reaches_the_terminal_raw() {
+        use proptest::prelude::*;
+        use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
+
+        let character = prop_oneof![any::<char>(), proptest::char::range('\0', '\u{a0}')];
+        let text = proptest::collection::vec(character, 0..24).prop_map(String::from_iter);
+        let config = Config { cases: 512, failure_persistence: None, max_shrink_iters: 500, ..Config::default() };
+        let mut runner = TestRunner::new_with_rng(config, TestRng::from_seed(RngAlgorithm::ChaCha, &[0x1b; 32]));
+        let raw = |text: &str| text.chars().find(|&c| c.is_control() && c != '\n');
+        let result = runner.run(&text, |s| {
+            let escaped = escape_controls(&s);
+            prop_assert!(!escaped.chars().any(char::is_control), "{:?} escaped to {:?}", s, escaped);
+            let body = String::from_utf8(escape_raw(s.as_bytes())).unwrap();
+            prop_assert!(!body.chars().any(|c| c.is_control() && c != '\n' && c != '\t'), "{:?}", body);
+
+            let object = serde_json::json!({"name": s, "active": true, "description": s, s.clone(): s});
+            let list = serde_json::json!({"items": [object.clone()], "continue": ""});
+            let event = serde_json::json!({"type": "ADDED", "object": object});
+            let line = serde_json::to_string(&event).unwrap();
+            for view in [View::Namespaces, View::Generic] {
+                let text = table(&list, view);
+                prop_assert_eq!(raw(&text), None, "{:?}", text);
+                prop_assert_eq!(text.lines().count(), 2, "{:?}", text);
+                let row = crate::watch::Printer::new(Format::Table, view).event(&line).unwrap();
+                prop_assert_eq!(raw(&row), None, "{:?}", row);
+                prop_assert_eq!(row.lines().count(), 2, "{:?}", row);
+            }
+            for format in [Format::Json, Format::Yaml] {
+                let printed = [
+                    (render(&list, View::Namespaces, format).unwrap(), &list),
+                    (render(&object, View::Namespaces, format).unwrap(), &object),
+                    (crate::watch::Printer::new(format, View::Namespaces).event(&line).unwrap(), &event),
+                ];
+                for (text, value) in printed {
+                    prop_assert_eq!(raw(&text), None, "{:?}: {:?}", format, text);
+                    let back: Value = match format {
+                        Format::Json => serde_json::from_str(&text).unwrap(),
+                        _ => serde_norway::from_str(&text).unwrap(),
+                    };
+                    prop_assert_eq!(&back, value, "{:?}: {:?}", format, text);
+                }
+            }
+            Ok(())
+        });
+        if let Err(failure) = result {
+            panic!("{failure}");
+        }
     }
 
     #[test]

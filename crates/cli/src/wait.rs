@@ -21,6 +21,7 @@ use tokio::time::Instant;
 
 use crate::client::{Body, Client};
 use crate::error::{Error, invalid};
+use crate::output::escape_controls;
 use crate::request::{Request, Target, Verb};
 use crate::watch::human;
 
@@ -156,22 +157,29 @@ pub async fn run(client: &Client, name: &str, timeout: Duration) -> Result<(), E
     };
     display.finish(counts);
     if counts.failed > 0 {
-        let failed: Vec<&str> = status["subscribers"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter(|s| s["synced"] == false && s["state"] == "error")
-            .filter_map(|s| s["namespace"].as_str())
-            .collect();
-        return Err(invalid(format!(
-            "{} of {} subscribers failed to sync to {}: {}",
-            counts.failed,
-            counts.total,
-            status["sync_id"].as_str().unwrap_or_default(),
-            failed.join(", ")
-        )));
+        return Err(failure(counts, &status));
     }
     Ok(())
+}
+
+/// The error of a fan-out in which `counts.failed` subscribers failed:
+/// which ones, and to which SyncID, as the server named them (escaped).
+fn failure(counts: Counts, status: &Value) -> Error {
+    let failed: Vec<String> = status["subscribers"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|s| s["synced"] == false && s["state"] == "error")
+        .filter_map(|s| s["namespace"].as_str())
+        .map(escape_controls)
+        .collect();
+    invalid(format!(
+        "{} of {} subscribers failed to sync to {}: {}",
+        counts.failed,
+        counts.total,
+        escape_controls(status["sync_id"].as_str().unwrap_or_default()),
+        failed.join(", ")
+    ))
 }
 
 #[cfg(test)]
@@ -193,6 +201,18 @@ mod tests {
         assert!(!settle.observe(counts(0), start + Duration::from_secs(3)));
         assert!(!settle.observe(counts(0), start + Duration::from_millis(4900)));
         assert!(settle.observe(counts(0), start + Duration::from_secs(5)));
+    }
+
+    #[test]
+    fn a_failure_names_what_failed_escaped() {
+        let status = serde_json::json!({"sync_id": "s\u{1b}]0;x\u{7}\u{9b}2J", "subscribers": [
+            {"namespace": "core\u{7f}\u{85}", "synced": false, "state": "error"},
+            {"namespace": "sre", "synced": true, "state": "success"},
+        ]});
+        let counts = Counts { total: 2, synced: 1, failed: 1, pending: 0 };
+        let text = failure(counts, &status).to_string();
+        assert!(!text.chars().any(char::is_control), "{text:?}");
+        assert_eq!(text, "error: 1 of 2 subscribers failed to sync to s\\u{1b}]0;x\\u{7}\\u{9b}2J: core\\u{7f}\\u{85}");
     }
 
     #[test]

@@ -22,7 +22,7 @@ use serde_json::Value;
 
 use crate::client::Client;
 use crate::error::{Error, invalid};
-use crate::output::{Format, render, table};
+use crate::output::{Format, escape_controls, json, render, table};
 use crate::request::{Request, View};
 
 /// The watch flags of `get`.
@@ -154,14 +154,10 @@ impl Printer {
     pub fn event(&mut self, line: &str) -> Result<String, Error> {
         let event: Value = serde_json::from_str(line)
             .map_err(|e| Error::Transport(format!("the watch stream sent something that is not JSON: {e}")))?;
-        let kind = event.get("type").and_then(Value::as_str).unwrap_or("?").to_string();
+        let kind = escape_controls(event.get("type").and_then(Value::as_str).unwrap_or("?"));
         let object = event.get("object").cloned().unwrap_or(Value::Null);
         match self.format {
-            Format::Json => {
-                let mut text = serde_json::to_string(&event).map_err(|e| invalid(format!("render JSON: {e}")))?;
-                text.push('\n');
-                Ok(text)
-            }
+            Format::Json => json(&event, false),
             Format::Yaml => Ok(format!("---\n{}", render(&event, self.view, Format::Yaml)?)),
             Format::Table => {
                 // The object as a one-row table; its header once.
@@ -315,6 +311,20 @@ mod tests {
         let line = json.event(r#"{"type":"DELETED","object":{"name":"x"}}"#).unwrap();
         assert_eq!(serde_json::from_str::<Value>(&line).unwrap()["type"], "DELETED");
         assert!(json.event("not json").is_err());
+    }
+
+    #[test]
+    fn printer_escapes_what_the_server_sent_in_every_format() {
+        let evil = "\u{1b}]0;pwned\u{7}\u{7f}\u{85}\u{9b}2J";
+        let line = json!({"type": format!("ADDED{evil}"), "object": {"name": "x", "description": evil}}).to_string();
+        for format in [Format::Table, Format::Json, Format::Yaml] {
+            let text = Printer::new(format, View::Namespaces).event(&line).unwrap();
+            assert!(!text.chars().any(|c| c.is_control() && c != '\n'), "{format:?}: {text:?}");
+            assert!(text.contains("pwned"), "{format:?}: {text:?}");
+        }
+        let text = Printer::new(Format::Json, View::Namespaces).event(&line).unwrap();
+        assert_eq!(text.lines().count(), 1, "{text:?}");
+        assert_eq!(serde_json::from_str::<Value>(&text).unwrap()["object"]["description"], evil);
     }
 
     #[test]

@@ -9,6 +9,7 @@
 mod common;
 
 mod errors;
+mod escape;
 mod fanout;
 mod gateway;
 mod seed;
