@@ -23,7 +23,8 @@ use reqwest::{Method, StatusCode, Url};
 use serde_json::Value;
 
 use crate::error::{Error, invalid};
-use crate::output::{escape_controls, is_list};
+use crate::escape::escape_controls;
+use crate::output::is_list;
 use crate::request::{Api, Request, Target};
 
 /// How long to wait for a TCP (and TLS) connection.

@@ -5,7 +5,7 @@
 
 use serde_json::Value;
 
-use crate::output::escape_controls;
+use crate::escape::escape_controls;
 
 /// The shown empty value: an empty string or missing field.
 const NONE: &str = "<none>";

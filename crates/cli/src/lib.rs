@@ -25,6 +25,7 @@ pub mod args;
 pub mod client;
 pub mod data;
 pub mod error;
+pub mod escape;
 pub mod grid;
 pub mod output;
 pub mod request;
@@ -137,8 +138,9 @@ async fn execute(
         Follow::Wait(timeout) => {
             let name = waits_for.unwrap_or_default();
             if let Body::Json(registration) = client.send(&request).await? {
-                let sync_id =
-                    output::escape_controls(registration.get("sync_id").and_then(Value::as_str).unwrap_or_default());
+                let sync_id = crate::escape::escape_controls(
+                    registration.get("sync_id").and_then(Value::as_str).unwrap_or_default(),
+                );
                 eprintln!("{name}: sync_id is now {sync_id}; waiting for every subscriber");
             }
             wait::run(&client, &name, timeout).await
@@ -176,7 +178,7 @@ impl Call<'_> {
                 Ok(())
             }
             // A backend's own answer: shown as text, its control characters escaped.
-            Body::Raw(bytes) => emit(&crate::output::escape_raw(&bytes)),
+            Body::Raw(bytes) => emit(&crate::escape::escape_raw(&bytes)),
             Body::Json(value) => {
                 let format = format.unwrap_or(if is_list(&value) { Format::Table } else { Format::Json });
                 if let Some(note) = empty_list_note(&value, format, self.target) {

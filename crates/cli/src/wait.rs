@@ -21,7 +21,7 @@ use tokio::time::Instant;
 
 use crate::client::{Body, Client};
 use crate::error::{Error, invalid};
-use crate::output::escape_controls;
+use crate::escape::escape_controls;
 use crate::request::{Request, Target, Verb};
 use crate::watch::human;
 

@@ -22,7 +22,8 @@ use serde_json::Value;
 
 use crate::client::Client;
 use crate::error::{Error, invalid};
-use crate::output::{Format, escape_controls, json, render, table};
+use crate::escape::escape_controls;
+use crate::output::{Format, json, render, table};
 use crate::request::{Request, View};
 
 /// The watch flags of `get`.
