@@ -404,7 +404,9 @@ async fn a_huge_retry_after_is_capped_shown_and_logged_once(world: World, proces
         .filter_map(|line| serde_json::from_str::<serde_json::Value>(&line).ok())
         .filter(|line| line["level"] == "warn" && line["message"].as_str().is_some_and(|m| m.contains("429")))
         .collect();
-    assert_eq!(warnings.len(), 1, "one warning line for the hold: {warnings:#?}");
+    let all_429: Vec<String> =
+        procs.iter().flat_map(|(proc, _)| proc.lines()).filter(|line| line.contains("429")).collect();
+    assert_eq!(warnings.len(), 1, "one warning line for the hold: {warnings:#?}\nevery line about a 429: {all_429:#?}");
     let warning = &warnings[0];
     assert_eq!(warning["mode"], "api", "{warning}");
     assert_eq!(warning["api"], common::API, "{warning}");

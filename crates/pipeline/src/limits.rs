@@ -108,6 +108,9 @@ struct Inner {
     keys: Box<dyn LimitKeys>,
     window: Duration,
     local: Mutex<HashMap<String, ModeState>>,
+    /// One [`Limits::backoff`] at a time, so that of several 429s at once
+    /// the first records the hold (and warns) before the others look.
+    backoffs: tokio::sync::Mutex<()>,
 }
 
 #[derive(Default)]
@@ -191,6 +194,7 @@ impl Limits {
             keys: Box::new(keys),
             window: Duration::from_secs(60),
             local: Mutex::new(HashMap::new()),
+            backoffs: tokio::sync::Mutex::new(()),
         };
         Self { inner: Arc::new(inner) }
     }
@@ -357,6 +361,7 @@ impl Limits {
         cause: HoldCause<'_>,
     ) -> Result<(), kayra_store::Error> {
         let inner = &self.inner;
+        let _one_at_a_time = inner.backoffs.lock().await;
         let hold = retry_after.min(inner.max_retry_after(mode));
         let now = Instant::now();
         let wall_until = SystemTime::now() + hold;
