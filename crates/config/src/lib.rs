@@ -27,6 +27,10 @@ pub use step::{HeaderValue, MAX_STEP_TIMEOUT, Step, TypedHeader, WaitCondition};
 pub const DEFAULT_MAX_CONCURRENT_RECONCILES: usize = 30;
 /// Default for `reconciler.async_ack_timeout` (seed: `catalog.AsyncStepAckTimeout`).
 pub const ASYNC_STEP_ACK_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
+/// Default for `reconciler.limits.<mode>.max_retry_after`.
+pub const DEFAULT_MAX_RETRY_AFTER: std::time::Duration = std::time::Duration::from_secs(5 * 60);
+/// Upper bound of `reconciler.limits.<mode>.max_retry_after`.
+pub const MAX_RETRY_AFTER_LIMIT: std::time::Duration = std::time::Duration::from_secs(3600);
 /// Default for `reconciler.wait_poll_interval` (seed: `catalog.WaitPollInterval`).
 pub const WAIT_POLL_INTERVAL: std::time::Duration = std::time::Duration::from_secs(5);
 /// A step without `timeout` gets this.
@@ -253,7 +257,7 @@ pub struct ReconcilerConfig {
     pub mode: BTreeMap<String, Vec<Step>>,
 }
 
-/// `reconciler.limits.<mode>`: either key may be left out.
+/// `reconciler.limits.<mode>`: every key may be left out.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ModeLimits {
@@ -263,6 +267,17 @@ pub struct ModeLimits {
     /// Pipeline starts of the mode in any 60 s (fleet-wide on etcd).
     #[serde(default)]
     pub per_minute: Option<usize>,
+    /// The longest one `429`'s `Retry-After` holds the mode; unset is
+    /// [`DEFAULT_MAX_RETRY_AFTER`] (see [`ModeLimits::max_retry_after`]).
+    #[serde(default)]
+    pub max_retry_after: Option<Duration>,
+}
+
+impl ModeLimits {
+    /// The cap on one `429`'s hold of the mode.
+    pub fn max_retry_after(&self) -> std::time::Duration {
+        self.max_retry_after.map_or(DEFAULT_MAX_RETRY_AFTER, |d| d.0)
+    }
 }
 
 /// `reconciler.secrets.<name>`: exactly one of `env` / `file`.
@@ -483,6 +498,14 @@ impl Config {
                     });
                 }
             }
+            if let Some(Duration(cap)) = limits.max_retry_after
+                && (cap.is_zero() || cap > MAX_RETRY_AFTER_LIMIT)
+            {
+                return Err(Error::Invalid {
+                    key: format!("reconciler.limits.{mode}.max_retry_after"),
+                    message: "must be greater than zero and at most 1h".into(),
+                });
+            }
         }
         for (name, source) in &self.reconciler.secrets {
             let empty = match source {
@@ -673,7 +696,8 @@ reconciler:
         assert_eq!(c.database.request_timeout.0, std::time::Duration::from_secs(2));
         assert_eq!(c.reconciler.run_history, 5);
         assert!(!c.reconciler.supersede);
-        assert_eq!(c.reconciler.limits["trigger"], ModeLimits { max_in_flight: Some(2), per_minute: None });
+        assert_eq!(c.reconciler.limits["trigger"], ModeLimits { max_in_flight: Some(2), ..ModeLimits::default() });
+        assert_eq!(c.reconciler.limits["trigger"].max_retry_after(), DEFAULT_MAX_RETRY_AFTER);
         assert_eq!(c.reconciler.secrets["gitlab"], SecretSource::Env("GITLAB_TOKEN".into()));
         let d = Config::default();
         assert_eq!(d.database.request_timeout.0, DEFAULT_REQUEST_TIMEOUT);
@@ -701,6 +725,28 @@ reconciler:
         assert!(e.contains("reconciler.wait_poll_interval: must be at most 24h"), "{e}");
         let e = err("reconciler:\n  async_ack_timeout: 25h\n");
         assert!(e.contains("reconciler.async_ack_timeout"), "{e}");
+    }
+
+    #[test]
+    fn max_retry_after_is_above_zero_and_at_most_an_hour() {
+        let limits = |v: &str| format!("reconciler:\n  limits:\n    trigger: {{max_retry_after: \"{v}\"}}\n");
+        for bad in ["0s", "0ms", "3601s", "2h", "300000000000y"] {
+            let e = err(&limits(bad));
+            assert!(
+                e.contains("reconciler.limits.trigger.max_retry_after: must be greater than zero and at most 1h"),
+                "{bad}: {e}"
+            );
+        }
+        let e = err(&limits("soon"));
+        assert!(e.contains("reconciler.limits.trigger.max_retry_after") && e.contains("invalid duration"), "{e}");
+        for (good, want) in [("1s", 1), ("5m", 300), ("1h", 3600)] {
+            let c = Config::parse(&limits(good), "t").unwrap();
+            c.validate().unwrap();
+            let cap = c.reconciler.limits["trigger"].max_retry_after();
+            assert_eq!(cap, std::time::Duration::from_secs(want), "{good}");
+        }
+        let c = Config::parse("reconciler:\n  limits:\n    trigger: {per_minute: 3}\n", "t").unwrap();
+        assert_eq!(c.reconciler.limits["trigger"].max_retry_after(), std::time::Duration::from_secs(300));
     }
 
     #[test]

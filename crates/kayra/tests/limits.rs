@@ -30,6 +30,13 @@ const RETRY_AFTER: Duration = Duration::from_secs(3);
 /// Scheduling slack on a loaded 2-core machine.
 const SLACK: Duration = Duration::from_secs(3);
 const GAUGE: &str = "kayra_limit_in_flight{mode=\"api\"}";
+const HELD_GAUGE: &str = "kayra_limit_held_seconds{mode=\"api\"}";
+/// The `Retry-After` of the backend's `/huge/` 429s: about 31 years.
+const HUGE_RETRY_AFTER: u64 = 999_999_999;
+/// How many `/huge/` calls are answered 429.
+const HUGE_429S: usize = 3;
+/// `reconciler.limits.api.max_retry_after` where `/huge/` is called.
+const MAX_RETRY_AFTER: Duration = Duration::from_secs(4);
 
 // ------------------------------------------------------------- backend
 
@@ -47,12 +54,15 @@ struct BackendState {
     in_flight: AtomicUsize,
     max_in_flight: AtomicUsize,
     throttled: AtomicBool,
+    huge: AtomicUsize,
 }
 
 /// A recording backend on 127.0.0.1:0. The first path segment picks the
 /// answer: `/second/..` 200 after 1 s; `/hold/..` 200 once
 /// [`Backend::open`] is called; `/throttle/..` 429 with `Retry-After: 3`
-/// the first time, 200 after that.
+/// the first time, 200 after that; `/huge/..` once [`Backend::open`] is
+/// called, 429 with `Retry-After: 999999999` for the first [`HUGE_429S`]
+/// calls, 200 after that.
 struct Backend {
     base: String,
     state: Arc<BackendState>,
@@ -120,6 +130,11 @@ async fn answer(state: &BackendState, mut opened: watch::Receiver<bool>, uri: Ur
             StatusCode::TOO_MANY_REQUESTS
         }
         "throttle" => StatusCode::OK,
+        "huge" if state.huge.fetch_add(1, Ordering::SeqCst) < HUGE_429S => {
+            headers.insert(header::RETRY_AFTER, HUGE_RETRY_AFTER.into());
+            StatusCode::TOO_MANY_REQUESTS
+        }
+        "huge" => StatusCode::OK,
         "second" => StatusCode::OK,
         "hold" => StatusCode::OK,
         _ => StatusCode::NOT_FOUND,
@@ -127,7 +142,7 @@ async fn answer(state: &BackendState, mut opened: watch::Receiver<bool>, uri: Ur
     state.calls.lock().unwrap().push(Call { path: path.clone(), at, status: status.as_u16() });
     match path.split('/').nth(1).unwrap_or("") {
         "second" => tokio::time::sleep(Duration::from_secs(1)).await,
-        "hold" => {
+        "hold" | "huge" => {
             let _ = opened.wait_for(|open| *open).await;
         }
         _ => {}
@@ -216,6 +231,11 @@ reconciler:
     async fn metrics(&self, port: u16) -> Option<String> {
         let response = self.http.get(format!("http://127.0.0.1:{port}/metrics")).send().await.ok()?;
         response.text().await.ok()
+    }
+
+    /// The process's `kayra_limit_held_seconds{mode="api"}`, if it shows one.
+    async fn held_seconds(&self, port: u16) -> Option<f64> {
+        sample(&self.metrics(port).await?, HELD_GAUGE)
     }
 
     /// Waits until the process's `kayra_limit_in_flight{mode="api"}` is `value`.
@@ -333,4 +353,80 @@ async fn retry_after_holds_back_the_mode_on_etcd() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn retry_after_holds_back_the_mode_on_the_local_store() {
     retry_after_holds_back_the_mode(World::local().await).await;
+}
+
+/// Three runs' calls are answered 429 with `Retry-After: 999999999` at
+/// once: the mode is held for `max_retry_after` (4 s), not 999999999 s nor
+/// an hour; while held every process shows the time left in
+/// `kayra_limit_held_seconds`, and 0 after; one warning line (across the
+/// fleet) names the mode, the API, a namespace that got the 429 and the
+/// end of the hold.
+async fn a_huge_retry_after_is_capped_shown_and_logged_once(world: World, processes: usize) {
+    let namespaces = names("huge", HUGE_429S);
+    world.catalog.seed("api", &namespaces, "s1").await;
+    let procs: Vec<(Proc, u16)> = (0..processes)
+        .map(|i| {
+            world.reconciler(&format!("r{i}"), "huge", &format!("{{max_retry_after: {}s}}", MAX_RETRY_AFTER.as_secs()))
+        })
+        .collect();
+    world.backend.wait_for(HUGE_429S).await;
+    for (_, port) in &procs {
+        eventually("the held gauge is there from the start, at 0", || async {
+            world.held_seconds(*port).await == Some(0.0)
+        })
+        .await;
+    }
+    let opened_at = Instant::now();
+    world.backend.open();
+    for (_, port) in &procs {
+        eventually("every process shows the hold", || async {
+            world.held_seconds(*port).await.is_some_and(|left| left > 0.0 && left <= MAX_RETRY_AFTER.as_secs_f64())
+        })
+        .await;
+    }
+    eventually("all synced", || world.catalog.all_synced(&namespaces, "s1")).await;
+    let calls = world.backend.calls();
+    assert_eq!(calls.iter().filter(|c| c.status == 429).count(), HUGE_429S, "{calls:?}");
+    let next = calls.iter().filter(|c| c.status == 200).map(|c| c.at).min().expect("a run after the hold");
+    let after = next.duration_since(opened_at);
+    assert!(after >= MAX_RETRY_AFTER, "a run started {after:?} after the 429s, inside the hold");
+    assert!(after < MAX_RETRY_AFTER + 3 * SLACK, "the hold lasted past max_retry_after: {after:?}");
+    for (_, port) in &procs {
+        eventually("the gauge is back at 0", || async { world.held_seconds(*port).await == Some(0.0) }).await;
+    }
+    let metrics = world.metrics(procs[0].1).await.unwrap();
+    assert!(metrics.contains("# TYPE kayra_limit_held_seconds gauge"), "{metrics}");
+    assert!(metrics.contains("# HELP kayra_limit_held_seconds "), "{metrics}");
+
+    let warnings: Vec<serde_json::Value> = procs
+        .iter()
+        .flat_map(|(proc, _)| proc.lines())
+        .filter_map(|line| serde_json::from_str::<serde_json::Value>(&line).ok())
+        .filter(|line| line["level"] == "warn" && line["message"].as_str().is_some_and(|m| m.contains("429")))
+        .collect();
+    let all_429: Vec<String> =
+        procs.iter().flat_map(|(proc, _)| proc.lines()).filter(|line| line.contains("429")).collect();
+    assert_eq!(warnings.len(), 1, "one warning line for the hold: {warnings:#?}\nevery line about a 429: {all_429:#?}");
+    let warning = &warnings[0];
+    assert_eq!(warning["mode"], "api", "{warning}");
+    assert_eq!(warning["api"], common::API, "{warning}");
+    assert!(namespaces.iter().any(|ns| warning["namespace"] == ns.as_str()), "{warning}");
+    let until = warning["until"].as_str().expect("until");
+    let until = humantime::parse_rfc3339(until).expect("until is an RFC 3339 time");
+    let now = std::time::SystemTime::now();
+    assert!(until <= now, "the hold ended by now, yet the line says {until:?}");
+    assert!(now.duration_since(until).unwrap() < Duration::from_secs(120), "{until:?} is not this hold's end");
+    for (mut proc, _) in procs {
+        proc.assert_running();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_huge_retry_after_is_capped_shown_and_logged_once_on_etcd() {
+    a_huge_retry_after_is_capped_shown_and_logged_once(World::etcd().await, 2).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_huge_retry_after_is_capped_shown_and_logged_once_on_the_local_store() {
+    a_huge_retry_after_is_capped_shown_and_logged_once(World::local().await, 1).await;
 }

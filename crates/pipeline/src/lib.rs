@@ -78,7 +78,7 @@ use tokio_util::sync::CancellationToken;
 
 pub use error::{PipelineError, ValidationError};
 pub use http::{MAX_RETRY_AFTER, http_client};
-pub use limits::{LimitKey, LimitKeys, LimitPermit, Limits};
+pub use limits::{HoldCause, LimitKey, LimitKeys, LimitPermit, Limits};
 pub use render::{RenderedStep, format_rendered};
 pub use secrets::REDACTED;
 

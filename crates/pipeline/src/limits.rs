@@ -10,8 +10,12 @@
 //!   the window's length, so a start occupies its key for a whole window;
 //!   on the local store, the process's own start times.
 //! - a 429 with `Retry-After` ([`Limits::backoff`]): no new start of the
-//!   mode before the deadline; on etcd the deadline is also a record
-//!   ([`LimitKey::Backoff`]), read by every process.
+//!   mode before the deadline, at most `max_retry_after` (default 5 min)
+//!   away; on etcd the deadline is also a record ([`LimitKey::Backoff`]),
+//!   read by every process. The capped deadline is what is stored, so no
+//!   process is held past the cap. A hold that begins is one warning line
+//!   (mode, api, namespace, until); `kayra_limit_held_seconds{mode}` shows
+//!   the time left (0 when not held), from every process on etcd.
 //!
 //! Where those records live is not the pipeline's business: the store's key
 //! layout belongs to the catalog's Repository, which implements
@@ -30,6 +34,10 @@
 //! a killed process's slots included until its lease expires. Otherwise (the
 //! local store, or a mode with only `per_minute`, which has no slot keys) it
 //! is this process's permits.
+//!
+//! [`Limits::report_fleet`] also keeps `kayra_limit_held_seconds` current:
+//! every [`HELD_REFRESH`], and on etcd at once when any process's hold
+//! reaches the watch.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -42,6 +50,9 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 const GAUGE: &str = "kayra_limit_in_flight";
+const HELD_GAUGE: &str = "kayra_limit_held_seconds";
+/// How often `kayra_limit_held_seconds` counts down.
+const HELD_REFRESH: Duration = Duration::from_millis(250);
 /// How long an unlimited mode's reading of the fleet's backoff key is
 /// reused: another process's 429 reaches this one within it, and a
 /// fan-out pays one read per mode per interval, not one per start.
@@ -73,6 +84,13 @@ pub trait LimitKeys: Send + Sync + 'static {
     fn parse_limit_key<'k>(&self, key: &'k str) -> Option<LimitKey<'k>>;
 }
 
+/// Whose step was answered `429`: named in the warning line of the hold.
+#[derive(Debug, Clone, Copy)]
+pub struct HoldCause<'a> {
+    pub api: &'a str,
+    pub namespace: &'a str,
+}
+
 /// The limits of every mode, for one process.
 #[derive(Clone)]
 pub struct Limits {
@@ -81,12 +99,18 @@ pub struct Limits {
 
 struct Inner {
     modes: BTreeMap<String, ModeLimits>,
+    /// The modes whose `kayra_limit_held_seconds` is shown: every mode
+    /// with limits or steps.
+    held_modes: BTreeSet<String>,
     store: Store,
     leases: Option<Arc<dyn Leases>>,
     /// Where the limit records live.
     keys: Box<dyn LimitKeys>,
     window: Duration,
     local: Mutex<HashMap<String, ModeState>>,
+    /// One [`Limits::backoff`] at a time, so that of several 429s at once
+    /// the first records the hold (and warns) before the others look.
+    backoffs: tokio::sync::Mutex<()>,
 }
 
 #[derive(Default)]
@@ -95,6 +119,8 @@ struct ModeState {
     held: usize,
     /// Start times in the current window (local store only).
     starts: VecDeque<Instant>,
+    /// The end of the mode's hold as this process knows it: its own 429s
+    /// and, on etcd, the fleet's backoff record as last seen.
     backoff_until: Option<Instant>,
     /// An unlimited mode on etcd: when the fleet's backoff key was last
     /// read, and the deadline it held.
@@ -147,17 +173,28 @@ impl Limits {
             "Pipelines of a limited mode running now (reconciler.limits): on etcd, for a mode with max_in_flight, \
              across the fleet (live slot keys); otherwise this process's"
         );
+        metrics::describe_gauge!(
+            HELD_GAUGE,
+            "Seconds left before a new run of the mode may start, after a backend's 429 with Retry-After \
+             (at most reconciler.limits.<mode>.max_retry_after); 0 when not held; on etcd, the fleet's hold"
+        );
         for mode in cfg.limits.keys() {
             metrics::gauge!(GAUGE, "mode" => mode.clone()).set(0.0);
+        }
+        let held_modes: BTreeSet<String> = cfg.limits.keys().chain(cfg.mode.keys()).cloned().collect();
+        for mode in &held_modes {
+            metrics::gauge!(HELD_GAUGE, "mode" => mode.clone()).set(0.0);
         }
         let leases = store.leases();
         let inner = Inner {
             modes: cfg.limits.clone(),
+            held_modes,
             store,
             leases,
             keys: Box::new(keys),
             window: Duration::from_secs(60),
             local: Mutex::new(HashMap::new()),
+            backoffs: tokio::sync::Mutex::new(()),
         };
         Self { inner: Arc::new(inner) }
     }
@@ -199,6 +236,7 @@ impl Limits {
             match inner.keys.parse_limit_key(&kv.key) {
                 Some(LimitKey::Backoff { .. }) => {
                     if let Some(wait) = remaining(&kv.value) {
+                        inner.note_hold(mode, now + wait);
                         return Ok(Err(wait));
                     }
                 }
@@ -257,27 +295,40 @@ impl Limits {
         Ok(Ok(held))
     }
 
-    /// Keeps `kayra_limit_in_flight` of every mode with `max_in_flight`
-    /// at the fleet's count of live slot keys, from a watch of the
-    /// limiter's prefix (list, then watch, re-listing after a gap), until
-    /// `cancel`. Returns at once on the local store.
+    /// Until `cancel`: counts `kayra_limit_held_seconds` down every
+    /// [`HELD_REFRESH`]; on etcd, also keeps `kayra_limit_in_flight` of
+    /// every mode with `max_in_flight` at the fleet's count of live slot
+    /// keys and learns every process's hold, from a watch of the limiter's
+    /// prefix (list, then watch, re-listing after a gap).
     pub async fn report_fleet(self, cancel: CancellationToken) {
         let inner = &self.inner;
-        if inner.leases.is_none() || !inner.modes.values().any(|l| l.max_in_flight.is_some()) {
-            return;
-        }
-        let mut watcher = inner.store.watcher(&inner.keys.all_limits());
+        let mut watcher = inner.leases.is_some().then(|| inner.store.watcher(&inner.keys.all_limits()));
+        let mut held = tokio::time::interval(HELD_REFRESH);
+        held.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut slots = BTreeSet::new();
         let mut listing = BTreeSet::new();
         loop {
             let event = tokio::select! {
-                event = watcher.next() => event,
+                event = async {
+                    match &mut watcher {
+                        Some(watcher) => watcher.next().await,
+                        None => std::future::pending().await,
+                    }
+                } => event,
+                _ = held.tick() => {
+                    inner.publish_held();
+                    continue;
+                }
                 () = cancel.cancelled() => return,
             };
-            let Some(event) = event else { return };
+            let Some(event) = event else {
+                watcher = None;
+                continue;
+            };
             match event {
                 WatcherEvent::Init => listing.clear(),
                 WatcherEvent::InitApply(kv) => {
+                    inner.note_fleet_hold(&kv.key, &kv.value);
                     listing.insert(kv.key);
                 }
                 WatcherEvent::InitDone { .. } => {
@@ -285,6 +336,7 @@ impl Limits {
                     inner.publish_fleet(&slots);
                 }
                 WatcherEvent::Apply(kv) => {
+                    inner.note_fleet_hold(&kv.key, &kv.value);
                     slots.insert(kv.key);
                     inner.publish_fleet(&slots);
                 }
@@ -297,34 +349,49 @@ impl Limits {
         }
     }
 
-    /// A step of `mode` was answered 429 with `Retry-After`: no new start
-    /// of the mode before it passes (fleet-wide on etcd).
-    pub async fn backoff(&self, mode: &str, retry_after: Duration) -> Result<(), kayra_store::Error> {
+    /// A step of `mode` (of `cause`'s API and namespace) was answered 429
+    /// with `Retry-After`: no new start of the mode before it passes, or
+    /// the mode's `max_retry_after` if sooner (fleet-wide on etcd). A hold
+    /// that begins here is logged once, as a warning; one that only moves
+    /// a current hold's end is an info line.
+    pub async fn backoff(
+        &self,
+        mode: &str,
+        retry_after: Duration,
+        cause: HoldCause<'_>,
+    ) -> Result<(), kayra_store::Error> {
         let inner = &self.inner;
-        let until = Instant::now() + retry_after.min(crate::MAX_RETRY_AFTER);
-        {
+        let _one_at_a_time = inner.backoffs.lock().await;
+        let hold = retry_after.min(inner.max_retry_after(mode));
+        let now = Instant::now();
+        let wall_until = SystemTime::now() + hold;
+        let was_held = {
             let mut local = inner.local.lock().unwrap_or_else(PoisonError::into_inner);
             let state = local.entry(mode.to_string()).or_default();
-            state.backoff_until = state.backoff_until.max(Some(until));
+            let was_held = state.backoff_until.is_some_and(|until| until > now);
+            state.backoff_until = state.backoff_until.max(Some(now + hold));
+            was_held
+        };
+        let stored = match inner.leases {
+            Some(_) => inner.store_backoff(mode, unix_ms(wall_until)).await,
+            None => Ok(false),
+        };
+        inner.publish_held();
+        let until = humantime::format_rfc3339_millis(wall_until).to_string();
+        let (api, namespace) = (cause.api, cause.namespace);
+        if was_held || stored.as_ref().is_ok_and(|fleet_held| *fleet_held) {
+            tracing::info!(mode, api, namespace, %until, "backend answered 429: the mode's hold goes on");
+        } else {
+            tracing::warn!(
+                mode,
+                api,
+                namespace,
+                %until,
+                retry_after_seconds = retry_after.as_secs(),
+                "backend answered 429 with Retry-After: no new run of the mode starts until then"
+            );
         }
-        if inner.leases.is_none() {
-            return Ok(());
-        }
-        let key = inner.keys.limit_key(LimitKey::Backoff { mode });
-        let deadline = unix_ms(SystemTime::now() + retry_after.min(crate::MAX_RETRY_AFTER));
-        let value = deadline.to_string().into_bytes();
-        loop {
-            let result = match inner.store.get(&key).await?.0 {
-                Some(kv) if String::from_utf8_lossy(&kv.value).parse::<u64>().unwrap_or(0) >= deadline => return Ok(()),
-                Some(kv) => inner.store.update(&key, value.clone(), kv.mod_revision).await,
-                None => inner.store.create(&key, value.clone()).await,
-            };
-            match result {
-                Ok(_) => return Ok(()),
-                Err(kayra_store::Error::Conflict(_) | kayra_store::Error::NotFound(_)) => continue,
-                Err(e) => return Err(e),
-            }
-        }
+        stored.map(drop)
     }
 }
 
@@ -336,6 +403,66 @@ fn remaining(value: &[u8]) -> Option<Duration> {
 }
 
 impl Inner {
+    /// The cap on one 429's hold of `mode`.
+    fn max_retry_after(&self, mode: &str) -> Duration {
+        self.modes.get(mode).map_or_else(|| ModeLimits::default().max_retry_after(), ModeLimits::max_retry_after)
+    }
+
+    /// Moves the fleet's backoff record of `mode` to `deadline` (unix ms)
+    /// unless it is already there or later; whether the mode was already
+    /// held by it.
+    async fn store_backoff(&self, mode: &str, deadline: u64) -> Result<bool, kayra_store::Error> {
+        let key = self.keys.limit_key(LimitKey::Backoff { mode });
+        let value = deadline.to_string().into_bytes();
+        loop {
+            let (existing, _) = self.store.get(&key).await?;
+            let stored = existing.as_ref().map(|kv| String::from_utf8_lossy(&kv.value).parse::<u64>().unwrap_or(0));
+            let held = stored.is_some_and(|stored| stored > unix_ms(SystemTime::now()));
+            let result = match (existing, stored) {
+                (Some(_), Some(stored)) if stored >= deadline => return Ok(held),
+                (Some(kv), _) => self.store.update(&key, value.clone(), kv.mod_revision).await,
+                (None, _) => self.store.create(&key, value.clone()).await,
+            };
+            match result {
+                Ok(_) => return Ok(held),
+                Err(kayra_store::Error::Conflict(_) | kayra_store::Error::NotFound(_)) => continue,
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// This process learnt that `mode` is held until `until`.
+    fn note_hold(&self, mode: &str, until: Instant) {
+        {
+            let mut local = self.local.lock().unwrap_or_else(PoisonError::into_inner);
+            let state = local.entry(mode.to_string()).or_default();
+            state.backoff_until = state.backoff_until.max(Some(until));
+        }
+        self.publish_held();
+    }
+
+    /// A limit record seen by the watch: when it is a mode's backoff
+    /// record still in the future, that mode is held.
+    fn note_fleet_hold(&self, key: &str, value: &[u8]) {
+        if let Some(LimitKey::Backoff { mode }) = self.keys.parse_limit_key(key)
+            && let Some(wait) = remaining(value)
+        {
+            self.note_hold(mode, Instant::now() + wait);
+        }
+    }
+
+    /// Sets `kayra_limit_held_seconds` of every shown mode to the time
+    /// left of its hold, 0 when not held.
+    fn publish_held(&self) {
+        let now = Instant::now();
+        let local = self.local.lock().unwrap_or_else(PoisonError::into_inner);
+        for mode in &self.held_modes {
+            let until = local.get(mode).and_then(|state| state.backoff_until);
+            let left = until.map_or(Duration::ZERO, |until| until.saturating_duration_since(now));
+            metrics::gauge!(HELD_GAUGE, "mode" => mode.clone()).set(left.as_secs_f64());
+        }
+    }
+
     /// Whether the gauge of `mode` shows the fleet's slot keys rather than
     /// this process's permits.
     fn fleet_counted(&self, mode: &str) -> bool {
@@ -376,6 +503,9 @@ impl Inner {
             _ => {
                 let (backoff, _) = self.store.get(&self.keys.limit_key(LimitKey::Backoff { mode })).await?;
                 let until = backoff.and_then(|kv| remaining(&kv.value)).map(|wait| now + wait);
+                if let Some(until) = until {
+                    self.note_hold(mode, until);
+                }
                 let mut local = self.local.lock().unwrap_or_else(PoisonError::into_inner);
                 local.entry(mode.to_string()).or_default().fleet_backoff = Some((now, until));
                 until

@@ -5,9 +5,14 @@ use std::time::{Duration, Instant};
 
 use kayra_catalog::repo::Layout;
 use kayra_config::{Config, DatabaseConfig};
-use kayra_pipeline::Limits;
+use kayra_pipeline::{HoldCause, LimitKey, LimitKeys, Limits};
 use kayra_store::Store;
 use kayra_testkit::{Etcd, eventually};
+
+/// Whose step got the 429, for the warning line.
+const CAUSE: HoldCause<'static> = HoldCause { api: "compute.example.com", namespace: "team-a" };
+/// A backend's `Retry-After` of 999999999 s (about 31 years).
+const HUGE: Duration = Duration::from_secs(999_999_999);
 
 fn reconciler_config(limits_yaml: &str) -> kayra_config::ReconcilerConfig {
     let config = Config::parse(&format!("reconciler:\n  limits:\n{limits_yaml}"), "t").expect("parse");
@@ -79,12 +84,33 @@ async fn local_backoff_holds_new_starts_of_that_mode() {
         local_store(dir.path()).await,
         Layout::new("dev", "local"),
     );
-    limits.backoff("free", Duration::from_millis(500)).await.unwrap();
+    limits.backoff("free", Duration::from_millis(500), CAUSE).await.unwrap();
     let wait = limits.try_acquire("free").await.unwrap().expect_err("backing off");
     assert!(wait <= Duration::from_millis(500));
     assert!(granted(&limits, "m").await.is_some(), "other modes go on");
     tokio::time::sleep(wait).await;
     assert!(granted(&limits, "free").await.is_some());
+}
+
+#[tokio::test]
+async fn local_backoff_is_capped_by_max_retry_after() {
+    let dir = tempfile::tempdir().unwrap();
+    let limits = Limits::new(
+        &reconciler_config("    m: {max_retry_after: 1s}\n"),
+        local_store(dir.path()).await,
+        Layout::new("dev", "local"),
+    );
+    let started = Instant::now();
+    limits.backoff("m", HUGE, CAUSE).await.unwrap();
+    limits.backoff("default", HUGE, CAUSE).await.unwrap();
+    let wait = limits.try_acquire("m").await.unwrap().expect_err("held");
+    assert!(wait <= Duration::from_secs(1), "held past max_retry_after: {wait:?}");
+    let wait = limits.try_acquire("default").await.unwrap().expect_err("held");
+    assert!(wait <= Duration::from_secs(300), "held past the default 5m: {wait:?}");
+    assert!(wait > Duration::from_secs(290), "{wait:?}");
+    eventually("the capped hold passes", || async { granted(&limits, "m").await.is_some() }).await;
+    assert!(started.elapsed() >= Duration::from_millis(900), "{:?}", started.elapsed());
+    assert!(started.elapsed() < Duration::from_secs(10), "{:?}", started.elapsed());
 }
 
 // ---------------------------------------------------------------- etcd
@@ -158,11 +184,45 @@ async fn etcd_per_minute_and_backoff_are_fleet_wide() {
     assert!(started.elapsed() >= Duration::from_secs(2), "no fourth start before the window: {:?}", started.elapsed());
 
     // A 429 seen by a holds back b's starts of that mode, limited or not.
-    a.backoff("m", Duration::from_secs(2)).await.unwrap();
-    a.backoff("free", Duration::from_secs(2)).await.unwrap();
+    a.backoff("m", Duration::from_secs(2), CAUSE).await.unwrap();
+    a.backoff("free", Duration::from_secs(2), CAUSE).await.unwrap();
     let backoff_at = Instant::now();
     assert!(b.try_acquire("m").await.unwrap().is_err());
     assert!(b.try_acquire("free").await.unwrap().is_err());
     eventually("the backoff passes", || async { granted(&b, "free").await.is_some() }).await;
     assert!(backoff_at.elapsed() >= Duration::from_millis(1900), "{:?}", backoff_at.elapsed());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcd_backoff_stores_the_capped_deadline() {
+    let etcd = Etcd::start().await;
+    let yaml = "    m: {max_retry_after: 1s}\n";
+    let (store, a) = etcd_limits(&etcd, yaml).await;
+    let (_sb, b) = etcd_limits(&etcd, yaml).await;
+    let started = Instant::now();
+    let before = std::time::SystemTime::now();
+    a.backoff("m", HUGE, CAUSE).await.unwrap();
+    a.backoff("free", HUGE, CAUSE).await.unwrap();
+    // The record itself ends within the cap: no process reads a longer hold.
+    let record = |mode: &'static str| {
+        let store = store.clone();
+        async move {
+            let key = Layout::new("dev", "local").limit_key(LimitKey::Backoff { mode });
+            let (kv, _) = store.get(&key).await.unwrap();
+            let ms: u64 = String::from_utf8_lossy(&kv.expect("a backoff record").value).parse().unwrap();
+            std::time::UNIX_EPOCH + Duration::from_millis(ms)
+        }
+    };
+    let until = record("m").await;
+    assert!(until <= std::time::SystemTime::now() + Duration::from_secs(1), "{until:?}");
+    let until = record("free").await;
+    let default_cap = before + Duration::from_secs(300);
+    assert!(until <= std::time::SystemTime::now() + Duration::from_secs(300) && until >= default_cap, "{until:?}");
+    let wait = b.try_acquire("m").await.unwrap().expect_err("b is held too");
+    assert!(wait <= Duration::from_secs(1), "{wait:?}");
+    eventually("the capped hold passes for b", || async { granted(&b, "m").await.is_some() }).await;
+    assert!(started.elapsed() >= Duration::from_millis(900), "{:?}", started.elapsed());
+    assert!(started.elapsed() < Duration::from_secs(10), "{:?}", started.elapsed());
+    let wait = b.try_acquire("free").await.unwrap().expect_err("free is held by the default cap");
+    assert!(wait <= Duration::from_secs(300) && wait > Duration::from_secs(290), "{wait:?}");
 }

@@ -24,7 +24,7 @@ use tracing::Instrument;
 use kayra_catalog::repo::{JobRead, RecordRef, Repository, ResultCommit, ResultWrite, Versioned};
 use kayra_config::ReconcilerConfig;
 use kayra_core::{ApiRegistration, Run, RunResult, RunStep, RunTrigger, Subscription};
-use kayra_pipeline::Limits;
+use kayra_pipeline::{HoldCause, Limits};
 use kayra_pipeline::{PipelineError, Pipelines, RunControl, SubscriptionContext};
 
 use crate::decide::{self, Attempt, Decision, Observed, Outcome, Then, Write};
@@ -554,7 +554,8 @@ impl Worker {
         let report = pipeline.run(&self.client, &ctx, &self.pipelines.settings(), &control).await;
         drop(running);
         if let Some(retry_after) = report.retry_after
-            && let Err(e) = self.limits.backoff(mode, retry_after).await
+            && let Err(e) =
+                self.limits.backoff(mode, retry_after, HoldCause { api: &reg.name, namespace: &sub.namespace }).await
         {
             tracing::warn!(mode, error = %e, "could not record the backend's Retry-After");
         }

@@ -165,7 +165,8 @@ impl Reconciler {
             self.tracker.clone(),
             cancel.clone(),
         ));
-        // On etcd, `kayra_limit_in_flight` shows the fleet's slots.
+        // On etcd, `kayra_limit_in_flight` shows the fleet's slots; everywhere,
+        // `kayra_limit_held_seconds` counts a 429's hold down.
         let fleet = tokio::spawn(self.worker.limits.clone().report_fleet(cancel.clone()));
         self.watch(&cancel).await;
         self.queue.close();

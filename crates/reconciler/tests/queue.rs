@@ -466,7 +466,7 @@ async fn a_mode_limit_bounds_its_pipelines(kind: Kind) {
     let w = World::new(kind).await;
     let (seed, backend) = (w.seed(), &w.backend);
     let mut cfg = w.config(5, "hold/{{ .Subscription.Namespace }}");
-    cfg.limits.insert("api".into(), kayra_config::ModeLimits { max_in_flight: Some(2), per_minute: None });
+    cfg.limits.insert("api".into(), kayra_config::ModeLimits { max_in_flight: Some(2), ..Default::default() });
     seed.registration(API, "api", "s1").await;
     seed.registration(OTHER, "placeholder", "p1").await;
     let n = 6;
