@@ -23,6 +23,9 @@ use futures::StreamExt;
 use serde_json::json;
 use tokio::sync::mpsc;
 
+/// The stream caps of the measured server: past any `--stream-count`.
+const MAX_STREAMS: usize = 1_000_000;
+
 use crate::client::percentile;
 
 const ADMIN: &str = "bench-admin-token-0123456789abcdef0123456789";
@@ -45,7 +48,12 @@ impl Serve {
         let listen = format!("127.0.0.1:{}", kayra_testkit::free_port());
         std::fs::write(
             &config_file,
-            format!("server:\n  listen: {listen}\ndatabase:\n{database_yaml}auth:\n  bootstrap_token: {ADMIN}\n"),
+            // One user holds every stream of the measurement: the caps of
+            // §17 (100 a user by default) are lifted past it.
+            format!(
+                "server:\n  listen: {listen}\n  max_streams_per_user: {MAX_STREAMS}\n  max_streams: {MAX_STREAMS}\n\
+                 database:\n{database_yaml}auth:\n  bootstrap_token: {ADMIN}\n"
+            ),
         )?;
         // The serve runs in its temp dir (a local store's relative paths), so
         // the binary's path must not be relative.
