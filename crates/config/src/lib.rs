@@ -244,6 +244,9 @@ pub struct ReconcilerConfig {
     pub wait_poll_interval: Duration,
     /// Runs kept per subscription (platform §4.4); 0 keeps none.
     pub run_history: usize,
+    /// The longest output value a step may take from an answer (§17);
+    /// a longer one fails the step.
+    pub max_output_bytes: usize,
     /// Async requests a process keeps open after their ack; past it the
     /// oldest is abandoned.
     pub max_detached_requests: usize,
@@ -317,6 +320,10 @@ pub const MAX_CONCURRENT_RECONCILES_LIMIT: usize = 10_000;
 pub const DEFAULT_RUN_HISTORY: usize = 20;
 /// Upper bound of `reconciler.run_history`.
 pub const MAX_RUN_HISTORY: usize = 1_000;
+/// Default for `reconciler.max_output_bytes`.
+pub const DEFAULT_MAX_OUTPUT_BYTES: usize = 64 * 1024;
+/// Upper bound of `reconciler.max_output_bytes`.
+pub const MAX_OUTPUT_BYTES_LIMIT: usize = 1024 * 1024;
 /// Default for `reconciler.max_detached_requests`.
 pub const DEFAULT_MAX_DETACHED_REQUESTS: usize = 1_000;
 
@@ -329,6 +336,7 @@ impl Default for ReconcilerConfig {
             async_ack_timeout: Duration(ASYNC_STEP_ACK_TIMEOUT),
             wait_poll_interval: Duration(WAIT_POLL_INTERVAL),
             run_history: DEFAULT_RUN_HISTORY,
+            max_output_bytes: DEFAULT_MAX_OUTPUT_BYTES,
             max_detached_requests: DEFAULT_MAX_DETACHED_REQUESTS,
             supersede: true,
             limits: BTreeMap::new(),
@@ -484,6 +492,12 @@ impl Config {
             return Err(Error::Invalid {
                 key: "reconciler.run_history".into(),
                 message: format!("must be between 0 and {MAX_RUN_HISTORY}"),
+            });
+        }
+        if !(1..=MAX_OUTPUT_BYTES_LIMIT).contains(&self.reconciler.max_output_bytes) {
+            return Err(Error::Invalid {
+                key: "reconciler.max_output_bytes".into(),
+                message: format!("must be between 1 and {MAX_OUTPUT_BYTES_LIMIT}"),
             });
         }
         if self.reconciler.max_detached_requests == 0 {
@@ -702,6 +716,10 @@ reconciler:
         let d = Config::default();
         assert_eq!(d.database.request_timeout.0, DEFAULT_REQUEST_TIMEOUT);
         assert_eq!((d.reconciler.run_history, d.reconciler.max_detached_requests), (20, 1000));
+        assert_eq!(d.reconciler.max_output_bytes, 65536);
+        let c = Config::parse("reconciler:\n  max_output_bytes: 1048576\n", "t").unwrap();
+        c.validate().unwrap();
+        assert_eq!(c.reconciler.max_output_bytes, 1048576);
         assert!(d.reconciler.supersede);
     }
 
@@ -713,6 +731,10 @@ reconciler:
         assert!(e.contains("max_concurrent_reconciles"), "{e}");
         let e = err("reconciler:\n  limits:\n    trigger: {per_minute: 0}\n");
         assert!(e.contains("reconciler.limits.trigger.per_minute"), "{e}");
+        for bad in ["0", "1048577", "-1", "\"64k\""] {
+            let e = err(&format!("reconciler:\n  max_output_bytes: {bad}\n"));
+            assert!(e.contains("max_output_bytes"), "{bad}: {e}");
+        }
         let e = err("reconciler:\n  secrets:\n    x: {env: A, file: /b}\n");
         assert!(e.contains("secrets"), "{e}");
         let e = err("platform: prod/eu\n");

@@ -61,6 +61,10 @@ pub enum PipelineError {
     /// of its `successes`; `last` describes what the final answer showed.
     #[error("step {step}: wait unresolved within {} after {attempts} attempts (last: {last})", humantime::format_duration(*timeout))]
     WaitTimeout { step: usize, timeout: Duration, attempts: u32, last: String },
+    /// An output's value is longer than `reconciler.max_output_bytes`
+    /// (§17); the next step is not run.
+    #[error("step {step}: output {name} is {len} bytes, over reconciler.max_output_bytes ({max})")]
+    OutputTooLarge { step: usize, name: String, len: usize, max: usize },
     /// A secret the pipeline uses could not be read for this run; no step
     /// was called. The message names the secret and its source, never a value.
     #[error("secret {name:?}: {message}")]
@@ -87,7 +91,8 @@ impl PipelineError {
             | Self::NoAck { step, .. }
             | Self::TaskFailed { step }
             | Self::WaitFailed { step, .. }
-            | Self::WaitTimeout { step, .. } => Some(*step),
+            | Self::WaitTimeout { step, .. }
+            | Self::OutputTooLarge { step, .. } => Some(*step),
             Self::Secret { .. } | Self::Cancelled | Self::Superseded => None,
         }
     }

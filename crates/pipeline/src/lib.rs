@@ -74,6 +74,7 @@ use std::time::Duration;
 
 use kayra_config::ReconcilerConfig;
 use kayra_core::RunStep;
+use kayra_core::runs::shown;
 use tokio_util::sync::CancellationToken;
 
 pub use error::{PipelineError, ValidationError};
@@ -119,6 +120,8 @@ pub struct PipelineSettings {
     pub async_ack_timeout: Duration,
     /// Pause between two calls of a `wait` step (seed: `WaitPollInterval`).
     pub wait_poll_interval: Duration,
+    /// The longest output value a step may take (`reconciler.max_output_bytes`).
+    pub max_output_bytes: usize,
 }
 
 impl Default for PipelineSettings {
@@ -126,13 +129,18 @@ impl Default for PipelineSettings {
         Self {
             async_ack_timeout: kayra_config::ASYNC_STEP_ACK_TIMEOUT,
             wait_poll_interval: kayra_config::WAIT_POLL_INTERVAL,
+            max_output_bytes: kayra_config::DEFAULT_MAX_OUTPUT_BYTES,
         }
     }
 }
 
 impl From<&ReconcilerConfig> for PipelineSettings {
     fn from(cfg: &ReconcilerConfig) -> Self {
-        Self { async_ack_timeout: cfg.async_ack_timeout.0, wait_poll_interval: cfg.wait_poll_interval.0 }
+        Self {
+            async_ack_timeout: cfg.async_ack_timeout.0,
+            wait_poll_interval: cfg.wait_poll_interval.0,
+            max_output_bytes: cfg.max_output_bytes,
+        }
     }
 }
 
@@ -356,16 +364,21 @@ fn record(step: &CompiledStep, outcome: &Outcome, redactor: &Redactor) -> RunSte
     RunStep {
         index: step.index(),
         method: step.method().to_string(),
-        endpoint: outcome.endpoint.clone(),
+        endpoint: shown(&outcome.endpoint).into_owned(),
         is_async: step.is_async(),
         attempts: outcome.attempts,
         status: outcome.status.map_or(0, |s| s.as_u16()),
         error: match &outcome.result {
             Ok(()) => String::new(),
-            Err(error) => redactor.scrub(&http::error_chain(error)),
+            // Redacted whole first: a cut must not leave part of a secret.
+            Err(error) => shown(&redactor.scrub(&http::error_chain(error))).into_owned(),
         },
         duration_ms: u64::try_from(outcome.duration.as_millis()).unwrap_or(u64::MAX),
-        outputs: step.shown_outputs(&outcome.outputs, redactor),
+        outputs: step
+            .shown_outputs(&outcome.outputs, redactor)
+            .into_iter()
+            .map(|(name, value)| (name, shown(&value).into_owned()))
+            .collect(),
     }
 }
 

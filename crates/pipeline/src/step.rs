@@ -400,7 +400,10 @@ impl CompiledStep {
                 outcome.retry_after = answer.retry_after;
                 return outcome;
             }
-            let outputs = self.extract_outputs(&answer);
+            let outputs = match self.extract_outputs(&answer, env.settings.max_output_bytes) {
+                Ok(outputs) => outputs,
+                Err(error) => return self.timed(started, endpoint, attempts, status, BTreeMap::new(), Err(error)),
+            };
             let last = match self.evaluate(answer.json.as_ref(), env.redactor) {
                 Verdict::Done => return self.timed(started, endpoint, attempts, status, outputs, Ok(())),
                 Verdict::Failed { key, value } => {
@@ -458,19 +461,38 @@ impl CompiledStep {
                 let error = PipelineError::Status { step, status: answer.status.as_u16() };
                 (Some(answer.status), BTreeMap::new(), Err(error), answer.retry_after)
             }
-            Ok(Ok(Ok(Ok(answer)))) => (Some(answer.status), self.extract_outputs(&answer), Ok(()), None),
+            Ok(Ok(Ok(Ok(answer)))) => match self.extract_outputs(&answer, env.settings.max_output_bytes) {
+                Ok(outputs) => (Some(answer.status), outputs, Ok(()), None),
+                Err(error) => (Some(answer.status), BTreeMap::new(), Err(error), None),
+            },
         };
         let mut outcome = self.timed(started, endpoint, 1, status, outputs, result);
         outcome.retry_after = retry_after;
         outcome
     }
 
-    /// Every configured output whose path resolves; the others are skipped.
-    fn extract_outputs(&self, answer: &Answer) -> BTreeMap<String, String> {
+    /// Every configured output whose path resolves; the others are
+    /// skipped. One longer than `max` bytes fails the step (§17): a
+    /// backend cannot push a value of any size into the next step's
+    /// request, the run record or the logs.
+    fn extract_outputs(&self, answer: &Answer, max: usize) -> Result<BTreeMap<String, String>, PipelineError> {
         let Some(body) = &answer.json else {
-            return BTreeMap::new();
+            return Ok(BTreeMap::new());
         };
-        self.outputs.iter().filter_map(|(name, path)| Some((name.clone(), path.resolve_text(body)?))).collect()
+        let mut outputs = BTreeMap::new();
+        for (name, path) in &self.outputs {
+            let Some(value) = path.resolve_text(body) else { continue };
+            if value.len() > max {
+                return Err(PipelineError::OutputTooLarge {
+                    step: self.index,
+                    name: name.clone(),
+                    len: value.len(),
+                    max,
+                });
+            }
+            outputs.insert(name.clone(), value);
+        }
+        Ok(outputs)
     }
 
     /// Any condition in its failures fails at once, whatever the others say;

@@ -23,6 +23,7 @@ use tracing::Instrument;
 
 use kayra_catalog::repo::{JobRead, RecordRef, Repository, ResultCommit, ResultWrite, Versioned};
 use kayra_config::ReconcilerConfig;
+use kayra_core::runs::shown;
 use kayra_core::{ApiRegistration, Run, RunResult, RunStep, RunTrigger, Subscription};
 use kayra_pipeline::{HoldCause, Limits};
 use kayra_pipeline::{PipelineError, Pipelines, RunControl, SubscriptionContext};
@@ -365,10 +366,12 @@ impl Worker {
                     "reconcile superseded by a newer SyncID; running again toward it"
                 );
             }
-            Err(e) => tracing::warn!(result = "error", attempt = failures + 1, error = %e, "reconcile failed"),
+            Err(e) => {
+                tracing::warn!(result = "error", attempt = failures + 1, error = %shown(&e.to_string()), "reconcile failed")
+            }
             Ok(()) => {}
         }
-        let (write, then) = decide::after(&sub.value, sync_id, outcome, failures);
+        let (mut write, mut then) = decide::after(&sub.value, sync_id, outcome, failures);
         let record = Run {
             id: begun.id.clone(),
             namespace: sub.value.namespace.clone(),
@@ -382,17 +385,45 @@ impl Worker {
                 Outcome::Cancelled => RunResult::Cancelled,
                 Outcome::Superseded => RunResult::Superseded,
             },
-            error: result.as_ref().err().map(ToString::to_string).unwrap_or_default(),
+            error: result.as_ref().err().map(|e| shown(&e.to_string()).into_owned()).unwrap_or_default(),
             started_at: begun.started_at.clone(),
             finished_at: runs::now(),
             lock_id: run.lock_id,
             reconciler: runs::identity().to_string(),
             steps,
-        };
+        }
+        .bounded();
         // Nothing follows a final result under this lock: the result's
         // transaction is also the unlock.
         let unlock = matches!(then, Then::Done);
-        let recorded = self.record_patiently(sub, &write, (&record, seq), run, unlock).await?;
+        let recorded = match self.record_patiently(sub, &write, (&record, seq), run, unlock).await {
+            // §17: a result the store refuses (too large, out of space) is
+            // recorded once as a failed run without its outputs, and the
+            // ordinary failure path follows; it never loops.
+            Err(kayra_catalog::repo::Error::Store(kayra_store::Error::Refused(why))) => {
+                tracing::warn!(error = %shown(&why), "the store refused the result; recording the run as failed");
+                (write, then) = decide::after(&sub.value, sync_id, Outcome::Failed, failures);
+                let failed = runs::refused(&record, &why);
+                match self.record_patiently(sub, &write, (&failed, seq), run, matches!(then, Then::Done)).await {
+                    Err(kayra_catalog::repo::Error::Store(kayra_store::Error::Refused(why))) => {
+                        // Not even that fits: the store is full. Running
+                        // the pipeline again would only repeat this, so the
+                        // job waits, as given up, for the next write.
+                        tracing::error!(
+                            error = %shown(&why),
+                            "the store refused the failed run too; giving up until the subscription or its \
+                             registration is written again"
+                        );
+                        let attempt =
+                            Attempt { subscription_revision: sub.revision, registration_revision: reg.revision };
+                        self.view_mut().put_given_up(&sub.value.namespace, &sub.value.api, attempt);
+                        return Ok(Step::Done);
+                    }
+                    other => other?,
+                }
+            }
+            other => other?,
+        };
         let after = match recorded {
             Recorded::Fenced => {
                 tracing::warn!(

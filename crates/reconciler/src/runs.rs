@@ -19,7 +19,7 @@ use std::sync::OnceLock;
 use std::time::SystemTime;
 
 use kayra_catalog::repo::Rider;
-use kayra_core::{ApiRegistration, Run, RunTrigger, Subscription};
+use kayra_core::{ApiRegistration, Run, RunResult, RunTrigger, Subscription};
 
 /// The per-subscription run counter.
 pub use kayra_catalog::repo::RunCursor as Cursor;
@@ -77,6 +77,19 @@ pub fn riders(history: usize, seq: u64, run: &Run, cursor: bool) -> Vec<Rider<'_
         riders.push(Rider::RunCursor { namespace: &run.namespace, api: &run.api, cursor: Cursor { next: seq + 1 } });
     }
     riders
+}
+
+/// `run` as it is recorded when the store refused its result (§17): a
+/// failure, saying why, without the outputs that may have made it too
+/// large.
+pub fn refused(run: &Run, why: &str) -> Run {
+    let mut failed = run.clone();
+    failed.result = RunResult::Error;
+    failed.error = format!("the result could not be recorded: {why}");
+    for step in &mut failed.steps {
+        step.outputs.clear();
+    }
+    failed.bounded()
 }
 
 /// `kayra_sync_lag_seconds` of a sync to `reg`'s SyncID finishing now:

@@ -56,6 +56,10 @@ pub enum Error {
     /// The backend cannot be reached or failed; retrying may help.
     #[error("store unavailable: {0}")]
     Unavailable(String),
+    /// The backend answered and refused the request itself (too large, out
+    /// of space, invalid): the same request sent again fails again.
+    #[error("store refused the request: {0}")]
+    Refused(String),
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -3,7 +3,10 @@
 //! The first path segment picks the behaviour: `/ok/..` answers 200,
 //! `/fail/..` 500, `/slow/..` 200 after 20ms, `/sleep/<ms>/..` 200 after
 //! `<ms>` milliseconds, `/hold/..` waits for
-//! [`TestBackend::release`] before answering 200. Every call is recorded,
+//! [`TestBackend::release`] before answering 200, `/big/<n>/..` 200 with
+//! the JSON body `{"id": V}`, V `n` bytes of `x` (a backend's outsized
+//! answer), `/wide/<n>/..` the same with `"a"`, `"b"` and `"c"` too.
+//! Every call is recorded,
 //! and the highest number of concurrent calls is tracked.
 
 use std::sync::Arc;
@@ -94,7 +97,25 @@ async fn sleep_exactly(d: Duration) {
     }
 }
 
-async fn answer(state: &State, uri: Uri) -> StatusCode {
+async fn answer(state: &State, uri: Uri) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    let path = uri.path();
+    let first = path.split('/').nth(1);
+    if matches!(first, Some("big" | "wide")) {
+        let _ = status(state, uri.clone()).await;
+        let n = path.split('/').nth(2).and_then(|n| n.parse().ok()).unwrap_or(0);
+        let value = "x".repeat(n);
+        let body = if first == Some("big") {
+            format!(r#"{{"id":"{value}"}}"#)
+        } else {
+            format!(r#"{{"id":"{value}","a":"{value}","b":"{value}","c":"{value}"}}"#)
+        };
+        return (StatusCode::OK, [(axum::http::header::CONTENT_TYPE, "application/json")], body).into_response();
+    }
+    status(state, uri).await.into_response()
+}
+
+async fn status(state: &State, uri: Uri) -> StatusCode {
     let path = uri.path().to_string();
     state.calls.lock().unwrap().push((std::time::Instant::now(), path.clone()));
     let now = state.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
@@ -115,6 +136,7 @@ async fn answer(state: &State, uri: Uri) -> StatusCode {
             state.gate.acquire().await.unwrap().forget();
             StatusCode::OK
         }
+        "big" | "wide" => StatusCode::OK,
         _ => StatusCode::NOT_FOUND,
     };
     state.in_flight.fetch_sub(1, Ordering::SeqCst);

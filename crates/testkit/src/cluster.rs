@@ -225,6 +225,7 @@ impl EtcdCluster {
             log_level: "warn",
             log: &self.dir.path().join(format!("{}.log", member.name)),
             certs: self.certs.as_ref(),
+            flags: &[],
         })?;
         self.members[i].child = Some(child);
         Ok(())

@@ -20,23 +20,31 @@ pub struct Etcd {
     peer_port: u16,
     /// Set when clients must use TLS with a client certificate.
     certs: Option<Certificates>,
+    /// More command-line flags ([`Etcd::start_with`]).
+    flags: Vec<String>,
 }
 
 impl Etcd {
     /// Starts etcd over plain HTTP (installing it first if needed) and
     /// waits until it answers reads. Panics with etcd's log if it never does.
     pub async fn start() -> Etcd {
-        Self::launch(false).await
+        Self::launch(false, &[]).await
+    }
+
+    /// Like [`Etcd::start`], with more etcd flags, such as a small
+    /// `--quota-backend-bytes` or `--max-request-bytes`.
+    pub async fn start_with(flags: &[&str]) -> Etcd {
+        Self::launch(false, flags).await
     }
 
     /// Like [`Etcd::start`], serving clients over TLS only, with a
     /// throwaway CA and `--client-cert-auth`: the production setup.
     /// [`Etcd::config`] then carries the client certificate.
     pub async fn start_tls() -> Etcd {
-        Self::launch(true).await
+        Self::launch(true, &[]).await
     }
 
-    async fn launch(tls: bool) -> Etcd {
+    async fn launch(tls: bool, flags: &[&str]) -> Etcd {
         let binary = tokio::task::spawn_blocking(etcd_binary).await.expect("locating etcd");
         // A port picked by free_port can be taken by someone else before
         // etcd binds it; then etcd exits at once and we try other ports.
@@ -51,7 +59,8 @@ impl Etcd {
             } else {
                 None
             };
-            let mut etcd = Etcd { binary: binary.clone(), child: None, dir, client_port, peer_port, certs };
+            let flags = flags.iter().map(ToString::to_string).collect();
+            let mut etcd = Etcd { binary: binary.clone(), child: None, dir, client_port, peer_port, certs, flags };
             match etcd.run().await {
                 Ok(()) => return etcd,
                 Err(e) => failures.push(e),
@@ -141,6 +150,7 @@ impl Etcd {
             log_level: "error",
             log: &self.dir.path().join("etcd.log"),
             certs: self.certs.as_ref(),
+            flags: &self.flags,
         })?;
         self.child = Some(child);
         self.wait_ready().await
@@ -196,6 +206,8 @@ pub(crate) struct Member<'a> {
     /// Where its stdout and stderr go (appended).
     pub log: &'a Path,
     pub certs: Option<&'a Certificates>,
+    /// More flags, last.
+    pub flags: &'a [String],
 }
 
 /// Spawns `member` (no fsync: tests measure kayra, not the disk).
@@ -232,6 +244,7 @@ pub(crate) fn spawn_member(member: &Member<'_>) -> Result<Child, String> {
             .arg(&certs.ca)
             .arg("--client-cert-auth");
     }
+    command.args(member.flags);
     command
         .stdin(Stdio::null())
         .stdout(log.try_clone().map_err(|e| format!("{}: {e}", member.log.display()))?)

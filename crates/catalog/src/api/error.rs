@@ -143,6 +143,11 @@ impl From<repo::Error> for ApiError {
                 tracing::error!(error = %e, "store unavailable");
                 Self::unavailable("the store is unavailable; retry later")
             }
+            repo::Error::Store(kayra_store::Error::Refused(_)) => {
+                // Out of space, say: the operator's to mend, not the client's.
+                tracing::error!(error = %e, "store refused a request");
+                Self::unavailable("the store refused the request; retry later")
+            }
             other => {
                 tracing::error!(error = %other, "request failed");
                 Self::internal()

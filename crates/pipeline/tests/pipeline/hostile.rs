@@ -1,7 +1,9 @@
 //! Hostile backends (platform §17): an output that would move the next
 //! step's request elsewhere fails that step before anything is sent,
-//! `pathescape` and `urlquery` keep such a value a value, and a secret a
-//! backend echoes back escaped is `<redacted>` like a plain one.
+//! `pathescape` and `urlquery` keep such a value a value, a secret a
+//! backend echoes back escaped is `<redacted>` like a plain one, and an
+//! output of any size either fails its step (over
+//! `reconciler.max_output_bytes`) or is recorded cut to 1 KiB.
 
 use std::sync::{Arc, Mutex, PoisonError};
 
@@ -383,4 +385,56 @@ async fn a_wait_failure_quoting_a_secret_is_redacted_in_the_run_error() {
     let err = report.result.expect_err("failed");
     assert_eq!(err.to_string(), r#"step 0: wait condition .status is "<redacted>", one of its failures"#);
     assert!(!format!("{err:?} {:?}", report.steps).contains("s3cr3t"));
+}
+
+/// Outputs of any size and content: over the limit, the step fails naming
+/// the output and its length and keeps no output; within it, the next
+/// step would get the value whole and the record shows it cut to 1 KiB
+/// with its length.
+#[test]
+fn any_output_fails_over_its_limit_or_is_recorded_cut() {
+    const CASES: u32 = 120;
+    const MAX: usize = 4096;
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+    let output = Arc::new(Mutex::new(String::new()));
+    let answer = output.clone();
+    let server = runtime.block_on(TestServer::start(move |_, _| {
+        ok(json!({"id": *answer.lock().unwrap_or_else(PoisonError::into_inner)}))
+    }));
+    let pipelines = compile("- {method: post, endpoint: \"BASE/api/v1/items\", outputs: {ID: .id}}", &server.base);
+    let settings = kayra_pipeline::PipelineSettings { max_output_bytes: MAX, ..SETTINGS };
+    let value = prop_oneof![
+        // Around the limit, in characters of one to four bytes.
+        (0usize..3000, any::<char>()).prop_map(|(n, c)| c.to_string().repeat(n)),
+        proptest::collection::vec(any::<char>(), 0..6000).prop_map(|cs| cs.into_iter().collect::<String>()),
+        "[\"\\\\/\\u{0}-\\u{1f}\\u{7f}-\\u{9f}a]{0,5000}",
+    ];
+    let config = Config { cases: CASES, failure_persistence: None, max_shrink_iters: 100, ..Config::default() };
+    let mut runner = TestRunner::new_with_rng(config, TestRng::from_seed(RngAlgorithm::ChaCha, &[0x0b; 32]));
+    let (over, within) = (std::cell::Cell::new(0), std::cell::Cell::new(0));
+    let result = runner.run(&value, |value| {
+        *output.lock().unwrap_or_else(PoisonError::into_inner) = value.clone();
+        let pipeline = pipelines.get("m").expect("mode m");
+        let report = runtime.block_on(pipeline.run(&http_client(), &ctx(), &settings, &RunControl::default()));
+        let step = &report.steps[0];
+        if value.len() > MAX {
+            over.set(over.get() + 1);
+            let expected =
+                format!("step 0: output ID is {} bytes, over reconciler.max_output_bytes ({MAX})", value.len());
+            prop_assert!(matches!(&report.result, Err(PipelineError::OutputTooLarge { .. })), "{:?}", report.result);
+            prop_assert_eq!(&step.error, &expected);
+            prop_assert!(step.outputs.is_empty());
+        } else {
+            within.set(within.get() + 1);
+            prop_assert!(report.result.is_ok(), "{:?}", report.result);
+            let shown = &step.outputs["ID"];
+            prop_assert_eq!(shown, &kayra_core::runs::shown(&value).into_owned());
+            prop_assert!(shown.len() <= 1024 + "…(4096 bytes)".len());
+        }
+        Ok(())
+    });
+    if let Err(failure) = result {
+        panic!("{failure}");
+    }
+    assert!(over.get() > 10 && within.get() > 10, "over {}, within {}", over.get(), within.get());
 }

@@ -132,8 +132,11 @@ pub async fn closed_port() -> String {
 
 // ---------------------------------------------------------------- helpers
 
-pub const SETTINGS: PipelineSettings =
-    PipelineSettings { async_ack_timeout: Duration::from_millis(200), wait_poll_interval: Duration::from_millis(20) };
+pub const SETTINGS: PipelineSettings = PipelineSettings {
+    async_ack_timeout: Duration::from_millis(200),
+    wait_poll_interval: Duration::from_millis(20),
+    max_output_bytes: kayra_config::DEFAULT_MAX_OUTPUT_BYTES,
+};
 
 pub fn ctx() -> SubscriptionContext {
     SubscriptionContext {

@@ -177,8 +177,10 @@ where
                     answers[*i] = Some(Err(unknown.clone()));
                 }
             }
-            Ok(_) => {
-                // Some compare failed: each alone, with its own branch.
+            // Some compare failed, or etcd refused the whole (too large,
+            // say) for what one of them carries: each alone, with its own
+            // branch or its own refusal.
+            Ok(_) | Err(Error::Refused(_)) => {
                 let each = futures::future::join_all(chunk.iter().map(|i| alone(txns[*i].clone()))).await;
                 for (i, answer) in chunk.iter().zip(each) {
                     answers[*i] = Some(answer);

@@ -275,7 +275,7 @@ impl Cluster {
                 }
                 Ok(Err(e)) => match Failure::of(&e) {
                     Some(failure) => (failure, e.to_string()),
-                    None => return Err(Error::Unavailable(e.to_string())),
+                    None => return Err(Error::Refused(e.to_string())),
                 },
                 Err(_) => (Failure::Timeout, format!("no answer within {budget:?}")),
             };

@@ -15,8 +15,13 @@ pub(super) fn get_in(conn: &Connection, key: &str) -> rusqlite::Result<Option<Ke
         .optional()
 }
 
+/// A disk that is full or a value too big for SQLite is refused, as etcd
+/// refuses them: sending the same write again does not help.
 pub(super) fn unavailable(e: rusqlite::Error) -> Error {
-    Error::Unavailable(format!("sqlite: {e}"))
+    match e.sqlite_error_code() {
+        Some(ErrorCode::DiskFull | ErrorCode::TooBig) => Error::Refused(format!("sqlite: {e}")),
+        _ => Error::Unavailable(format!("sqlite: {e}")),
+    }
 }
 
 pub(super) fn is_busy(e: &rusqlite::Error) -> bool {
