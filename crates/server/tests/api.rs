@@ -26,5 +26,5 @@ mod api {
     mod status;
     mod store_outage;
     mod subscriptions;
-    mod watch;
+    pub mod watch;
 }

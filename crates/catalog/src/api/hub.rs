@@ -25,13 +25,13 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::ops::Bound;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use kayra_store::reflector::{Change, Reflector};
 use kayra_store::{KeyValue, Revision, Store};
 use tokio::sync::broadcast;
-use tokio_util::sync::CancellationToken;
+use tokio_util::sync::{CancellationToken, DropGuard};
 
 use super::stream::{Rendered, WatchOptions};
 use crate::cache::subscribers::SubscriberIndex;
@@ -46,6 +46,8 @@ struct Inner {
     store: Store,
     options: WatchOptions,
     feeds: Mutex<HashMap<String, Arc<Feed>>>,
+    /// Feeds of one stream each ([`Hub::private_feed`]), while they live.
+    private: Mutex<Vec<Weak<Feed>>>,
     /// The `/status` reports' subscriber indexes, by subscriptions prefix.
     subscribers: Mutex<HashMap<String, SubscriberIndex>>,
     /// Open streams against their caps (§17).
@@ -105,6 +107,7 @@ impl Hub {
                 store,
                 options,
                 feeds: Mutex::new(HashMap::new()),
+                private: Mutex::new(Vec::new()),
                 subscribers: Mutex::new(HashMap::new()),
                 gate: Mutex::new(Gate {
                     by_user: HashMap::new(),
@@ -163,7 +166,8 @@ impl Hub {
         self.inner.feeds.lock().unwrap_or_else(|p| p.into_inner()).len()
     }
 
-    /// The feed of `prefix`, started on first use.
+    /// The feed of `prefix`, started on first use and shared by every
+    /// stream of that prefix until [`Hub::shutdown`].
     pub(crate) fn feed(&self, prefix: &str) -> Arc<Feed> {
         let mut feeds = self.inner.feeds.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(feed) = feeds.get(prefix) {
@@ -171,7 +175,28 @@ impl Hub {
         }
         let feed = Arc::new(Feed::new(self.inner.options.capacity));
         feeds.insert(prefix.to_string(), feed.clone());
-        let (events, stop) = (self.inner.store.watcher(prefix), self.inner.shutdown.clone());
+        self.start(prefix, &feed, self.inner.shutdown.clone());
+        feed
+    }
+
+    /// A feed of `prefix` for one stream, stopped (its store watch closed,
+    /// its records dropped) when the returned guard is: for prefixes of
+    /// which the process may see very many, each watched rarely and
+    /// briefly (one subscription's runs), where a shared feed kept for the
+    /// process's life would end up holding them all (§17).
+    pub(crate) fn private_feed(&self, prefix: &str) -> (Arc<Feed>, DropGuard) {
+        let feed = Arc::new(Feed::new(self.inner.options.capacity));
+        let stop = self.inner.shutdown.child_token();
+        self.start(prefix, &feed, stop.clone());
+        let mut private = self.inner.private.lock().unwrap_or_else(|p| p.into_inner());
+        private.retain(|feed| feed.strong_count() > 0);
+        private.push(Arc::downgrade(&feed));
+        (feed, stop.drop_guard())
+    }
+
+    /// Runs `feed`'s reflector over a watch of `prefix` until `stop`.
+    fn start(&self, prefix: &str, feed: &Feed, stop: CancellationToken) {
+        let events = self.inner.store.watcher(prefix);
         let reflector = feed.records.clone();
         tokio::spawn(async move {
             tokio::select! {
@@ -179,7 +204,14 @@ impl Hub {
                 () = reflector.run(events) => {}
             }
         });
-        feed
+    }
+
+    /// How many records this hub's feeds hold now, shared and private.
+    pub fn held_records(&self) -> usize {
+        let shared: usize =
+            self.inner.feeds.lock().unwrap_or_else(|p| p.into_inner()).values().map(|f| f.records.len()).sum();
+        let private = self.inner.private.lock().unwrap_or_else(|p| p.into_inner());
+        shared + private.iter().filter_map(Weak::upgrade).map(|f| f.records.len()).sum::<usize>()
     }
 }
 

@@ -88,6 +88,8 @@ enum View {
 #[derive(Debug, Clone)]
 struct Target {
     feed: String,
+    /// The feed is this stream's own ([`Hub::private_feed`]), not shared.
+    private: bool,
     range: KeyRange,
     view: View,
 }
@@ -106,25 +108,32 @@ impl Target {
         match kind {
             Watched::Namespaces => Target {
                 feed: layout.prefix(Collection::Namespaces),
+                private: false,
                 range: one(Collection::Namespaces, name("namespace").map(RecordRef::Namespace)),
                 view: View::Namespace,
             },
             // A status stream follows its registration's record too.
             Watched::Registrations | Watched::Status => Target {
                 feed: layout.prefix(Collection::Registrations),
+                private: false,
                 range: one(Collection::Registrations, name("name").map(RecordRef::Registration)),
                 view: View::Registration,
             },
             Watched::Subscriptions => Target {
                 feed: layout.prefix(Collection::Subscriptions),
+                private: false,
                 range: one(
                     Collection::NamespaceSubscriptions(&namespace),
                     name("api").map(|api| RecordRef::Subscription { namespace: &namespace, api }),
                 ),
                 view: View::Subscription { registrations: layout.prefix(Collection::Registrations) },
             },
+            // One subscription's runs, in a feed of their own (§17): a feed
+            // of every run record, kept for the process's life, would hold
+            // the whole deployment's for one console page.
             Watched::Runs => Target {
-                feed: layout.prefix(Collection::Runs),
+                feed: layout.prefix(Collection::SubscriptionRuns { namespace: &namespace, api: &p("api") }),
+                private: true,
                 range: KeyRange::Prefix(
                     layout.prefix(Collection::SubscriptionRuns { namespace: &namespace, api: &p("api") }),
                 ),
@@ -132,26 +141,31 @@ impl Target {
             },
             Watched::Users => Target {
                 feed: layout.prefix(Collection::Users),
+                private: false,
                 range: one(Collection::Users, name("name").map(RecordRef::User)),
                 view: View::User,
             },
             Watched::Tokens => Target {
                 feed: layout.prefix(Collection::Tokens),
+                private: false,
                 range: KeyRange::Prefix(layout.prefix(Collection::Tokens)),
                 view: View::Token { user: p("name"), id: params.get("id").cloned() },
             },
             Watched::Roles => Target {
                 feed: layout.prefix(Collection::Roles),
+                private: false,
                 range: one(Collection::Roles, name("name").map(RecordRef::Role)),
                 view: View::Role,
             },
             Watched::ClusterRoleBindings => Target {
                 feed: layout.prefix(Collection::ClusterRoleBindings),
+                private: false,
                 range: one(Collection::ClusterRoleBindings, name("name").map(RecordRef::ClusterRoleBinding)),
                 view: View::ClusterRoleBinding,
             },
             Watched::RoleBindings => Target {
                 feed: layout.prefix(Collection::RoleBindings),
+                private: false,
                 range: one(
                     Collection::NamespaceRoleBindings(&namespace),
                     name("name").map(|name| RecordRef::RoleBinding { namespace: &namespace, name }),
@@ -255,7 +269,12 @@ pub(crate) async fn open(
     let framing = if event_stream { Framing::Sse } else { Framing::Ndjson };
     let target = Target::new(kind, params, repo);
     let options = hub.options();
-    let primary = hub.feed(&target.feed);
+    let (primary, own) = if target.private {
+        let (feed, guard) = hub.private_feed(&target.feed);
+        (feed.clone(), Some((feed, guard)))
+    } else {
+        (hub.feed(&target.feed), None)
+    };
     let dependency = target.dependency().map(|prefix| hub.feed(prefix));
     for feed in std::iter::once(&primary).chain(dependency.as_ref()) {
         if !feed.wait_ready(options.ready_timeout).await {
@@ -285,6 +304,7 @@ pub(crate) async fn open(
         outbox: Outbox::new(framing, repo.clone(), watcher, options, hub.stopping()),
         closed: false,
         _permit: permit,
+        _own: own,
     };
     for record in present {
         let key = Arc::from(record.kv.key.as_str());
@@ -310,6 +330,8 @@ struct Stream {
     closed: bool,
     /// Its place under the stream caps, for as long as it is open.
     _permit: StreamPermit,
+    /// Its own feed, stopped with the stream.
+    _own: Option<(Arc<Feed>, tokio_util::sync::DropGuard)>,
 }
 
 /// One object a stream has sent: the record and its rendering.

@@ -37,6 +37,7 @@
 pub mod auth;
 mod keys;
 pub mod layout;
+pub mod runs;
 pub mod tenancy;
 
 pub use layout::{Collection, Layout, RecordRef};

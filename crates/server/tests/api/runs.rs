@@ -2,15 +2,19 @@
 //! one run by id, RBAC on `subscriptions/runs`, and 404s. The reconciler
 //! that writes runs is not running here: records are put into the store
 //! directly, under keys whose last segment deliberately does not sort like
-//! the ids, since that segment is the reconciler's choice.
+//! the ids, since that segment is the reconciler's choice. A page decodes
+//! only its own records, and a runs watch holds only its subscription's
+//! runs, in a feed that goes with the stream (§17).
 
 use kayra_catalog::repo::RecordRef;
 use kayra_core::{Run, RunResult};
 use reqwest::Method;
 use serde_json::{Value, json};
 
+use crate::api::watch::Events;
 use crate::both_backends;
 use crate::common::Server;
+use kayra_testkit::eventually;
 
 const API: &str = "compute.example.com";
 const RUNS: &str = "/namespaces/core/subscriptions/compute.example.com/runs";
@@ -82,6 +86,46 @@ both_backends! {
         let token = first["continue"].as_str().unwrap();
         server.get(&format!("/namespaces/web/subscriptions/{API}/runs?continue={token}")).await.error(400, &["continue"]);
         server.get(&format!("{RUNS}?continue=not-a-token!")).await.error(400, &["continue"]);
+    }
+
+    async fn a_page_decodes_only_its_own_runs(server: Server) {
+        setup(&server).await;
+        for n in 1..=3u64 {
+            put_run(&server, &run("core", n, RunResult::Success), n).await;
+        }
+        // An older record that no longer decodes as a run (its id still
+        // reads): a page that does not reach it never decodes it.
+        let key = server.repo.store_key_of(RecordRef::Run { namespace: "core", api: API, slot: 0 });
+        let damaged = json!({"id": run_id(0), "steps": "not a list"}).to_string().into_bytes();
+        server.repo.store().create(&key, damaged).await.unwrap();
+        let newest = server.get(&format!("{RUNS}?limit=1")).await.expect(200);
+        assert_eq!(ids(&newest), vec![run_id(3)]);
+        let page = server.get(&format!("{RUNS}?limit=3")).await.expect(200);
+        assert_eq!(ids(&page), vec![run_id(3), run_id(2), run_id(1)]);
+        let got = server.get(&format!("{RUNS}/{}", run_id(2))).await.expect(200);
+        assert_eq!(got["id"], run_id(2));
+    }
+
+    async fn a_runs_watch_holds_only_its_subscriptions_runs(server: Server) {
+        setup(&server).await;
+        put_run(&server, &run("core", 1, RunResult::Success), 0).await;
+        put_run(&server, &run("core", 2, RunResult::Error), 1).await;
+        // Many runs of other subscriptions.
+        server.namespace("web").await;
+        server.subscribe("web", API).await;
+        for slot in 0..300u64 {
+            put_run(&server, &run("web", 10 + slot, RunResult::Success), slot).await;
+        }
+        let before = server.hub.held_records();
+        let mut events = Events::open(&server, RUNS, &server.admin, false).await;
+        events.expect("ADDED", "id", &run_id(1)).await;
+        events.expect("ADDED", "id", &run_id(2)).await;
+        let held = server.hub.held_records() - before;
+        assert_eq!(held, 2, "the stream's feed holds its subscription's two runs, not the other 300");
+        put_run(&server, &run("core", 3, RunResult::Success), 2).await;
+        events.expect("ADDED", "id", &run_id(3)).await;
+        drop(events);
+        eventually("the stream's feed goes with it", || async { server.hub.held_records() == before }).await;
     }
 
     async fn one_run_by_id(server: Server) {
