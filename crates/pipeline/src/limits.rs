@@ -125,6 +125,76 @@ struct ModeState {
     /// An unlimited mode on etcd: when the fleet's backoff key was last
     /// read, and the deadline it held.
     fleet_backoff: Option<(Instant, Option<Instant>)>,
+    /// Whose turn it is to start (limited modes).
+    turns: Turns,
+}
+
+/// How long past the wait it was given a refused namespace's claim to the
+/// next start lasts: a job that does not come back (its subscription was
+/// deleted, it found nothing to do) stops holding the others back.
+const CLAIM_GRACE: Duration = Duration::from_secs(5);
+/// Past this many namespaces remembered, those that last started longer
+/// than [`FORGET_AFTER`] ago are forgotten (as if they never started,
+/// which only puts them first).
+const REMEMBERED: usize = 1024;
+const FORGET_AFTER: Duration = Duration::from_secs(600);
+
+/// Round-robin starts of one limited mode across namespaces (§17), in this
+/// process: a namespace refused a start waits its turn, and a namespace
+/// asking yields while another one waits that started less recently (or
+/// never). So while several namespaces wait, none gets a second start
+/// before each of the others got one, however often it asks, and one
+/// tenant re-syncing in a loop cannot keep another's first sync waiting.
+/// With several reconcilers each keeps its own turns: the fleet-wide limit
+/// is shared through the store, the order within each process.
+#[derive(Debug, Default)]
+struct Turns {
+    /// Namespaces refused a start and not started since, with when their
+    /// claim lapses.
+    waiting: HashMap<String, Instant>,
+    /// When each namespace last started.
+    last_start: HashMap<String, Instant>,
+    /// When the limit is next likely to let a start through (its last
+    /// refusal's wait).
+    next_free: Option<Instant>,
+}
+
+impl Turns {
+    /// How long `namespace` waits for another namespace's turn, if it must.
+    fn must_yield(&mut self, namespace: &str, now: Instant) -> Option<Duration> {
+        self.waiting.retain(|_, lapses| *lapses > now);
+        let mine = self.last_start.get(namespace);
+        let before_me = |other: &String| {
+            other != namespace
+                && match (self.last_start.get(other), mine) {
+                    (None, None) => false,
+                    (None, Some(_)) => true,
+                    (Some(theirs), Some(mine)) => theirs < mine,
+                    (Some(_), None) => false,
+                }
+        };
+        if !self.waiting.keys().any(before_me) {
+            return None;
+        }
+        self.waiting.entry(namespace.to_string()).or_insert(now + FULL_RETRY + CLAIM_GRACE);
+        // Back a little after the limit frees, so the namespace whose turn
+        // it is asks first.
+        let free = self.next_free.map_or(Duration::ZERO, |at| at.saturating_duration_since(now));
+        Some(free + FULL_RETRY)
+    }
+
+    fn refused(&mut self, namespace: &str, wait: Duration, now: Instant) {
+        self.waiting.insert(namespace.to_string(), now + wait + CLAIM_GRACE);
+        self.next_free = Some(now + wait);
+    }
+
+    fn started(&mut self, namespace: &str, now: Instant) {
+        self.waiting.remove(namespace);
+        if self.last_start.len() >= REMEMBERED {
+            self.last_start.retain(|_, at| now.saturating_duration_since(*at) < FORGET_AFTER);
+        }
+        self.last_start.insert(namespace.to_string(), now);
+    }
 }
 
 /// A running pipeline's share of its mode's limits; released on drop.
@@ -205,9 +275,37 @@ impl Limits {
         Self { inner: Arc::new(Inner { window, ..inner }) }
     }
 
-    /// A permit to start a pipeline of `mode` now, or how long to wait
-    /// before asking again. Never blocks on the limit itself.
-    pub async fn try_acquire(&self, mode: &str) -> Result<Result<LimitPermit, Duration>, kayra_store::Error> {
+    /// A permit to start a pipeline of `mode` for a subscription of
+    /// `namespace` now, or how long to wait before asking again. Never
+    /// blocks on the limit itself.
+    ///
+    /// A limited mode's starts go round-robin across namespaces (§17, see
+    /// [`Turns`]): while another namespace waits that started less
+    /// recently than `namespace` (or never), `namespace` waits too.
+    pub async fn try_acquire(
+        &self,
+        mode: &str,
+        namespace: &str,
+    ) -> Result<Result<LimitPermit, Duration>, kayra_store::Error> {
+        let inner = &self.inner;
+        if !inner.modes.contains_key(mode) {
+            return self.acquire(mode).await;
+        }
+        let now = Instant::now();
+        if let Some(wait) = inner.turns(mode, |turns| turns.must_yield(namespace, now)) {
+            return Ok(Err(wait));
+        }
+        let acquired = self.acquire(mode).await;
+        match &acquired {
+            Ok(Ok(_)) => inner.turns(mode, |turns| turns.started(namespace, now)),
+            Ok(Err(wait)) => inner.turns(mode, |turns| turns.refused(namespace, *wait, now)),
+            Err(_) => {}
+        }
+        acquired
+    }
+
+    /// [`Limits::try_acquire`] without the turns.
+    async fn acquire(&self, mode: &str) -> Result<Result<LimitPermit, Duration>, kayra_store::Error> {
         let inner = &self.inner;
         let now = Instant::now();
         if let Some(wait) = inner.local_backoff(mode, now) {
@@ -477,6 +575,12 @@ impl Inner {
             let live = keys.iter().filter(|key| slot_of_mode(key)).count();
             metrics::gauge!(GAUGE, "mode" => mode.clone()).set(live as f64);
         }
+    }
+
+    /// `f` on `mode`'s turns.
+    fn turns<R>(&self, mode: &str, f: impl FnOnce(&mut Turns) -> R) -> R {
+        let mut local = self.local.lock().unwrap_or_else(PoisonError::into_inner);
+        f(&mut local.entry(mode.to_string()).or_default().turns)
     }
 
     fn held(&self, mode: &str, change: impl FnOnce(&mut usize)) {

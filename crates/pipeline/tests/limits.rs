@@ -25,7 +25,7 @@ async fn local_store(dir: &std::path::Path) -> Store {
 }
 
 async fn granted(limits: &Limits, mode: &str) -> Option<kayra_pipeline::LimitPermit> {
-    limits.try_acquire(mode).await.expect("store").ok()
+    limits.try_acquire(mode, "core").await.expect("store").ok()
 }
 
 #[tokio::test]
@@ -38,7 +38,7 @@ async fn local_max_in_flight_is_a_semaphore_released_on_drop() {
     );
     let a = granted(&limits, "m").await.expect("first");
     let b = granted(&limits, "m").await.expect("second");
-    let wait = limits.try_acquire("m").await.unwrap().expect_err("third waits");
+    let wait = limits.try_acquire("m", "core").await.unwrap().expect_err("third waits");
     assert!(wait > Duration::ZERO && wait <= Duration::from_secs(1), "{wait:?}");
     drop(a);
     let c = granted(&limits, "m").await.expect("a slot came back");
@@ -69,7 +69,7 @@ async fn local_per_minute_counts_starts_in_the_window() {
     for _ in 0..3 {
         drop(granted(&limits, "m").await.expect("within the limit"));
     }
-    let wait = limits.try_acquire("m").await.unwrap().expect_err("a fourth start waits");
+    let wait = limits.try_acquire("m", "core").await.unwrap().expect_err("a fourth start waits");
     assert!(wait <= window, "{wait:?}");
     tokio::time::sleep(wait).await;
     assert!(granted(&limits, "m").await.is_some(), "the window moved on");
@@ -85,7 +85,7 @@ async fn local_backoff_holds_new_starts_of_that_mode() {
         Layout::new("dev", "local"),
     );
     limits.backoff("free", Duration::from_millis(500), CAUSE).await.unwrap();
-    let wait = limits.try_acquire("free").await.unwrap().expect_err("backing off");
+    let wait = limits.try_acquire("free", "core").await.unwrap().expect_err("backing off");
     assert!(wait <= Duration::from_millis(500));
     assert!(granted(&limits, "m").await.is_some(), "other modes go on");
     tokio::time::sleep(wait).await;
@@ -103,9 +103,9 @@ async fn local_backoff_is_capped_by_max_retry_after() {
     let started = Instant::now();
     limits.backoff("m", HUGE, CAUSE).await.unwrap();
     limits.backoff("default", HUGE, CAUSE).await.unwrap();
-    let wait = limits.try_acquire("m").await.unwrap().expect_err("held");
+    let wait = limits.try_acquire("m", "core").await.unwrap().expect_err("held");
     assert!(wait <= Duration::from_secs(1), "held past max_retry_after: {wait:?}");
-    let wait = limits.try_acquire("default").await.unwrap().expect_err("held");
+    let wait = limits.try_acquire("default", "core").await.unwrap().expect_err("held");
     assert!(wait <= Duration::from_secs(300), "held past the default 5m: {wait:?}");
     assert!(wait > Duration::from_secs(290), "{wait:?}");
     eventually("the capped hold passes", || async { granted(&limits, "m").await.is_some() }).await;
@@ -140,7 +140,7 @@ async fn etcd_max_in_flight_holds_across_processes_and_a_killed_one_frees_its_sl
                 store.clone(),
                 Layout::new("dev", "local"),
             );
-            let permit = limits.try_acquire("m").await.unwrap().expect("k gets a slot");
+            let permit = limits.try_acquire("m", "core").await.unwrap().expect("k gets a slot");
             std::mem::forget(permit);
             (store, limits)
         });
@@ -178,7 +178,7 @@ async fn etcd_per_minute_and_backoff_are_fleet_wide() {
     drop(granted(&a, "m").await.expect("1"));
     drop(granted(&b, "m").await.expect("2"));
     drop(granted(&a, "m").await.expect("3"));
-    let wait = b.try_acquire("m").await.unwrap().expect_err("a fourth start in the window waits");
+    let wait = b.try_acquire("m", "core").await.unwrap().expect_err("a fourth start in the window waits");
     assert!(wait <= Duration::from_secs(2), "{wait:?}");
     eventually("the window moves on", || async { granted(&b, "m").await.is_some() }).await;
     assert!(started.elapsed() >= Duration::from_secs(2), "no fourth start before the window: {:?}", started.elapsed());
@@ -187,8 +187,8 @@ async fn etcd_per_minute_and_backoff_are_fleet_wide() {
     a.backoff("m", Duration::from_secs(2), CAUSE).await.unwrap();
     a.backoff("free", Duration::from_secs(2), CAUSE).await.unwrap();
     let backoff_at = Instant::now();
-    assert!(b.try_acquire("m").await.unwrap().is_err());
-    assert!(b.try_acquire("free").await.unwrap().is_err());
+    assert!(b.try_acquire("m", "core").await.unwrap().is_err());
+    assert!(b.try_acquire("free", "core").await.unwrap().is_err());
     eventually("the backoff passes", || async { granted(&b, "free").await.is_some() }).await;
     assert!(backoff_at.elapsed() >= Duration::from_millis(1900), "{:?}", backoff_at.elapsed());
 }
@@ -218,11 +218,94 @@ async fn etcd_backoff_stores_the_capped_deadline() {
     let until = record("free").await;
     let default_cap = before + Duration::from_secs(300);
     assert!(until <= std::time::SystemTime::now() + Duration::from_secs(300) && until >= default_cap, "{until:?}");
-    let wait = b.try_acquire("m").await.unwrap().expect_err("b is held too");
+    let wait = b.try_acquire("m", "core").await.unwrap().expect_err("b is held too");
     assert!(wait <= Duration::from_secs(1), "{wait:?}");
     eventually("the capped hold passes for b", || async { granted(&b, "m").await.is_some() }).await;
     assert!(started.elapsed() >= Duration::from_millis(900), "{:?}", started.elapsed());
     assert!(started.elapsed() < Duration::from_secs(10), "{:?}", started.elapsed());
-    let wait = b.try_acquire("free").await.unwrap().expect_err("free is held by the default cap");
+    let wait = b.try_acquire("free", "core").await.unwrap().expect_err("free is held by the default cap");
     assert!(wait <= Duration::from_secs(300) && wait > Duration::from_secs(290), "{wait:?}");
+}
+
+/// Fair limits (§17): a mode's starts go round-robin across namespaces.
+/// Namespace `a` asks again and again; `b` asks once, is refused, and
+/// comes back when the limit says: `a` asking first at that moment is
+/// refused for `b`'s turn, and `b` gets the start.
+async fn starts_go_round_robin(limits: Limits, mode_yaml: &str) {
+    let per_minute = mode_yaml.contains("per_minute");
+    let first = granted_to(&limits, "a").await.expect("a's first start");
+    let wait = limits.try_acquire("m", "b").await.unwrap().expect_err("b waits for the limit");
+    // a keeps asking while b waits: never a second start before b's first.
+    for _ in 0..5 {
+        assert!(granted_to(&limits, "a").await.is_none(), "a started twice while b waited");
+    }
+    drop(first);
+    if per_minute {
+        tokio::time::sleep(wait).await;
+    }
+    // The limit frees; a asks first and still yields to b.
+    let yielded = limits.try_acquire("m", "a").await.unwrap().expect_err("a's turn comes after b's");
+    assert!(yielded < Duration::from_secs(5), "{yielded:?}");
+    let b = eventually_granted(&limits, "b").await;
+    // b started: now a's turn, and b would wait behind it.
+    drop(b);
+    let a = eventually_granted(&limits, "a").await;
+    drop(a);
+}
+
+async fn granted_to(limits: &Limits, namespace: &str) -> Option<kayra_pipeline::LimitPermit> {
+    limits.try_acquire("m", namespace).await.expect("store").ok()
+}
+
+/// Asks for `namespace` until granted, pausing as the limit says (the
+/// etcd slot released by a dropped permit is deleted asynchronously).
+async fn eventually_granted(limits: &Limits, namespace: &str) -> kayra_pipeline::LimitPermit {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        match limits.try_acquire("m", namespace).await.expect("store") {
+            Ok(permit) => return permit,
+            Err(wait) => {
+                assert!(Instant::now() < deadline, "{namespace} never got its start");
+                tokio::time::sleep(wait.min(Duration::from_millis(200))).await;
+            }
+        }
+    }
+}
+
+#[tokio::test]
+async fn local_starts_go_round_robin_across_namespaces() {
+    for yaml in ["    m: {max_in_flight: 1}\n", "    m: {per_minute: 1}\n"] {
+        let dir = tempfile::tempdir().unwrap();
+        let limits = Limits::new(&reconciler_config(yaml), local_store(dir.path()).await, Layout::new("dev", "local"))
+            .with_window(Duration::from_millis(500));
+        starts_go_round_robin(limits, yaml).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcd_starts_go_round_robin_across_namespaces() {
+    for yaml in ["    m: {max_in_flight: 1}\n", "    m: {per_minute: 1}\n"] {
+        let etcd = Etcd::start().await;
+        let (_store, limits) = etcd_limits(&etcd, yaml).await;
+        starts_go_round_robin(limits.with_window(Duration::from_secs(1)), yaml).await;
+    }
+}
+
+/// A namespace refused a start that never asks again (its subscription
+/// was deleted) holds the others back only briefly.
+#[tokio::test]
+async fn a_claim_not_taken_up_lapses() {
+    let dir = tempfile::tempdir().unwrap();
+    let limits = Limits::new(
+        &reconciler_config("    m: {max_in_flight: 1}\n"),
+        local_store(dir.path()).await,
+        Layout::new("dev", "local"),
+    );
+    let first = granted_to(&limits, "a").await.expect("a's first start");
+    limits.try_acquire("m", "gone").await.unwrap().expect_err("gone waits, then never asks again");
+    drop(first);
+    let started = Instant::now();
+    let again = eventually_granted(&limits, "a").await;
+    assert!(started.elapsed() < Duration::from_secs(10), "{:?}", started.elapsed());
+    drop(again);
 }

@@ -294,7 +294,7 @@ impl Worker {
             // §7 limits: never waited on here; a used-up limit sends the job
             // back to the queue (the immediate retry is a start too).
             let acquired = match self.config.resolve_mode(&reg.value.mode) {
-                Some(mode) => self.limits.try_acquire(mode).await.map(|got| got.map(Some)),
+                Some(mode) => self.limits.try_acquire(mode, namespace).await.map(|got| got.map(Some)),
                 None => Ok(Ok(None)),
             };
             if failures > 0 && !matches!(acquired, Ok(Ok(_))) {
