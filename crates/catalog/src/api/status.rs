@@ -26,8 +26,9 @@ use tokio::time::Instant;
 use utoipa::ToSchema;
 
 use super::error::{ApiError, ErrorBody};
-use super::extract::Path;
+use super::extract::{Path, Query};
 use super::hub::{Feed, FeedChange, Hub, KeyRange, StreamPermit};
+use super::list::{ListQuery, continue_token};
 use super::stream::{Framing, Kind, Outbox, WatchCheck, Watcher, frame, streaming};
 use super::{ApiState, long_name, registration_not_found};
 use crate::cache::subscribers::SubscriberIndex;
@@ -44,8 +45,13 @@ pub struct RegistrationStatus {
     pub sync_id: String,
     /// When `sync_id` last changed (RFC 3339 UTC, milliseconds).
     pub sync_id_updated_at: String,
-    /// Sorted by namespace.
+    /// Sorted by namespace; one page of them with `?limit=`.
     pub subscribers: Vec<Subscriber>,
+    /// Pass as `?continue=` for the next page of subscribers; absent when
+    /// none remain (so an unpaged report is the §4.2 document as it was).
+    /// The counts always cover every subscriber.
+    #[serde(rename = "continue", default, skip_serializing_if = "String::is_empty")]
+    pub continue_token: String,
     /// `synced + failed + pending`.
     pub total: usize,
     /// How many subscribers are synced.
@@ -81,23 +87,46 @@ impl RegistrationStatus {
             failed,
             pending: subscribers.len() - synced - failed,
             subscribers,
+            continue_token: String::new(),
         }
     }
 
-    /// The report of `registration` from the index as it is now.
-    fn of(registration: ApiRegistration, index: &SubscriberIndex) -> Self {
-        let subscribers: Vec<Subscriber> = index.subscribers(&registration.name, |entries| {
-            entries
-                .map(|(namespace, e)| Subscriber {
-                    namespace: namespace.to_string(),
-                    active: e.active,
-                    state: e.state,
-                    current_sync_id: e.current_sync_id.to_string(),
-                    synced: e.is_synced(&registration.sync_id),
-                })
-                .collect()
-        });
-        Self::new(registration, subscribers)
+    /// The report of `registration` from the index as it is now: the
+    /// counts kept current by the index, and the subscribers after
+    /// namespace `after` (from the first when empty), at most `limit` (0:
+    /// all) of them.
+    fn of(registration: ApiRegistration, index: &SubscriberIndex, after: &str, limit: usize) -> Self {
+        let sync_id = registration.sync_id.as_str();
+        let take = if limit == 0 { usize::MAX } else { limit.saturating_add(1) };
+        let (tally, mut subscribers): (_, Vec<Subscriber>) =
+            index.page(&registration.name, after, Some(sync_id), |entries| {
+                entries
+                    .take(take)
+                    .map(|(namespace, e)| Subscriber {
+                        namespace: namespace.to_string(),
+                        active: e.active,
+                        state: e.state,
+                        current_sync_id: e.current_sync_id.to_string(),
+                        synced: e.is_synced(sync_id),
+                    })
+                    .collect()
+            });
+        let mut next = None;
+        if limit > 0 && subscribers.len() > limit {
+            subscribers.truncate(limit);
+            next = subscribers.last().map(|last| format!("{}/{}", registration.name, last.namespace));
+        }
+        Self {
+            api: registration.name,
+            sync_id: registration.sync_id,
+            sync_id_updated_at: registration.sync_id_updated_at,
+            subscribers,
+            continue_token: continue_token(next.as_deref()),
+            total: tally.total,
+            synced: tally.synced,
+            failed: tally.failed,
+            pending: tally.pending,
+        }
     }
 }
 
@@ -119,13 +148,14 @@ async fn caught_up(index: &SubscriberIndex, repo: &Repository, revision: i64) ->
 /// With `?watch=true`: an `ADDED` event with this document, then a
 /// `MODIFIED` with the whole new document whenever it changes, at most
 /// every 250 ms; `DELETED` when the registration is deleted.
-#[utoipa::path(get, path = "/apiregistrations/{name}/status", tag = "apiregistrations", params(("name" = String, Path)),
+#[utoipa::path(get, path = "/apiregistrations/{name}/status", tag = "apiregistrations", params(("name" = String, Path), ListQuery),
     responses((status = 200, body = RegistrationStatus), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody),
         (status = 503, body = ErrorBody, description = "the subscriber index could not show it is current")))]
 pub(crate) async fn status(
     State(state): State<ApiState>,
     check: Option<Extension<WatchCheck>>,
     Path(name): Path<String>,
+    Query(query): Query<ListQuery>,
 ) -> Result<Response, ApiError> {
     long_name(&state, &name).await?;
     let index = index_of(&state.hub, &state.repo);
@@ -137,9 +167,12 @@ pub(crate) async fn status(
         // A stream's validation: it renders (and waits) itself.
         return Ok(StatusCode::OK.into_response());
     }
+    let scope = format!("{name}/");
+    let after = query.after(&scope)?.map(|key| key[scope.len()..].to_string()).unwrap_or_default();
     caught_up(&index, &state.repo, revision).await?;
-    // Encoded in one piece: ~1 MB for 10,000 subscribers.
-    let body = serde_json::to_vec(&RegistrationStatus::of(registration, &index)).map_err(|e| {
+    // Encoded in one piece: ~1 MB for 10,000 subscribers unpaged.
+    let report = RegistrationStatus::of(registration, &index, &after, query.limit());
+    let body = serde_json::to_vec(&report).map_err(|e| {
         tracing::error!(error = %e, "encode a status report");
         ApiError::internal()
     })?;
@@ -248,7 +281,7 @@ impl Stream {
             .get(&self.key)
             .and_then(|record| serde_json::from_slice::<ApiRegistration>(&record.kv.value).ok());
         let document = registration
-            .map(|r| RegistrationStatus::of(r, &self.index))
+            .map(|r| RegistrationStatus::of(r, &self.index, "", 0))
             .and_then(|status| serde_json::to_string(&status).ok());
         let framing = self.outbox.framing();
         let event = match (document, self.sent.take()) {

@@ -12,13 +12,19 @@
 //! rules apply unchanged. An entry keeps only what the report shows
 //! (~100 bytes with its key), so 100,000 subscriptions stay around 10 MiB.
 //!
+//! **Counts.** Each API's counts are kept current as changes apply
+//! ([`Counts`]): a report's `total`/`synced`/`failed`/`pending` never walk
+//! the subscribers, so a page of 500 costs the same at 100,000 subscribers
+//! as at 500 (§4.2 paging, §16).
+//!
 //! **Consistent reads.** A report is answered only once the index has
 //! reached the store revision read at the start of the request
 //! ([`SubscriberIndex::wait_for`]): what it shows is at least as new as the
 //! store when the request arrived, whichever process wrote it. An index
 //! that cannot show that within the request timeout fails closed (503).
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -51,6 +57,9 @@ impl Entry {
 #[derive(Clone)]
 pub struct SubscriberIndex {
     reflector: Reflector<Entry>,
+    /// Each API's counts, changed with the map under this lock: a reader
+    /// holding it sees counts and subscribers of the same moment.
+    counts: Arc<Mutex<HashMap<String, Counts>>>,
     /// Bumped after every change applied to the map: what the report's
     /// watch streams wait on.
     changes: Arc<watch::Sender<u64>>,
@@ -60,6 +69,62 @@ impl std::fmt::Debug for SubscriberIndex {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("SubscriberIndex").field("reflector", &self.reflector).finish()
     }
+}
+
+/// One API's subscribers counted by what the report needs, whatever the
+/// registration's SyncID: synced to X are the active ones at X; failed
+/// are those in `state: error` less the ones synced to X.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Counts {
+    total: usize,
+    errors: usize,
+    /// current_sync_id → (active, active in `state: error`).
+    active_at: HashMap<Box<str>, (usize, usize)>,
+}
+
+/// The §4.2 counts of one API at one SyncID.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Tally {
+    pub total: usize,
+    pub synced: usize,
+    pub failed: usize,
+    pub pending: usize,
+}
+
+impl Counts {
+    fn add(&mut self, entry: &Entry, sign: isize) {
+        let step = |n: &mut usize| *n = n.saturating_add_signed(sign);
+        step(&mut self.total);
+        let error = entry.state == SubscriptionState::Error;
+        if error {
+            step(&mut self.errors);
+        }
+        if entry.active {
+            let at = self.active_at.entry(entry.current_sync_id.clone()).or_default();
+            step(&mut at.0);
+            if error {
+                step(&mut at.1);
+            }
+            if *at == (0, 0) {
+                self.active_at.remove(&entry.current_sync_id);
+            }
+        }
+    }
+
+    /// The counts against `sync_id`.
+    pub fn tally(&self, sync_id: &str) -> Tally {
+        let (synced, synced_in_error) = self.active_at.get(sync_id).copied().unwrap_or_default();
+        let failed = self.errors - synced_in_error;
+        Tally { total: self.total, synced, failed, pending: self.total - synced - failed }
+    }
+}
+
+/// The API of an index key `API/NAMESPACE`; `None` for any other key.
+fn api_of(key: &str) -> Option<&str> {
+    if key.starts_with('/') {
+        return None;
+    }
+    key.split_once('/').map(|(api, _)| api)
 }
 
 /// `API/NAMESPACE` for a subscription key of `layout`'s deployment; any
@@ -80,7 +145,7 @@ impl SubscriberIndex {
     /// Starts indexing `events`, a watcher of the subscriptions of
     /// `layout`'s deployment, until `stop`.
     pub fn start(events: BoxStream<'static, WatcherEvent>, layout: &Layout, stop: CancellationToken) -> Self {
-        let index = Self { reflector: Reflector::new(decode), changes: Arc::new(watch::channel(0).0) };
+        let index = Self::new();
         let (writer, layout) = (index.clone(), layout.clone());
         tokio::spawn(async move {
             let mut events = events;
@@ -94,6 +159,10 @@ impl SubscriberIndex {
             }
         });
         index
+    }
+
+    fn new() -> Self {
+        Self { reflector: Reflector::new(decode), counts: Arc::default(), changes: Arc::new(watch::channel(0).0) }
     }
 
     /// Applies one watcher event (the writer side), then tells the streams.
@@ -112,7 +181,40 @@ impl SubscriberIndex {
         };
         // Only what can change a report wakes its streams.
         let wakes = !matches!(event, WatcherEvent::Progress { .. } | WatcherEvent::Init | WatcherEvent::InitApply(_));
-        self.reflector.apply(event);
+        let mut counts = self.counts.lock().unwrap_or_else(PoisonError::into_inner);
+        match &event {
+            WatcherEvent::Apply(KeyValue { key, .. }) | WatcherEvent::Delete { key, .. } => {
+                let before = self.reflector.get(key);
+                self.reflector.apply(event.clone());
+                let after = self.reflector.get(key);
+                if let Some(api) = api_of(key).filter(|_| before != after) {
+                    let api_counts = counts.entry(api.to_string()).or_default();
+                    if let Some(before) = &before {
+                        api_counts.add(before, -1);
+                    }
+                    if let Some(after) = &after {
+                        api_counts.add(after, 1);
+                    }
+                    if api_counts.total == 0 {
+                        counts.remove(api);
+                    }
+                }
+            }
+            WatcherEvent::InitDone { .. } => {
+                self.reflector.apply(event);
+                // A (re-)list replaced the map: count it afresh, once.
+                counts.clear();
+                self.reflector.read(|map| {
+                    for (key, entry) in map {
+                        if let Some(api) = api_of(key) {
+                            counts.entry(api.to_string()).or_default().add(entry, 1);
+                        }
+                    }
+                });
+            }
+            _ => self.reflector.apply(event),
+        }
+        drop(counts);
         if wakes {
             self.changes.send_modify(|n| *n = n.wrapping_add(1));
         }
@@ -142,13 +244,31 @@ impl SubscriberIndex {
     /// Calls `f` with `api`'s subscribers, (namespace, entry) sorted by
     /// namespace, under the read lock (keep `f` short).
     pub fn subscribers<R>(&self, api: &str, f: impl FnOnce(&mut dyn Iterator<Item = (&str, &Entry)>) -> R) -> R {
+        self.page(api, "", None, f).1
+    }
+
+    /// `api`'s counts against `sync_id`, and `f` over its subscribers after
+    /// namespace `after` (all when empty), sorted by namespace; `limit`
+    /// bounds nothing here (the caller takes what it wants), but the
+    /// counts and the range are read at the same moment.
+    pub fn page<R>(
+        &self,
+        api: &str,
+        after: &str,
+        sync_id: Option<&str>,
+        f: impl FnOnce(&mut dyn Iterator<Item = (&str, &Entry)>) -> R,
+    ) -> (Tally, R) {
+        let counts = self.counts.lock().unwrap_or_else(PoisonError::into_inner);
+        let tally = sync_id.map(|sync_id| counts.get(api).map(|c| c.tally(sync_id)).unwrap_or_default());
         let start = format!("{api}/");
-        self.reflector.read(|map| {
+        let from = if after.is_empty() { start.clone() } else { format!("{start}{after}\0") };
+        let result = self.reflector.read(|map| {
             let mut range = map
-                .range(start.clone()..)
+                .range(from..)
                 .map_while(|(key, entry)| key.strip_prefix(start.as_str()).map(|namespace| (namespace, entry)));
             f(&mut range)
-        })
+        });
+        (tally.unwrap_or_default(), result)
     }
 
     /// How many subscriptions the index holds.
@@ -184,7 +304,7 @@ mod tests {
     }
 
     fn index() -> SubscriberIndex {
-        SubscriberIndex { reflector: Reflector::new(decode), changes: Arc::new(watch::channel(0).0) }
+        SubscriberIndex::new()
     }
 
     fn of(index: &SubscriberIndex, api: &str) -> Vec<(String, bool)> {
@@ -244,5 +364,77 @@ mod tests {
         let waiting = tokio::spawn(async move { index.wait_for(4, Duration::from_secs(30)).await });
         writer.apply(&layout(), WatcherEvent::Progress { revision: 4 });
         waiting.await.unwrap().unwrap();
+    }
+
+    /// The kept counts equal a count of the map after any sequence of
+    /// writes, deletes and re-lists (seeded, bounded).
+    #[test]
+    fn counts_always_equal_a_recount() {
+        use std::collections::BTreeMap;
+        let l = layout();
+        let index = index();
+        let mut seed: u64 = 0x5eed;
+        let mut next = |n: u64| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed % n
+        };
+        let apis = ["a.example.com", "b.example.com"];
+        let syncs = ["", "s1", "s2"];
+        let mut revision = 1;
+        index.apply(&l, WatcherEvent::Init);
+        index.apply(&l, WatcherEvent::InitDone { revision });
+        for round in 0..3000 {
+            revision += 1;
+            let (ns, api) = (format!("t{}", next(40)), apis[next(2) as usize]);
+            match next(10) {
+                0 => {
+                    let key = l.key(RecordRef::Subscription { namespace: &ns, api });
+                    index.apply(&l, WatcherEvent::Delete { key, revision });
+                }
+                1 if round % 500 == 1 => {
+                    // A re-list of what is there now.
+                    let present: Vec<KeyValue> = index.reflector.read(|map| {
+                        map.iter()
+                            .filter_map(|(k, e)| {
+                                let (api, ns) = k.split_once('/')?;
+                                let mut v = kv(ns, api, e.active, &e.current_sync_id, revision);
+                                let mut s: Subscription = serde_json::from_slice(&v.value).unwrap();
+                                s.state = e.state;
+                                v.value = serde_json::to_vec(&s).unwrap();
+                                Some(v)
+                            })
+                            .collect()
+                    });
+                    index.apply(&l, WatcherEvent::Init);
+                    for v in present {
+                        index.apply(&l, WatcherEvent::InitApply(v));
+                    }
+                    index.apply(&l, WatcherEvent::InitDone { revision });
+                }
+                _ => {
+                    let mut v = kv(&ns, api, next(2) == 0, syncs[next(3) as usize], revision);
+                    let mut s: Subscription = serde_json::from_slice(&v.value).unwrap();
+                    s.state = if next(3) == 0 { SubscriptionState::Error } else { SubscriptionState::Success };
+                    v.value = serde_json::to_vec(&s).unwrap();
+                    index.apply(&l, WatcherEvent::Apply(v));
+                }
+            }
+            for api in apis {
+                for sync_id in syncs {
+                    let (kept, recount) = index.page(api, "", Some(sync_id), |entries| {
+                        let all: BTreeMap<String, Entry> = entries.map(|(n, e)| (n.to_string(), e.clone())).collect();
+                        let synced = all.values().filter(|e| e.is_synced(sync_id)).count();
+                        let failed = all
+                            .values()
+                            .filter(|e| !e.is_synced(sync_id) && e.state == SubscriptionState::Error)
+                            .count();
+                        Tally { total: all.len(), synced, failed, pending: all.len() - synced - failed }
+                    });
+                    assert_eq!(kept, recount, "round {round}, {api} at {sync_id:?}");
+                }
+            }
+        }
     }
 }

@@ -74,6 +74,61 @@ both_backends! {
         assert_eq!(counts(&server.get("/apiregistrations/storage.example.com/status").await.expect(200))[0], 1);
     }
 
+    async fn subscribers_page_while_the_counts_cover_all(server: Server) {
+        server.registration(API, json!({"sync_id": "s1"})).await;
+        let names = ["ns-a", "ns-b", "ns-c", "ns-d", "ns-e", "ns-f", "ns-g"];
+        subscribers(&server, &names).await;
+        for ns in ["ns-a", "ns-b", "ns-c"] {
+            succeed(&server, ns, "s1").await;
+        }
+        for ns in ["ns-d", "ns-e"] {
+            let seen = server.repo.get_subscription(ns, API).await.unwrap().unwrap();
+            crate::common::record_result(&server.repo, &seen, None).await;
+        }
+        let pages = |status: &Value| -> (Vec<String>, String) {
+            let names = status["subscribers"].as_array().unwrap().iter();
+            (names.map(|s| s["namespace"].as_str().unwrap().to_string()).collect(), status["continue"].as_str().unwrap_or_default().to_string())
+        };
+        let read_all = |limit: usize| {
+            let server = &server;
+            async move {
+                let (mut seen, mut token, mut all_counts) = (Vec::new(), String::new(), Vec::new());
+                loop {
+                    let status = server.get(&format!("{}?limit={limit}&continue={token}", status_path())).await.expect(200);
+                    let (names, next) = pages(&status);
+                    assert!(names.len() <= limit, "{status}");
+                    all_counts.push(counts(&status));
+                    seen.extend(names);
+                    token = next;
+                    if token.is_empty() {
+                        return (seen, all_counts);
+                    }
+                }
+            }
+        };
+        let (seen, every) = read_all(3).await;
+        assert_eq!(seen, names, "every subscriber once, sorted by namespace");
+        assert_eq!(every.len(), 3);
+        assert!(every.iter().all(|c| *c == [7, 3, 2, 2]), "every page counts them all: {every:?}");
+        // Unpaged: all of them, no continue.
+        let whole = server.get(&status_path()).await.expect(200);
+        assert_eq!(pages(&whole), (names.map(String::from).to_vec(), String::new()));
+        // A bump: nobody is synced to the new SyncID; the failed stay failed.
+        server.put(&format!("/apiregistrations/{API}"), json!({"sync_id": "s2"})).await.expect(200);
+        let status = server.get(&format!("{}?limit=1", status_path())).await.expect(200);
+        assert_eq!(counts(&status), [7, 0, 2, 5], "{status}");
+        succeed(&server, "ns-d", "s2").await;
+        succeed(&server, "ns-g", "s2").await;
+        assert_eq!(counts(&server.get(&format!("{}?limit=1", status_path())).await.expect(200)), [7, 2, 1, 4]);
+        server.delete(&format!("/namespaces/ns-g/subscriptions/{API}")).await.expect(204);
+        assert_eq!(counts(&server.get(&format!("{}?limit=2", status_path())).await.expect(200)), [6, 1, 1, 4]);
+        // A token belongs to its API's report.
+        let first = server.get(&format!("{}?limit=1", status_path())).await.expect(200);
+        let token = first["continue"].as_str().expect("more pages").to_string();
+        server.registration("storage.example.com", json!({})).await;
+        server.get(&format!("/apiregistrations/storage.example.com/status?continue={token}")).await.error(400, &["continue"]);
+    }
+
     async fn the_status_stream_follows_a_fan_out_in_coalesced_documents(server: Server) {
         server.registration(API, json!({"sync_id": "s1"})).await;
         let names: Vec<String> = (0..20).map(|i| format!("t{i:02}")).collect();
