@@ -406,4 +406,21 @@ name: alice
         let err = read_sources(&["/nonexistent/x.yaml".into()], &b""[..]).unwrap_err();
         assert!(err.starts_with("-f /nonexistent/x.yaml: "), "{err}");
     }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::test_runner::Config {
+            cases: 256,
+            rng_seed: proptest::test_runner::RngSeed::Fixed(15),
+            failure_persistence: None,
+            ..proptest::test_runner::Config::default()
+        })]
+
+        /// Any text, YAML-ish or JSON-ish: an answer, never a panic.
+        #[test]
+        fn any_text_is_checked_without_panicking(
+            text in "(kind: |name: |---\\n|- |\\{|\\[|&a |\\*a|<<: |[a-zA-Z0-9\"':,\\]\\} \\n\u{1b}])*"
+        ) {
+            let _ = check(&[source("p.yaml", &text)]);
+        }
+    }
 }

@@ -300,7 +300,7 @@ async fn hostile_documents_never_panic_and_never_write_when_invalid() {
     let kayra = Kayra::start().await;
     let mut runner = TestRunner::new(Config {
         cases: 24,
-        rng_seed: RngSeed::Fixed(0x6b61_7972_61),
+        rng_seed: RngSeed::Fixed(0x006b_6179_7261),
         failure_persistence: None,
         ..Config::default()
     });
