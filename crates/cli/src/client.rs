@@ -35,6 +35,10 @@ const MAX_ERROR_TEXT: usize = 1000;
 const MAX_BODY: usize = 64 << 20;
 /// A server that keeps answering `continue` is stopped after this many pages.
 const MAX_PAGES: usize = 10_000;
+/// The header carrying `--reason` (platform §13).
+pub const REASON_HEADER: &str = "x-kayra-reason";
+/// The longest `--reason`, in characters (platform §13).
+pub const MAX_REASON: usize = 1024;
 
 /// A successful answer's body.
 #[derive(Debug, Clone, PartialEq)]
@@ -53,6 +57,8 @@ pub struct Client {
     http: reqwest::Client,
     base: Url,
     authorization: HeaderValue,
+    /// `--reason`, sent with every request when given.
+    reason: Option<HeaderValue>,
     /// Only to redact it from what the server says.
     token: String,
 }
@@ -77,7 +83,17 @@ impl Client {
             .redirect(reqwest::redirect::Policy::none())
             .build()
             .map_err(|e| Error::Transport(format!("set up the HTTP client: {}", chain(&e))))?;
-        Ok(Client { http, base, authorization, token: token.to_string() })
+        Ok(Client { http, base, authorization, reason: None, token: token.to_string() })
+    }
+
+    /// Sends `reason` as `X-Kayra-Reason` with every request. Refused
+    /// before anything is sent: more than [`MAX_REASON`] characters, or a
+    /// control character (a line break would end the header; the reason is
+    /// shown to people reading the audit trail). An empty reason is none
+    /// (`KAYRA_REASON=` unsets it).
+    pub fn with_reason(mut self, reason: Option<&str>) -> Result<Client, Error> {
+        self.reason = reason.filter(|r| !r.is_empty()).map(reason_header).transpose()?;
+        Ok(self)
     }
 
     /// The server's base URL.
@@ -160,6 +176,9 @@ impl Client {
             .request(request.method.clone(), url)
             .header(header::AUTHORIZATION, self.authorization.clone())
             .header(header::ACCEPT, "application/json");
+        if let Some(reason) = &self.reason {
+            builder = builder.header(REASON_HEADER, reason.clone());
+        }
         if let Some(body) = &request.body {
             let bytes = serde_json::to_vec(body).map_err(|e| invalid(format!("encode the body: {e}")))?;
             builder = builder.header(header::CONTENT_TYPE, "application/json").body(bytes);
@@ -213,14 +232,15 @@ impl Client {
     pub async fn watch(&self, request: &Request) -> Result<reqwest::Response, Error> {
         let mut url = request.url(&self.base);
         url.query_pairs_mut().append_pair("watch", "true");
-        let response = self
+        let mut builder = self
             .http
             .get(url)
             .header(header::AUTHORIZATION, self.authorization.clone())
-            .header(header::ACCEPT, "application/x-ndjson")
-            .send()
-            .await
-            .map_err(|e| self.transport(&e))?;
+            .header(header::ACCEPT, "application/x-ndjson");
+        if let Some(reason) = &self.reason {
+            builder = builder.header(REASON_HEADER, reason.clone());
+        }
+        let response = builder.send().await.map_err(|e| self.transport(&e))?;
         let status = response.status();
         if status.is_success() {
             return Ok(response);
@@ -239,6 +259,19 @@ impl Client {
         // The causes may quote what the server sent (a malformed header).
         Error::Transport(format!("{what} {}: {}", self.base, escape_controls(&why)))
     }
+}
+
+/// Checks `--reason` / `KAYRA_REASON` and makes its header. UTF-8 beyond
+/// ASCII travels as its bytes (HTTP's `obs-text`), as any header value may.
+fn reason_header(reason: &str) -> Result<HeaderValue, Error> {
+    if reason.chars().count() > MAX_REASON {
+        return Err(invalid(format!("--reason is longer than {MAX_REASON} characters")));
+    }
+    if reason.chars().any(char::is_control) {
+        return Err(invalid("--reason must not contain control characters (line breaks, tabs, escapes)"));
+    }
+    HeaderValue::from_bytes(reason.as_bytes())
+        .map_err(|_| invalid("--reason contains characters an HTTP header cannot carry"))
 }
 
 /// Reads `--server`. A URL with user info is refused without being shown
@@ -377,6 +410,22 @@ mod tests {
         let client = Client::new("http://localhost:8080", Some("tok-123456")).unwrap();
         let echoed = Error::Api { status: 401, reason: "Unauthorized".into(), message: "bad token tok-123456".into() };
         assert_eq!(client.redacted(echoed).to_string(), "Error from server (Unauthorized): bad token <redacted>");
+    }
+
+    #[test]
+    fn reasons() {
+        let client = || Client::new("http://localhost:8080", Some("t")).unwrap();
+        assert!(client().with_reason(None).unwrap().reason.is_none());
+        assert!(client().with_reason(Some("")).unwrap().reason.is_none());
+        let ok = client().with_reason(Some("roll out v2 (TICKET-42), déploiement")).unwrap();
+        assert_eq!(ok.reason.unwrap().as_bytes(), "roll out v2 (TICKET-42), déploiement".as_bytes());
+        assert!(client().with_reason(Some(&"é".repeat(MAX_REASON))).is_ok());
+        for bad in ["line\nbreak", "tab\there", "esc\u{1b}[2J", "c1\u{9b}", &"x".repeat(MAX_REASON + 1)] {
+            let err = client().with_reason(Some(bad)).err().unwrap_or_else(|| panic!("{bad:?} accepted"));
+            assert_eq!(err.exit_code(), 1, "{err}");
+            assert!(err.to_string().contains("--reason"), "{err}");
+            assert!(!err.to_string().chars().any(char::is_control), "{err:?}");
+        }
     }
 
     #[test]

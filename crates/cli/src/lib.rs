@@ -11,6 +11,7 @@
 //!
 //! # Layout
 //! - [`args`]: the clap model, `--help` text, durations.
+//! - [`apply`]: `apply -f`, documents checked, then created or patched.
 //! - [`request`]: arguments → method, path, body (pure).
 //! - [`data`]: `-d` as JSON/YAML, `@FILE`, `@-`.
 //! - [`client`]: HTTP, error answers, paging, short-name resolution.
@@ -21,6 +22,7 @@
 //! - [`runs`]: the table of a subscription's runs.
 //! - [`error`]: the error type and its exit statuses.
 
+pub mod apply;
 pub mod args;
 pub mod client;
 pub mod data;
@@ -69,7 +71,13 @@ pub async fn run(cli: Cli) -> Result<(), Error> {
             execute(&global, Verb::Patch, &write.target, write.data.as_deref(), Follow::No).await
         }
         Command::Delete(target) => execute(&global, Verb::Delete, &target, None, Follow::No).await,
+        Command::Apply(args) => apply::run(&global, &args).await,
     }
+}
+
+/// The client of `--server`, `--token` and `--reason`; nothing is sent yet.
+pub(crate) fn client(global: &GlobalArgs) -> Result<Client, Error> {
+    Client::new(&global.server, global.token.as_deref())?.with_reason(global.reason.as_deref())
 }
 
 /// What happens after the request: nothing more, a watch, or `--wait`.
@@ -122,7 +130,7 @@ async fn execute(
     // A blocking read is fine here: nothing else runs yet on this runtime.
     let data = data.map(|spec| data::load(spec, std::io::stdin().lock())).transpose()?;
     let mut request = Request::build(verb, &target, data.clone())?;
-    let client = Client::new(&global.server, global.token.as_deref())?;
+    let client = client(global)?;
     if let Api::Short(_) = target.api {
         target.api = client.resolve(&target.api).await?;
         request = Request::build(verb, &target, data)?;

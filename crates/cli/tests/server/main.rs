@@ -8,6 +8,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod apply;
 mod errors;
 mod escape;
 mod fanout;
