@@ -103,14 +103,14 @@ impl Client {
 
     /// Sends one request and returns the answer's body.
     pub async fn send(&self, request: &Request) -> Result<Body, Error> {
-        self.send_with_query(request, None).await
+        self.send_with_query(request, &[]).await
     }
 
     /// Sends a GET, and when the answer is a list with a `continue` token,
     /// fetches the remaining pages too; the result is one list with every
     /// item and an empty `continue`.
     pub async fn get_all(&self, request: &Request) -> Result<Body, Error> {
-        let first = self.send_with_query(request, None).await?;
+        let first = self.send_with_query(request, &[]).await?;
         let Body::Json(mut list) = first else {
             return Ok(first);
         };
@@ -126,7 +126,7 @@ impl Client {
             if !seen.insert(token.clone()) {
                 return Err(Error::Transport("the server sent the same continue token twice".into()));
             }
-            let page = match self.send_with_query(request, Some(("continue", &token))).await? {
+            let page = match self.send_with_query(request, &[("continue", &token)]).await? {
                 Body::Json(page) if is_list(&page) => page,
                 _ => {
                     return Err(Error::Transport("a later page of the list was not a list".into()));
@@ -166,10 +166,11 @@ impl Client {
             })
     }
 
-    async fn send_with_query(&self, request: &Request, query: Option<(&str, &str)>) -> Result<Body, Error> {
+    /// [`Client::send`] with `query` added to the URL.
+    pub async fn send_with_query(&self, request: &Request, query: &[(&str, &str)]) -> Result<Body, Error> {
         let mut url = request.url(&self.base);
-        if let Some((key, value)) = query {
-            url.query_pairs_mut().append_pair(key, value);
+        if !query.is_empty() {
+            url.query_pairs_mut().extend_pairs(query);
         }
         let mut builder = self
             .http

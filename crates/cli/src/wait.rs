@@ -124,7 +124,8 @@ pub async fn run(client: &Client, name: &str, timeout: Duration) -> Result<(), E
     let mut counts: Option<Counts> = None;
     let deadline = Instant::now() + timeout;
     let (counts, status) = loop {
-        match client.send(&request).await {
+        // The counts only: one subscriber, not every one, per poll (§16).
+        match client.send_with_query(&request, &[("limit", "1")]).await {
             Ok(Body::Json(answer)) => {
                 let Some(now) = Counts::of(&answer) else {
                     return Err(invalid("the server's /status has no synced/failed/pending counts (too old?)"));
@@ -157,24 +158,43 @@ pub async fn run(client: &Client, name: &str, timeout: Duration) -> Result<(), E
     };
     display.finish(counts);
     if counts.failed > 0 {
-        return Err(failure(counts, &status));
+        let failed = failed_namespaces(client, &request).await?;
+        return Err(failure(counts, &status, &failed));
     }
     Ok(())
 }
 
+/// At most this many failed namespaces are named in the error.
+const NAMED_FAILURES: usize = 100;
+
+/// The failed subscribers' namespaces (at most [`NAMED_FAILURES`]), read a
+/// page of the report at a time.
+async fn failed_namespaces(client: &Client, request: &Request) -> Result<Vec<String>, Error> {
+    let mut failed = Vec::new();
+    let mut token = String::new();
+    loop {
+        let query = [("limit", "500"), ("continue", token.as_str())];
+        let Body::Json(page) = client.send_with_query(request, &query).await? else {
+            return Err(Error::Transport("the status answer is not JSON".into()));
+        };
+        let subscribers = page["subscribers"].as_array().into_iter().flatten();
+        let failing = subscribers.filter(|s| s["synced"] == false && s["state"] == "error");
+        failed.extend(failing.filter_map(|s| s["namespace"].as_str()).map(escape_controls));
+        token = page["continue"].as_str().unwrap_or_default().to_string();
+        if token.is_empty() || failed.len() >= NAMED_FAILURES {
+            failed.truncate(NAMED_FAILURES);
+            return Ok(failed);
+        }
+    }
+}
+
 /// The error of a fan-out in which `counts.failed` subscribers failed:
 /// which ones, and to which SyncID, as the server named them (escaped).
-fn failure(counts: Counts, status: &Value) -> Error {
-    let failed: Vec<String> = status["subscribers"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter(|s| s["synced"] == false && s["state"] == "error")
-        .filter_map(|s| s["namespace"].as_str())
-        .map(escape_controls)
-        .collect();
+fn failure(counts: Counts, status: &Value, failed: &[String]) -> Error {
+    let more = (counts.failed as usize).saturating_sub(failed.len());
+    let more = if more > 0 { format!(" and {more} more") } else { String::new() };
     invalid(format!(
-        "{} of {} subscribers failed to sync to {}: {}",
+        "{} of {} subscribers failed to sync to {}: {}{more}",
         counts.failed,
         counts.total,
         escape_controls(status["sync_id"].as_str().unwrap_or_default()),
@@ -205,14 +225,15 @@ mod tests {
 
     #[test]
     fn a_failure_names_what_failed_escaped() {
-        let status = serde_json::json!({"sync_id": "s\u{1b}]0;x\u{7}\u{9b}2J", "subscribers": [
-            {"namespace": "core\u{7f}\u{85}", "synced": false, "state": "error"},
-            {"namespace": "sre", "synced": true, "state": "success"},
-        ]});
+        let status = serde_json::json!({"sync_id": "s\u{1b}]0;x\u{7}\u{9b}2J"});
         let counts = Counts { total: 2, synced: 1, failed: 1, pending: 0 };
-        let text = failure(counts, &status).to_string();
+        let failed = [escape_controls("core\u{7f}\u{85}")];
+        let text = failure(counts, &status, &failed).to_string();
         assert!(!text.chars().any(char::is_control), "{text:?}");
         assert_eq!(text, "error: 1 of 2 subscribers failed to sync to s\\u{1b}]0;x\\u{7}\\u{9b}2J: core\\u{7f}\\u{85}");
+        let counts = Counts { total: 300, synced: 0, failed: 250, pending: 50 };
+        let text = failure(counts, &status, &failed).to_string();
+        assert!(text.ends_with("core\\u{7f}\\u{85} and 249 more"), "{text}");
     }
 
     #[test]
