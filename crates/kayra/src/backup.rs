@@ -297,7 +297,9 @@ fn check(value: Value, platform: &str, region: &str) -> anyhow::Result<Vec<Recor
             validation::validate_not_reserved(&v.name, &v.short_name).map_err(|e| field_error("name", e))?;
             validation::validate_sync_id(&v.sync_id).map_err(|e| field_error("sync_id", e))?;
             validation::validate_endpoint(&v.endpoint).map_err(|e| field_error("endpoint", e))?;
-            if v.platform != platform || v.region != region {
+            // Empty on a record written before registrations were stamped.
+            let stamped = |value: &str, ours: &str| value.is_empty() || value == ours;
+            if !stamped(&v.platform, platform) || !stamped(&v.region, region) {
                 return Err(field_error(
                     "status.platform",
                     format!(
@@ -518,5 +520,8 @@ mod tests {
             assert!(e.contains(want), "want {want:?} in {e:?}");
         }
         assert!(parse(&[0xff, 0xfe], "dev", "local").is_err());
+        // A registration written before registrations were stamped is this deployment's.
+        let unstamped = text.replace("  platform: dev", "  platform: ''").replace("  region: local", "  region: ''");
+        assert!(parse(unstamped.as_bytes(), "dev", "local").is_ok());
     }
 }
