@@ -260,9 +260,8 @@ fn check(value: Value, platform: &str, region: &str) -> anyhow::Result<Vec<Recor
         }
     }
     let name = |field: &str| fields.get(field).and_then(Value::as_str).unwrap_or_default().to_string();
-    let label = |field: &str, kind: &'static str| {
-        names::validate_label(kind, &name(field)).map_err(|e| field_error(field, e))
-    };
+    let label =
+        |field: &str, kind: &'static str| names::validate_label(kind, &name(field)).map_err(|e| field_error(field, e));
     Ok(match kind.as_str() {
         "Namespace" => {
             let v: Namespace = typed(fields)?;
@@ -282,7 +281,10 @@ fn check(value: Value, platform: &str, region: &str) -> anyhow::Result<Vec<Recor
             for (i, rule) in v.rules.iter().enumerate() {
                 for (field, list) in [("apis", &rule.apis), ("resources", &rule.resources), ("verbs", &rule.verbs)] {
                     if list.is_empty() || list.iter().any(String::is_empty) {
-                        return Err(field_error(&format!("rules[{i}].{field}"), "must be a non-empty list of non-empty entries"));
+                        return Err(field_error(
+                            &format!("rules[{i}].{field}"),
+                            "must be a non-empty list of non-empty entries",
+                        ));
                     }
                 }
             }
@@ -363,8 +365,9 @@ struct TokenEntry {
 }
 
 fn user_tokens(user: &str, tokens: Value) -> anyhow::Result<Vec<Record>> {
-    let entries: Vec<TokenEntry> = serde_path_to_error::deserialize(tokens)
-        .map_err(|e| field_error(&format!("status.tokens{}", e.path()).replace("tokens.[", "tokens["), e.into_inner()))?;
+    let entries: Vec<TokenEntry> = serde_path_to_error::deserialize(tokens).map_err(|e| {
+        field_error(&format!("status.tokens{}", e.path()).replace("tokens.[", "tokens["), e.into_inner())
+    })?;
     let mut records = Vec::new();
     for (i, entry) in entries.into_iter().enumerate() {
         let field = |f: &str| format!("status.tokens[{i}].{f}");

@@ -51,7 +51,9 @@ impl World {
     /// test backend.
     fn config(&self, name: &str, db: &Db<'_>, port: u16, admin: u16) -> PathBuf {
         let database = match db {
-            Db::Local(dir) => format!("  local:\n    path: {}\n    poll_interval: 20ms", dir.join("kayra.db").display()),
+            Db::Local(dir) => {
+                format!("  local:\n    path: {}\n    poll_interval: 20ms", dir.join("kayra.db").display())
+            }
             Db::Etcd(etcd) => format!(
                 "  etcd:\n    endpoints: [\"{}\"]\n    prefix: /kayra\n    lock_ttl: 2s\n    lock_retry_interval: 50ms",
                 etcd.endpoint()
@@ -83,7 +85,14 @@ reconciler:
         format!("http://127.0.0.1:{port}{BASE}{path}")
     }
 
-    async fn send(&self, method: reqwest::Method, port: u16, path: &str, token: &str, body: Option<Value>) -> (u16, Value) {
+    async fn send(
+        &self,
+        method: reqwest::Method,
+        port: u16,
+        path: &str,
+        token: &str,
+        body: Option<Value>,
+    ) -> (u16, Value) {
         let mut request = self.http.request(method, Self::url(port, path)).bearer_auth(token);
         if let Some(body) = body {
             request = request.json(&body);
@@ -141,8 +150,10 @@ reconciler:
         self.post(port, "/users/robot/tokens", json!({})).await;
         let rule = json!({"apis": [API], "resources": ["*"], "verbs": ["get", "list"]});
         self.post(port, "/roles", json!({"name": "reader", "rules": [rule]})).await;
-        self.post(port, "/clusterrolebindings", json!({"name": "alice-reader", "role": "reader", "user": "alice"})).await;
-        self.post(port, "/namespaces/core/rolebindings", json!({"name": "robot", "role": "reader", "user": "robot"})).await;
+        self.post(port, "/clusterrolebindings", json!({"name": "alice-reader", "role": "reader", "user": "alice"}))
+            .await;
+        self.post(port, "/namespaces/core/rolebindings", json!({"name": "robot", "role": "reader", "user": "robot"}))
+            .await;
         let registration = json!({"name": API, "short_name": "compute", "mode": "api", "sync_id": "s1",
             "endpoint": "http://127.0.0.1:9/backend", "description": "compute"});
         self.post(port, "/apiregistrations", registration).await;
@@ -162,8 +173,9 @@ reconciler:
         .await;
         // A force re-sync after the first sync, and a SyncID move: the
         // subscription state is more than a first sync.
-        let (status, _) =
-            self.send(reqwest::Method::PUT, port, &format!("/apiregistrations/{API}/sync"), TOKEN, Some(json!({}))).await;
+        let (status, _) = self
+            .send(reqwest::Method::PUT, port, &format!("/apiregistrations/{API}/sync"), TOKEN, Some(json!({})))
+            .await;
         assert_eq!(status, 200);
         eventually("synced again", || async {
             self.get(port, &format!("/apiregistrations/{API}/status"), TOKEN).await["synced"] == 2
@@ -337,9 +349,13 @@ async fn sample_export(world: &World) -> (tempfile::TempDir, Vec<u8>) {
     for ns in ["core", "edge"] {
         catalog.subscribe(ns).await;
     }
-    repo.create(kayra_catalog::repo::RecordRef::User("alice"), &kayra_core::User { name: "alice".into(), description: String::new() }, "user")
-        .await
-        .unwrap();
+    repo.create(
+        kayra_catalog::repo::RecordRef::User("alice"),
+        &kayra_core::User { name: "alice".into(), description: String::new() },
+        "user",
+    )
+    .await
+    .unwrap();
     repo.issue_token("alice").await.unwrap();
     let config = world.config("sample", &Db::Local(dir.path()), free_port(), free_port());
     let file = World::export(&config);

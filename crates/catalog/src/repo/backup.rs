@@ -94,7 +94,10 @@ struct Writes {
 
 impl Writes {
     fn keys(&self) -> impl Iterator<Item = (&str, &str)> {
-        self.puts.iter().map(|(k, _, what)| (k.as_str(), what.as_str())).chain(self.absent.iter().map(|(k, w)| (k.as_str(), w.as_str())))
+        self.puts
+            .iter()
+            .map(|(k, _, what)| (k.as_str(), what.as_str()))
+            .chain(self.absent.iter().map(|(k, w)| (k.as_str(), w.as_str())))
     }
     fn len(&self) -> usize {
         self.puts.len() + self.absent.len()
@@ -267,7 +270,9 @@ impl Repository {
                     Ok(()) => "nothing was imported".to_string(),
                     Err(e) => format!("the records imported before it could not all be removed again: {e}"),
                 };
-                return Err(Error::Conflict(format!("{what} was created in the target store during the import; {undone}")));
+                return Err(Error::Conflict(format!(
+                    "{what} was created in the target store during the import; {undone}"
+                )));
             }
             let keys = batch.iter().flat_map(|w| w.puts.iter().map(|(k, _, _)| k.clone())).collect();
             written.push((keys, resp.revision));
@@ -345,7 +350,8 @@ mod tests {
         repo.create_registration(&reg).await.unwrap();
         let plain = ApiRegistration { name: "plain.example.com".into(), ..reg.clone() };
         repo.create_registration(&ApiRegistration { short_name: String::new(), ..plain }).await.unwrap();
-        let binding = RoleBinding { name: "b".into(), namespace: "core".into(), role: "sysadmin".into(), user: "alice".into() };
+        let binding =
+            RoleBinding { name: "b".into(), namespace: "core".into(), role: "sysadmin".into(), user: "alice".into() };
         repo.create_role_binding(&binding).await.unwrap();
         repo.create_subscription("core", "compute.example.com").await.unwrap().unwrap();
     }
@@ -370,7 +376,8 @@ mod tests {
         seed(&source).await;
         let backup = source.export().await.unwrap();
         // Another registration already holds the short name.
-        let squatter = ApiRegistration { name: "other.example.com".into(), short_name: "compute".into(), ..Default::default() };
+        let squatter =
+            ApiRegistration { name: "other.example.com".into(), short_name: "compute".into(), ..Default::default() };
         target.create_registration(&squatter).await.unwrap();
         let before = (contents(&target).await, target.store().revision().await.unwrap());
         let e = target.import(&backup.records).await.unwrap_err();
