@@ -10,8 +10,10 @@
 //! - `dev`: `kayra dev`, which runs `serve` and `reconciler` as children.
 //! - `signal`: SIGTERM/SIGINT as a cancellation token.
 //! - `check`, `render`: `kayra check` and `kayra render` (platform §10).
+//! - `backup`: `kayra export` and `kayra import` (platform §15).
 
 mod admin;
+mod backup;
 mod check;
 mod dev;
 mod fds;
@@ -45,6 +47,10 @@ enum Command {
     Check(Common),
     /// Prints the requests a subscription's steps would send now, without sending them.
     Render(render::RenderArgs),
+    /// Writes every record of the configured store as YAML documents (a backup), without `kayra serve`.
+    Export(backup::ExportArgs),
+    /// Writes a `kayra export` file into a store that holds none of its records.
+    Import(backup::ImportArgs),
 }
 
 /// Flags every subcommand takes.
@@ -87,6 +93,8 @@ fn main() -> ExitCode {
             Command::Dev(common) => dev::run(common).await,
             Command::Check(common) => check::run(common).await,
             Command::Render(args) => render::run(args).await,
+            Command::Export(args) => backup::export(args).await,
+            Command::Import(args) => backup::import(args).await,
         }
     });
     match result {

@@ -299,10 +299,16 @@ impl Keyspace {
 
     /// Every key in `[start, end)` at one revision, read page by page.
     async fn snapshot(&self, start: &[u8], end: &[u8]) -> Result<(Vec<KeyValue>, Revision)> {
+        self.snapshot_at(start, end, None).await
+    }
+
+    /// Every key in `[start, end)` at revision `at` (the current one when
+    /// `None`), read page by page.
+    async fn snapshot_at(&self, start: &[u8], end: &[u8], at: Option<Revision>) -> Result<(Vec<KeyValue>, Revision)> {
         const PAGE: i64 = 1000;
         let mut items = Vec::new();
         let mut from = start.to_vec();
-        let mut at = None;
+        let mut at = at;
         loop {
             let mut options = GetOptions::new().with_range(end.to_vec()).with_limit(PAGE);
             if let Some(revision) = at {
@@ -505,6 +511,24 @@ impl Backend for EtcdStore {
     async fn snapshot(&self, prefix: &str) -> Result<(Vec<KeyValue>, Revision)> {
         let (start, end) = self.keys.range(prefix);
         self.keys.snapshot(&start, &end).await
+    }
+
+    /// The first prefix at the current revision, every other at that same
+    /// revision (etcd reads at a past revision until it is compacted).
+    async fn snapshot_many(&self, prefixes: &[String]) -> Result<(Vec<Vec<KeyValue>>, Revision)> {
+        let mut at = None;
+        let mut lists = Vec::with_capacity(prefixes.len());
+        for prefix in prefixes {
+            let (start, end) = self.keys.range(prefix);
+            let (items, revision) = self.keys.snapshot_at(&start, &end, at).await?;
+            at = Some(revision);
+            lists.push(items);
+        }
+        let revision = match at {
+            Some(revision) => revision,
+            None => self.revision().await?,
+        };
+        Ok((lists, revision))
     }
 
     async fn changes(&self, prefix: &str, from: Revision) -> Result<ChangeStream> {

@@ -184,6 +184,29 @@ pub trait Backend: Send + Sync + 'static {
     }
     /// Every key under `prefix` at one revision, read page by page.
     async fn snapshot(&self, prefix: &str) -> Result<(Vec<KeyValue>, Revision)>;
+    /// Every key under each of `prefixes`, all at ONE revision (one list
+    /// per prefix, in order). This default reads each prefix with
+    /// [`Backend::snapshot`] and accepts the result only when every read
+    /// answered the same revision (no write came between them), retrying
+    /// otherwise; the etcd and local backends override it with a true
+    /// single-revision read.
+    async fn snapshot_many(&self, prefixes: &[String]) -> Result<(Vec<Vec<KeyValue>>, Revision)> {
+        for _ in 0..SNAPSHOT_ATTEMPTS {
+            let mut lists = Vec::with_capacity(prefixes.len());
+            let mut revisions = std::collections::BTreeSet::new();
+            for prefix in prefixes {
+                let (items, revision) = self.snapshot(prefix).await?;
+                lists.push(items);
+                revisions.insert(revision);
+            }
+            match revisions.into_iter().collect::<Vec<_>>()[..] {
+                [] => return Ok((lists, self.revision().await?)),
+                [revision] => return Ok((lists, revision)),
+                _ => continue,
+            }
+        }
+        Err(Error::Unavailable("the store kept changing during a consistent read of several prefixes".into()))
+    }
     /// The raw change feed under `prefix` from `from` (inclusive), with
     /// progress at least every [`PROGRESS_INTERVAL`] while healthy.
     async fn changes(&self, prefix: &str, from: Revision) -> Result<ChangeStream>;
@@ -269,6 +292,9 @@ pub struct JobLock {
     /// (`Compare::Exists`: the key goes with the session's lease).
     pub store_key: String,
 }
+
+/// Attempts of the default [`Backend::snapshot_many`] before it gives up.
+const SNAPSHOT_ATTEMPTS: usize = 10;
 
 /// How often a healthy watcher reports [`WatcherEvent::Progress`] at the
 /// latest (etcd progress requests; the local store reports every poll).
@@ -430,6 +456,15 @@ impl Store {
     /// lists, resumes and re-lists by itself.
     pub async fn changes(&self, prefix: &str, from: Revision) -> Result<ChangeStream> {
         self.bounded("changes", self.backend.changes(prefix, from)).await
+    }
+    /// Every key under each of `prefixes` at one store revision (one list
+    /// per prefix, in order): a consistent read of several collections
+    /// (`kayra export`). Read page by page, so it is not bounded by the
+    /// request timeout as a whole; each backend call still fails with
+    /// `Unavailable` when the store is unreachable.
+    pub async fn snapshot_many(&self, prefixes: &[String]) -> Result<(Vec<Vec<KeyValue>>, Revision)> {
+        self.calls.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.backend.snapshot_many(prefixes).await
     }
     /// A never-ending list → watch → re-list stream of `prefix` (see
     /// [`WatcherEvent`]). It ends only when every handle on the store is gone.

@@ -72,7 +72,7 @@ use crate::{
 };
 
 use self::schema::{connect, file_identity};
-use self::sql::{get_in, is_busy, list_in, read_revision, retry_busy, snapshot_in, unavailable};
+use self::sql::{get_in, is_busy, list_in, read_revision, retry_busy, snapshot_in, snapshots_in, unavailable};
 use self::write::apply;
 
 /// How many change-log entries are kept for watchers.
@@ -334,6 +334,12 @@ impl Backend for LocalStore {
     async fn snapshot(&self, prefix: &str) -> Result<(Vec<KeyValue>, Revision)> {
         let prefix = prefix.to_string();
         self.read(move |conn| retry_busy(|| snapshot_in(conn, &prefix)).map_err(unavailable)).await
+    }
+
+    /// One read transaction over every prefix: one snapshot.
+    async fn snapshot_many(&self, prefixes: &[String]) -> Result<(Vec<Vec<KeyValue>>, Revision)> {
+        let prefixes = prefixes.to_vec();
+        self.read(move |conn| retry_busy(|| snapshots_in(conn, &prefixes)).map_err(unavailable)).await
     }
 
     async fn changes(&self, prefix: &str, from: Revision) -> Result<ChangeStream> {

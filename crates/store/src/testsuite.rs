@@ -45,6 +45,43 @@ pub async fn run_all(store: &Store) {
     grouped_txns_answer_as_if_alone(store).await;
     watcher_lists_then_watches_in_order(store).await;
     watcher_reports_progress(store).await;
+    snapshot_many_reads_one_revision(store).await;
+}
+
+/// `snapshot_many` reads every prefix at one revision: while a writer
+/// moves two keys under two prefixes together (one transaction each
+/// time), every snapshot sees them equal, and nothing newer than the
+/// revision it reports.
+pub async fn snapshot_many_reads_one_revision(store: &Store) {
+    let (a, b) = ("/conformance/snapshot_many/a/", "/conformance/snapshot_many/b/");
+    let put_both = move |n: u32| {
+        Txn::new()
+            .then(Op::Put { key: format!("{a}k"), value: n.to_string().into_bytes() })
+            .then(Op::Put { key: format!("{b}k"), value: n.to_string().into_bytes() })
+    };
+    store.txn(put_both(0)).await.expect("first write");
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writer = {
+        let (store, stop) = (store.clone(), stop.clone());
+        tokio::spawn(async move {
+            let mut n = 1;
+            while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                store.txn(put_both(n)).await.expect("write");
+                n += 1;
+            }
+        })
+    };
+    let prefixes = [a.to_string(), b.to_string(), "/conformance/snapshot_many/none/".to_string()];
+    for _ in 0..30 {
+        let (lists, revision) = store.snapshot_many(&prefixes).await.expect("snapshot_many");
+        assert_eq!(lists.len(), 3);
+        assert!(lists[2].is_empty());
+        let (in_a, in_b) = (&lists[0][0], &lists[1][0]);
+        assert_eq!(in_a.value, in_b.value, "both prefixes read at one revision ({revision})");
+        assert!(in_a.mod_revision <= revision && in_b.mod_revision <= revision);
+    }
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    writer.await.expect("writer");
 }
 
 /// A missing key reads as `None`, at the store's current revision.
@@ -770,6 +807,9 @@ impl<B: Backend> Backend for Switched<B> {
     }
     async fn snapshot(&self, prefix: &str) -> Result<(Vec<KeyValue>, Revision)> {
         self.inner.snapshot(prefix).await
+    }
+    async fn snapshot_many(&self, prefixes: &[String]) -> Result<(Vec<Vec<KeyValue>>, Revision)> {
+        self.inner.snapshot_many(prefixes).await
     }
     async fn changes(&self, prefix: &str, from: Revision) -> Result<ChangeStream> {
         let (on, epoch) = *self.on.borrow();

@@ -65,5 +65,6 @@ conformance!(
     grouped_txns_answer_as_if_alone,
     watcher_lists_then_watches_in_order,
     watcher_reports_progress,
+    snapshot_many_reads_one_revision,
     run_all,
 );

@@ -33,8 +33,11 @@
 //!   [`RecordRef`] and [`Collection`] are its typed face.
 //! - [`tenancy`]: namespaces, API registrations, subscriptions.
 //! - [`auth`]: users, tokens, roles, bindings.
+//! - [`backup`]: `kayra export`'s consistent read of every record and
+//!   `kayra import`'s conditional bulk create.
 
 pub mod auth;
+pub mod backup;
 mod keys;
 pub mod layout;
 pub mod runs;

@@ -125,20 +125,34 @@ pub(super) fn list_in(
 
 /// Every key under `prefix`, page by page inside one read transaction (one snapshot).
 pub(super) fn snapshot_in(conn: &mut Connection, prefix: &str) -> rusqlite::Result<(Vec<KeyValue>, Revision)> {
+    let (mut lists, revision) = snapshots_in(conn, std::slice::from_ref(&prefix.to_string()))?;
+    Ok((lists.pop().unwrap_or_default(), revision))
+}
+
+/// Every key under each of `prefixes`, page by page inside ONE read
+/// transaction (one snapshot for all of them).
+pub(super) fn snapshots_in(
+    conn: &mut Connection,
+    prefixes: &[String],
+) -> rusqlite::Result<(Vec<Vec<KeyValue>>, Revision)> {
     const PAGE: usize = 1000;
     let tx = conn.transaction()?;
     let (revision, _) = read_revision(&tx)?;
-    let mut items: Vec<KeyValue> = Vec::new();
-    loop {
-        let after = items.last().map(|kv| kv.key.as_bytes().to_vec());
-        let (page, more) = page_in(&tx, prefix, after.as_deref(), PAGE)?;
-        items.extend(page);
-        if !more {
-            break;
+    let mut lists = Vec::with_capacity(prefixes.len());
+    for prefix in prefixes {
+        let mut items: Vec<KeyValue> = Vec::new();
+        loop {
+            let after = items.last().map(|kv| kv.key.as_bytes().to_vec());
+            let (page, more) = page_in(&tx, prefix, after.as_deref(), PAGE)?;
+            items.extend(page);
+            if !more {
+                break;
+            }
         }
+        lists.push(items);
     }
     tx.finish()?;
-    Ok((items, revision))
+    Ok((lists, revision))
 }
 
 #[cfg(test)]
