@@ -10,12 +10,14 @@
 //! - `dev`: `kayra dev`, which runs `serve` and `reconciler` as children.
 //! - `signal`: SIGTERM/SIGINT as a cancellation token.
 //! - `check`, `render`: `kayra check` and `kayra render` (platform §10).
+//! - `notify`: `READY=1` to systemd once `/readyz` answers 200.
 
 mod admin;
 mod check;
 mod dev;
 mod fds;
 mod logging;
+mod notify;
 mod render;
 mod signal;
 
@@ -26,8 +28,11 @@ use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
 use kayra_config::{Config, Env, LogFormat};
 
+/// `--version`: the package version and the commit built (`build.rs`).
+const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (commit ", env!("KAYRA_COMMIT"), ")");
+
 #[derive(Parser)]
-#[command(name = "kayra", version, about = "kayra: a multi-tenant control plane for infrastructure APIs")]
+#[command(name = "kayra", version = VERSION, about = "kayra: a multi-tenant control plane for infrastructure APIs")]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -45,6 +50,11 @@ enum Command {
     Check(Common),
     /// Prints the requests a subscription's steps would send now, without sending them.
     Render(render::RenderArgs),
+    /// Prints a shell completion script (e.g. `kayra completion bash`).
+    Completion {
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
 }
 
 /// Flags every subcommand takes.
@@ -87,6 +97,11 @@ fn main() -> ExitCode {
             Command::Dev(common) => dev::run(common).await,
             Command::Check(common) => check::run(common).await,
             Command::Render(args) => render::run(args).await,
+            Command::Completion { shell } => {
+                let mut script = Vec::new();
+                clap_complete::generate(shell, &mut <Cli as clap::CommandFactory>::command(), "kayra", &mut script);
+                render::print(&String::from_utf8_lossy(&script))
+            }
         }
     });
     match result {
@@ -113,6 +128,7 @@ async fn serve(common: Common) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("listen on {}", config.server.listen))?;
     tracing::info!(listen = %listener.local_addr()?, platform = %config.platform, region = %config.region, "kayra serve listening");
+    tokio::spawn(notify::when_ready(listener.local_addr()?, config.server.tls.is_some()));
     let shutdown = signal::shutdown_token();
     kayra_server::run(config, store, listener, async move { shutdown.cancelled().await }).await
 }
@@ -136,6 +152,7 @@ async fn reconciler(common: Common) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("listen on {}", config.reconciler.listen))?;
     tracing::info!(listen = %listener.local_addr()?, platform = %config.platform, region = %config.region, "kayra reconciler started");
+    tokio::spawn(notify::when_ready(listener.local_addr()?, false));
     let admin = tokio::spawn(admin::serve(listener, store, reconciler.ready_flag(), cancel.clone()));
     let result = reconciler.run().await;
     cancel.cancel();
