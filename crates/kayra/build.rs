@@ -42,12 +42,10 @@ fn watch_git(dir: &Path) {
     let Some(head) = git(dir, &["rev-parse", "--git-path", "HEAD"]) else { return };
     let head = dir.join(head);
     let mut watched = vec![head.clone()];
-    if let Some(reference) =
-        std::fs::read_to_string(&head).ok().and_then(|h| h.strip_prefix("ref:").map(|r| r.trim().to_owned()))
-    {
-        if let Some(path) = git(dir, &["rev-parse", "--git-path", &reference]) {
-            watched.push(dir.join(path));
-        }
+    let reference =
+        std::fs::read_to_string(&head).ok().and_then(|h| h.strip_prefix("ref:").map(|r| r.trim().to_owned()));
+    if let Some(path) = reference.and_then(|r| git(dir, &["rev-parse", "--git-path", &r])) {
+        watched.push(dir.join(path));
     }
     if let Some(path) = git(dir, &["rev-parse", "--git-path", "packed-refs"]) {
         watched.push(dir.join(path));
