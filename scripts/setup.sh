@@ -3,8 +3,10 @@
 # protoc (etcd-client's build compiles etcd's .proto files), etcd (the
 # production store; the test suite starts private instances of it), and
 # chromium with chromedriver (the web console's browser tests drive them;
-# nothing is downloaded at test time), and cargo-machete (`scripts/test`
-# fails on a dependency a crate declares but does not use).
+# nothing is downloaded at test time), cargo-machete (`scripts/test`
+# fails on a dependency a crate declares but does not use), and cargo-deb
+# (`scripts/package` builds the Debian package with it; `scripts/test`
+# checks the package).
 # Idempotent: does nothing when all are present.
 set -euo pipefail
 
@@ -13,6 +15,8 @@ command -v protoc >/dev/null 2>&1 || missing+=(protobuf-compiler)
 command -v etcd >/dev/null 2>&1 || missing+=(etcd-server etcd-client)
 [ -x /usr/bin/chromium ] || missing+=(chromium)
 [ -x /usr/bin/chromedriver ] || missing+=(chromium-driver)
+# `scripts/check-package` verifies the units with it.
+command -v systemd-analyze >/dev/null 2>&1 || missing+=(systemd)
 if [ ${#missing[@]} -gt 0 ]; then
   echo "setup: installing ${missing[*]}" >&2
   SUDO=""
@@ -30,4 +34,11 @@ if ! command -v cargo-machete >/dev/null 2>&1; then
   exec 8>/tmp/kayra-cargo-install.lock
   flock 8
   command -v cargo-machete >/dev/null 2>&1 || cargo install --locked --quiet cargo-machete@0.9.2
+fi
+
+if ! command -v cargo-deb >/dev/null 2>&1; then
+  echo "setup: installing cargo-deb" >&2
+  exec 8>/tmp/kayra-cargo-install.lock
+  flock 8
+  command -v cargo-deb >/dev/null 2>&1 || cargo install --locked --quiet cargo-deb@3.8.0
 fi

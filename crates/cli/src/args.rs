@@ -61,9 +61,12 @@ Exit status:
   2  the server failed (5xx) or could not be reached
   3  --until-synced or --wait gave up after --timeout";
 
+/// `--version`: the package version and the commit built (`build.rs`).
+const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (commit ", env!("KAYRA_COMMIT"), ")");
+
 /// `kayra-cli`: the command-line client of kayra's catalog API and gateway.
 #[derive(Debug, Parser)]
-#[command(name = "kayra-cli", version, about, after_help = EXAMPLES)]
+#[command(name = "kayra-cli", version = VERSION, about, after_help = EXAMPLES)]
 #[command(propagate_version = true, subcommand_required = true, arg_required_else_help = true)]
 pub struct Cli {
     #[command(flatten)]

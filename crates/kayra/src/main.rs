@@ -11,6 +11,7 @@
 //! - `signal`: SIGTERM/SIGINT as a cancellation token.
 //! - `check`, `render`: `kayra check` and `kayra render` (platform §10).
 //! - `backup`: `kayra export` and `kayra import` (platform §15).
+//! - `notify`: `READY=1` to systemd once `/readyz` answers 200.
 
 mod admin;
 mod backup;
@@ -18,6 +19,7 @@ mod check;
 mod dev;
 mod fds;
 mod logging;
+mod notify;
 mod render;
 mod signal;
 
@@ -28,8 +30,11 @@ use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
 use kayra_config::{Config, Env, LogFormat};
 
+/// `--version`: the package version and the commit built (`build.rs`).
+const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (commit ", env!("KAYRA_COMMIT"), ")");
+
 #[derive(Parser)]
-#[command(name = "kayra", version, about = "kayra: a multi-tenant control plane for infrastructure APIs")]
+#[command(name = "kayra", version = VERSION, about = "kayra: a multi-tenant control plane for infrastructure APIs")]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -51,6 +56,11 @@ enum Command {
     Export(backup::ExportArgs),
     /// Writes a `kayra export` file into a store that holds none of its records.
     Import(backup::ImportArgs),
+    /// Prints a shell completion script (e.g. `kayra completion bash`).
+    Completion {
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
 }
 
 /// Flags every subcommand takes.
@@ -95,6 +105,11 @@ fn main() -> ExitCode {
             Command::Render(args) => render::run(args).await,
             Command::Export(args) => backup::export(args).await,
             Command::Import(args) => backup::import(args).await,
+            Command::Completion { shell } => {
+                let mut script = Vec::new();
+                clap_complete::generate(shell, &mut <Cli as clap::CommandFactory>::command(), "kayra", &mut script);
+                render::print(&String::from_utf8_lossy(&script))
+            }
         }
     });
     match result {
@@ -121,6 +136,7 @@ async fn serve(common: Common) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("listen on {}", config.server.listen))?;
     tracing::info!(listen = %listener.local_addr()?, platform = %config.platform, region = %config.region, "kayra serve listening");
+    tokio::spawn(notify::when_ready(listener.local_addr()?, config.server.tls.is_some()));
     let shutdown = signal::shutdown_token();
     kayra_server::run(config, store, listener, async move { shutdown.cancelled().await }).await
 }
@@ -144,6 +160,7 @@ async fn reconciler(common: Common) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("listen on {}", config.reconciler.listen))?;
     tracing::info!(listen = %listener.local_addr()?, platform = %config.platform, region = %config.region, "kayra reconciler started");
+    tokio::spawn(notify::when_ready(listener.local_addr()?, false));
     let admin = tokio::spawn(admin::serve(listener, store, reconciler.ready_flag(), cancel.clone()));
     let result = reconciler.run().await;
     cancel.cancel();
