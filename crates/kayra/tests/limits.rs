@@ -154,7 +154,7 @@ async fn answer(state: &BackendState, mut opened: watch::Receiver<bool>, uri: Ur
 
 /// Where the processes keep their state.
 enum Db {
-    Etcd(Etcd),
+    Etcd(Box<Etcd>),
     Local,
 }
 
@@ -170,7 +170,7 @@ impl World {
     async fn etcd() -> Self {
         let etcd = Etcd::start().await;
         let store = Store::open(&DatabaseConfig::etcd(etcd.config("/kayra"))).await.unwrap();
-        Self::with(Db::Etcd(etcd), tempfile::tempdir().unwrap(), store).await
+        Self::with(Db::Etcd(Box::new(etcd)), tempfile::tempdir().unwrap(), store).await
     }
 
     async fn local() -> Self {
