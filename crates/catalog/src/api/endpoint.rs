@@ -25,7 +25,6 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{MethodFilter, MethodRouter, on};
 use kayra_rbac::Verb;
 
-use super::ApiState;
 use super::authz::{Access, Caller, require_cluster_rbac};
 use super::error::ApiError;
 use super::extract::Query;
@@ -34,6 +33,7 @@ use super::list::ListQuery;
 use super::status;
 use super::stream::{Framing, WatchCheck, Watcher};
 use super::watch::{self, Watched};
+use super::{ApiState, audit};
 
 /// One method of one catalog route, as declared.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -116,10 +116,38 @@ async fn enforce(State(requirement): State<Requirement>, request: Request, next:
             require_cluster_rbac(&requirement.state.repo, &caller.user, resource, verb).await
         }
     };
-    match decided {
-        Ok(()) => next.run(request).await,
-        Err(e) => e.into_response(),
+    let Access::Cluster { resource, verb } = requirement.access else {
+        return next.run(request).await;
+    };
+    let change = audit::is_change(request.method());
+    if let Err(e) = decided {
+        audit::log_denied(Some(&caller.user), resource, verb.as_str(), e.status());
+        return e.into_response();
     }
+    if !change {
+        return next.run(request).await;
+    }
+    // A change: its audit context (who, what, why, from where) goes to the
+    // handler, whose write records it (§13); a refused change is a log line.
+    let (mut parts, body) = request.into_parts();
+    let params: Vec<(String, String)> = match RawPathParams::from_request_parts(&mut parts, &()).await {
+        Ok(raw) => raw.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+        Err(_) => Vec::new(),
+    };
+    match audit::context(&parts, &params, &caller, resource, verb, &requirement.state.audit) {
+        Ok(context) => {
+            parts.extensions.insert(context);
+        }
+        Err(e) => {
+            audit::log_denied(Some(&caller.user), resource, verb.as_str(), e.status());
+            return e.into_response();
+        }
+    }
+    let response = next.run(Request::from_parts(parts, body)).await;
+    if response.status().is_client_error() {
+        audit::log_denied(Some(&caller.user), resource, verb.as_str(), response.status());
+    }
+    response
 }
 
 /// Whether a GET asks for a watch stream: `watch=true` (or `1`); `false`,
