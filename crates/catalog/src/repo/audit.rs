@@ -49,7 +49,16 @@ impl AuditContext {
             verb: self.verb.clone(),
             resource: self.resource.clone(),
             namespace: self.namespace.clone(),
-            name: self.name.clone(),
+            // A create's path names no object: the created one's name
+            // (a subscription's `api`) is the record's.
+            name: match self.name.as_str() {
+                "" => ["name", "api"]
+                    .iter()
+                    .find_map(|field| after.get(field).and_then(Value::as_str))
+                    .unwrap_or_default()
+                    .to_string(),
+                name => name.to_string(),
+            },
             code: self.code,
             reason: self.reason.clone(),
             request_id: self.request_id.clone(),
