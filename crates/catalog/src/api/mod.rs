@@ -428,6 +428,15 @@ mod tests {
     }
 
     #[test]
+    fn every_resource_of_a_route_may_be_named_by_require_reason() {
+        for route in routes() {
+            if let Access::Cluster { resource, .. } = route.access {
+                assert!(kayra_core::audit::CATALOG_RESOURCES.contains(&resource), "{resource}");
+            }
+        }
+    }
+
+    #[test]
     fn verbs_follow_the_http_mapping_and_sync_is_patch() {
         for route in routes() {
             let Access::Cluster { resource, verb } = route.access else { continue };

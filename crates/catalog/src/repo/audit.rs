@@ -124,9 +124,20 @@ fn id_time(id: &uuid::Uuid) -> Option<SystemTime> {
     Some(UNIX_EPOCH + Duration::new(secs, nanos))
 }
 
-/// `value` as a record's `before`/`after` (our own plain structs always serialize).
+/// The largest object a record shows whole, in bytes of JSON: a record
+/// holds two, and must stay under the store's request limit (etcd's
+/// 1.5 MiB) whatever `server.max_body_bytes` lets an object grow to.
+pub const MAX_SHOWN_BYTES: usize = 256 * 1024;
+
+/// `value` as a record's `before`/`after` (our own plain structs always
+/// serialize). Past [`MAX_SHOWN_BYTES`] only its size is shown:
+/// `{"omitted_bytes": N}`.
 pub fn shown<T: serde::Serialize>(value: &T) -> Value {
-    serde_json::to_value(value).unwrap_or(Value::Null)
+    let json = serde_json::to_vec(value).unwrap_or_default();
+    if json.len() > MAX_SHOWN_BYTES {
+        return serde_json::json!({ "omitted_bytes": json.len() });
+    }
+    serde_json::from_slice(&json).unwrap_or(Value::Null)
 }
 
 fn format_time(time: SystemTime) -> String {
@@ -263,7 +274,75 @@ impl Repository {
 
 #[cfg(test)]
 mod tests {
+    use kayra_core::Namespace;
+
     use super::*;
+
+    async fn local_repo() -> (tempfile::TempDir, Repository) {
+        let dir = tempfile::tempdir().unwrap();
+        let config = kayra_config::DatabaseConfig::local(kayra_testkit::local_config(dir.path()));
+        let store = kayra_store::Store::open(&config).await.unwrap();
+        (dir, Repository::new(store, "dev", "local"))
+    }
+
+    async fn reasons(repo: &Repository) -> Vec<String> {
+        let page = repo.list_audit(&AuditFilter::default(), None, 0).await.unwrap();
+        page.items.into_iter().map(|r| r.reason).collect()
+    }
+
+    #[tokio::test]
+    async fn a_record_commits_with_its_change_and_only_with_it() {
+        let (_dir, repo) = local_repo().await;
+        let context = |reason: &str| AuditContext { user: "alice".into(), reason: reason.into(), ..Default::default() };
+        let ns = Namespace { name: "core".into(), ..Namespace::default() };
+        let audited = repo.audited(context("create"));
+        let revision =
+            audited.auditing(Value::Null, shown(&ns)).create(RecordRef::Namespace("core"), &ns, "ns").await.unwrap();
+        assert_eq!(reasons(&repo).await, ["create"]);
+
+        // A change whose compare fails leaves no record.
+        let audited = repo.audited(context("stale"));
+        let changed = Namespace { description: "d".into(), ..ns.clone() };
+        let e = audited
+            .auditing(shown(&ns), shown(&changed))
+            .update(RecordRef::Namespace("core"), &changed, revision + 99, "ns")
+            .await;
+        assert!(matches!(e, Err(crate::repo::Error::Conflict(_))), "{e:?}");
+        assert!(!audited.audit_unchanged(RecordRef::Namespace("core"), revision + 99, shown(&ns)).await.unwrap());
+        let e = audited.auditing(Value::Null, shown(&ns)).create(RecordRef::Namespace("core"), &ns, "ns").await;
+        assert!(matches!(e, Err(crate::repo::Error::Conflict(_))), "{e:?}");
+        assert_eq!(reasons(&repo).await, ["create"]);
+
+        // A handle without a context records nothing; one with a context
+        // records only what goes through `auditing`.
+        repo.auditing(shown(&ns), shown(&changed))
+            .update(RecordRef::Namespace("core"), &changed, revision, "ns")
+            .await
+            .unwrap();
+        assert_eq!(reasons(&repo).await, ["create"]);
+        let audited = repo.audited(context("delete"));
+        audited.delete_namespace("core").await.unwrap();
+        let page = repo.list_audit(&AuditFilter::default(), None, 0).await.unwrap();
+        assert_eq!(page.items.iter().map(|r| r.reason.as_str()).collect::<Vec<_>>(), ["delete", "create"]);
+        assert_eq!((page.items[0].before["description"].as_str(), &page.items[0].after), (Some("d"), &Value::Null));
+        assert_eq!(page.items[0].user, "alice");
+    }
+
+    #[tokio::test]
+    async fn pruning_removes_only_older_records_in_batches() {
+        let (_dir, repo) = local_repo().await;
+        let now = SystemTime::now();
+        for age in [10u64, 7200, 7300, 7400, 7500, 7600] {
+            let mut record = AuditContext::default().record(Value::Null, Value::Null);
+            record.id = id_at(now - Duration::from_secs(age));
+            record.reason = age.to_string();
+            let key = repo.layout.key(RecordRef::Audit(&order_key(&record.id).unwrap()));
+            repo.store.create(&key, encode(&record)).await.unwrap();
+        }
+        let deleted = repo.prune_audit(now - Duration::from_secs(3600), 2).await.unwrap();
+        assert_eq!((deleted, reasons(&repo).await), (5, vec!["10".to_string()]));
+        assert_eq!(repo.prune_audit(now - Duration::from_secs(3600), 2).await.unwrap(), 0);
+    }
 
     #[test]
     fn order_keys_sort_newest_first_and_bound_by_time() {

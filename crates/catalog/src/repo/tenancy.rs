@@ -429,11 +429,14 @@ impl Repository {
         let subscription = Subscription::new(namespace, api);
         let key = keys::subscription(p, r, namespace, api);
         // The audit record shows the new subscription as a GET would, with
-        // its registration's SyncID: read first, only when audited.
+        // its registration's SyncID: from the caches (`kayra serve`; no
+        // round trip, "" when they do not know it yet), else read.
         let handle = match self.audit_context() {
             Some(_) => {
-                let registration = self.get_registration(api).await?;
-                let sync_id = registration.map(|r| r.value.sync_id).unwrap_or_default();
+                let sync_id = match self.cache() {
+                    Some(cache) => cache.registration(api).map(|r| r.sync_id).unwrap_or_default(),
+                    None => self.get_registration(api).await?.map(|r| r.value.sync_id).unwrap_or_default(),
+                };
                 self.auditing(Value::Null, shown(&subscription.view(&sync_id)))
             }
             None => self.clone(),
@@ -477,7 +480,13 @@ impl Repository {
                         let before = shown(&current.value.view(read.sync_id()));
                         (Compare::ModRevision(key.clone(), current.revision), self.auditing(before, Value::Null))
                     }
-                    _ => (Compare::Exists(key.clone()), self.clone()),
+                    // Nothing to delete: the read says which 404.
+                    SubscriptionRead { namespace_exists: false, .. } => {
+                        return Err(Error::NotFound(format!("namespace {namespace:?}")));
+                    }
+                    SubscriptionRead { .. } => {
+                        return Err(Error::NotFound(format!("subscription of namespace {namespace:?} to {api:?}")));
+                    }
                 },
                 None => (Compare::Exists(key.clone()), self.clone()),
             };
