@@ -296,8 +296,8 @@ mod tests {
         let context = |reason: &str| AuditContext { user: "alice".into(), reason: reason.into(), ..Default::default() };
         let ns = Namespace { name: "core".into(), ..Namespace::default() };
         let audited = repo.audited(context("create"));
-        let revision =
-            audited.auditing(Value::Null, shown(&ns)).create(RecordRef::Namespace("core"), &ns, "ns").await.unwrap();
+        audited.auditing(Value::Null, shown(&ns)).create(RecordRef::Namespace("core"), &ns, "ns").await.unwrap();
+        let revision = repo.get::<Namespace>(RecordRef::Namespace("core")).await.unwrap().unwrap().revision;
         assert_eq!(reasons(&repo).await, ["create"]);
 
         // A change whose compare fails leaves no record.
