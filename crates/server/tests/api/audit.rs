@@ -56,13 +56,17 @@ async fn record_of(server: &Server, step: &str) -> Value {
     mine[0].clone()
 }
 
+/// A change, its status, and the record it must write: (method, path,
+/// body, status, resource, verb, namespace, name, before is null, after is null).
+type Step = (Method, String, Option<Value>, u16, &'static str, &'static str, &'static str, &'static str, bool, bool);
+
 both_backends! {
     async fn every_change_writes_exactly_one_record(server: Server) {
         let ns = "/namespaces/core";
         let reg = "/apiregistrations/compute.example.com";
         let sub = "/namespaces/core/subscriptions/compute.example.com";
         // (method, path, body, status, resource, verb, namespace, name, before is null, after is null)
-        let mut steps: Vec<(Method, String, Option<Value>, u16, &str, &str, &str, &str, bool, bool)> = vec![
+        let mut steps: Vec<Step> = vec![
             (Method::POST, "/namespaces".into(), Some(json!({"name": "core"})), 201, "namespaces", "create", "", "core", true, false),
             (Method::PUT, ns.into(), Some(json!({"description": "d1"})), 200, "namespaces", "update", "", "core", false, false),
             (Method::PATCH, ns.into(), Some(json!({"description": "d2"})), 200, "namespaces", "patch", "", "core", false, false),
@@ -111,7 +115,7 @@ both_backends! {
             assert!(!record["request_id"].as_str().unwrap().is_empty() && record["time"].as_str().unwrap().ends_with('Z'));
             // A GET of the object shows what the record's `after` shows.
             if !after_null && method != Method::POST {
-                let shown = server.get(&path.trim_end_matches("/sync").to_string()).await.expect(200);
+                let shown = server.get(path.trim_end_matches("/sync")).await.expect(200);
                 assert_eq!(record["after"], shown, "{step}");
             }
             let by_id = server.get(&format!("/audit/{}", record["id"].as_str().unwrap())).await.expect(200);
