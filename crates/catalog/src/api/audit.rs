@@ -20,12 +20,17 @@ use kayra_rbac::Verb;
 use serde::Deserialize;
 use utoipa::IntoParams;
 
+use axum::body::{Body, Bytes};
+
 use super::ApiState;
 use super::authz::Caller;
 use super::error::{ApiError, ErrorBody};
 use super::extract::{Path, Query};
+use super::hub::{Hub, StreamPermit};
 use super::list::{List, continue_token};
+use super::stream::{Framing, Kind, Outbox, Watcher, frame, streaming};
 use crate::repo::Collection;
+use crate::repo::Repository;
 use crate::repo::audit::{AuditContext, AuditFilter};
 
 /// The caller's address as `kayra serve` resolved it (the peer, or the
@@ -196,6 +201,73 @@ pub(crate) async fn list(
 pub(crate) async fn get(State(state): State<ApiState>, Path(id): Path<String>) -> Result<Json<AuditRecord>, ApiError> {
     let record = state.repo.get_audit(&id).await?;
     record.map(Json).ok_or_else(|| ApiError::not_found(format!("audit record {} not found", super::shown(&id))))
+}
+
+/// `GET /audit?watch=true`: the records made from now on that pass
+/// `filter`, each an `ADDED` event, from the store's change feed of the
+/// trail. No replay of existing records: the trail is unbounded, and a
+/// serve holds none of it in memory. The stream ends when the feed does
+/// (the client re-opens, and lists what it missed with `since`).
+pub(crate) async fn open(
+    hub: &Hub,
+    repo: &Repository,
+    filter: AuditFilter,
+    watcher: Watcher,
+    framing: Framing,
+    permit: StreamPermit,
+) -> Result<axum::response::Response, ApiError> {
+    let store = repo.store();
+    let revision = store.revision().await.map_err(crate::repo::Error::from)?;
+    let prefix = repo.layout().prefix(Collection::Audit);
+    let changes = store.changes(&prefix, revision + 1).await.map_err(crate::repo::Error::from)?;
+    let outbox = Outbox::new(framing, repo.clone(), watcher, hub.options(), hub.stopping());
+    let state = AuditStream { changes, outbox, filter, closed: false, _permit: permit };
+    let body = Body::from_stream(futures::stream::unfold(state, |mut s| async move {
+        let chunk = s.next_chunk().await?;
+        Some((Ok::<Bytes, std::convert::Infallible>(chunk), s))
+    }));
+    Ok(streaming(framing, body))
+}
+
+struct AuditStream {
+    changes: kayra_store::ChangeStream,
+    outbox: Outbox,
+    filter: AuditFilter,
+    closed: bool,
+    _permit: StreamPermit,
+}
+
+impl AuditStream {
+    async fn next_chunk(&mut self) -> Option<Bytes> {
+        use futures::StreamExt;
+        loop {
+            if let Some(chunk) = self.outbox.pop() {
+                return Some(chunk);
+            }
+            if self.closed {
+                return None;
+            }
+            tokio::select! {
+                alive = self.outbox.housekeeping() => if !alive { self.closed = true },
+                change = self.changes.next() => match change {
+                    Some(Ok(kayra_store::Change::Event(kayra_store::Event::Put(kv)))) => {
+                        match serde_json::from_slice::<AuditRecord>(&kv.value) {
+                            Ok(record) if self.filter.matches(&record) => {
+                                if let Ok(text) = serde_json::to_string(&record) {
+                                    self.outbox.push(frame(Kind::Added, &text, self.outbox.framing()));
+                                }
+                            }
+                            Ok(_) => {}
+                            Err(e) => tracing::warn!(key = %kv.key, error = %e, "unreadable audit record skipped"),
+                        }
+                    }
+                    // Deletes are the retention's; progress is no event.
+                    Some(Ok(_)) => {}
+                    Some(Err(_)) | None => self.closed = true,
+                },
+            }
+        }
+    }
 }
 
 /// The answer of a change route, as its log line of a refusal needs it.

@@ -208,9 +208,19 @@ async fn serve_watch(
     // `limit` and `continue` page a list; a stream has no pages, so a
     // collection's watch ignores them, but a malformed one is the same 400
     // as the list's (a GET of one object ignores them either way).
-    if verb == Verb::List {
+    if verb == Verb::List && kind != Watched::Audit {
         Query::<ListQuery>::from_request_parts(&mut parts, &()).await.map_err(IntoResponse::into_response)?;
     }
+    // The audit trail's filters apply to its stream.
+    let audit_query = match kind {
+        Watched::Audit => Some(
+            Query::<audit::AuditQuery>::from_request_parts(&mut parts, &())
+                .await
+                .map_err(IntoResponse::into_response)?
+                .0,
+        ),
+        _ => None,
+    };
     // The validation GET reads at most one item of a collection.
     if let Ok(uri) = format!("{}?limit=1", parts.uri.path()).parse::<Uri>() {
         parts.uri = uri;
@@ -227,6 +237,11 @@ async fn serve_watch(
         Watched::Status => {
             let framing = if event_stream { Framing::Sse } else { Framing::Ndjson };
             status::open(hub, repo, &params, watcher, framing, permit).await
+        }
+        Watched::Audit => {
+            let framing = if event_stream { Framing::Sse } else { Framing::Ndjson };
+            let filter = audit_query.unwrap_or_default().filter().map_err(IntoResponse::into_response)?;
+            audit::open(hub, repo, filter, watcher, framing, permit).await
         }
         kind => watch::open(hub, repo, kind, &params, watcher, event_stream, permit).await,
     };

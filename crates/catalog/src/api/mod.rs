@@ -268,7 +268,7 @@ fn declarations() -> Vec<(&'static str, Vec<Endpoint>)> {
                 Endpoint::delete(cluster("rolebindings", Delete), b::delete),
             ],
         ),
-        ("/audit", vec![Endpoint::get(cluster("audit", List), audit::list)]),
+        ("/audit", vec![Endpoint::get(cluster("audit", List), audit::list).watch(W::Audit)]),
         ("/audit/{id}", vec![Endpoint::get(cluster("audit", Get), audit::get)]),
     ]
 }

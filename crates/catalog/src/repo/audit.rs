@@ -81,7 +81,9 @@ pub struct AuditFilter {
 }
 
 impl AuditFilter {
-    fn matches(&self, record: &AuditRecord) -> bool {
+    /// Whether `record` passes the equality filters (`since` is a
+    /// listing's bound, not checked here).
+    pub fn matches(&self, record: &AuditRecord) -> bool {
         let field = |want: &str, have: &str| want.is_empty() || want == have;
         field(&self.user, &record.user)
             && field(&self.resource, &record.resource)

@@ -263,6 +263,33 @@ both_backends! {
         assert!(records.iter().any(|r| r["name"] == "fresh"), "{records:#?}");
     }
 
+    async fn a_watch_streams_the_records_made_from_now_on(server: Server) {
+        server.registration("compute.example.com", json!({})).await;
+        let reader = server.user_with_rules("reader", json!([{"resources": ["audit"], "verbs": ["get", "list"]}])).await;
+        server.call(Method::GET, "/audit?watch=true", Some(&reader), None).await.expect(403);
+        server.get("/audit?watch=true&verb=patch").await.expect(400);
+        let mut stream = server
+            .client
+            .get(server.url("/audit?watch=true&resource=apiregistrations/sync"))
+            .bearer_auth(&server.admin)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(stream.status().as_u16(), 200);
+        assert_eq!(stream.headers()["content-type"], "application/x-ndjson");
+        // Filtered out, then the one it shows.
+        server.namespace("core").await;
+        send(&server, Method::PUT, "/apiregistrations/compute.example.com/sync", Some(json!({})), &[("x-kayra-reason", b"watched")]).await.expect(200);
+        let mut text = String::new();
+        while !text.contains('\n') {
+            let chunk = tokio::time::timeout(Duration::from_secs(30), stream.chunk()).await.expect("an event in time");
+            text.push_str(&String::from_utf8_lossy(&chunk.unwrap().expect("the stream stays open")));
+        }
+        let event: Value = serde_json::from_str(text.lines().next().unwrap()).unwrap();
+        assert_eq!((&event["type"], &event["object"]["reason"], &event["object"]["resource"]), (&json!("ADDED"), &json!("watched"), &json!("apiregistrations/sync")));
+        assert_eq!(event["object"], server.get(&format!("/audit/{}", event["object"]["id"].as_str().unwrap())).await.expect(200));
+    }
+
     async fn sources_believe_forwarded_for_only_from_trusted_proxies(server: Server) {
         let forwarded: &[(&str, &[u8])] = &[("x-forwarded-for", b"198.51.100.1, 203.0.113.7"), ("x-kayra-reason", b"plain")];
         send(&server, Method::POST, "/namespaces", Some(json!({"name": "a"})), forwarded).await.expect(201);
