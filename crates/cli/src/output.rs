@@ -41,6 +41,16 @@ const SUBSCRIPTION_COLUMNS: &[(&str, &str)] = &[
 ];
 const REGISTRATION_COLUMNS: &[(&str, &str)] =
     &[("NAME", "name"), ("SHORT", "short_name"), ("MODE", "mode"), ("SYNC ID", "sync_id")];
+/// The audit trail (platform §13), newest first as the server sends it.
+const AUDIT_COLUMNS: &[(&str, &str)] = &[
+    ("TIME", "time"),
+    ("USER", "user"),
+    ("VERB", "verb"),
+    ("RESOURCE", "resource"),
+    ("NAMESPACE", "namespace"),
+    ("NAME", "name"),
+    ("REASON", "reason"),
+];
 const NAMESPACE_COLUMNS: &[(&str, &str)] = &[("NAME", "name"), ("ACTIVE", "active"), ("DESCRIPTION", "description")];
 const SUBSCRIBER_COLUMNS: &[(&str, &str)] = &[
     ("NAMESPACE", "namespace"),
@@ -80,6 +90,7 @@ pub fn table(value: &Value, view: View) -> String {
         View::Subscriptions => SUBSCRIPTION_COLUMNS,
         View::Registrations => REGISTRATION_COLUMNS,
         View::Namespaces => NAMESPACE_COLUMNS,
+        View::Audit => AUDIT_COLUMNS,
         View::RegistrationStatus if value.get("subscribers").is_some_and(Value::is_array) => {
             return status_table(value);
         }

@@ -37,7 +37,8 @@ pub const SUBRESOURCES: [&str; 4] = ["sync", "status", "tokens", "runs"];
 /// Catalog resources that live under `/namespaces/NS/`.
 const NAMESPACED: [&str; 2] = ["subscriptions", "rolebindings"];
 /// Catalog resources that are cluster-scoped (refuse `-n`).
-const CLUSTER_SCOPED: [&str; 6] = ["namespaces", "apiregistrations", "users", "roles", "clusterrolebindings", "whoami"];
+const CLUSTER_SCOPED: [&str; 7] =
+    ["namespaces", "apiregistrations", "users", "roles", "clusterrolebindings", "whoami", "audit"];
 
 /// The API argument.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -164,6 +165,8 @@ pub enum View {
     Namespaces,
     /// A subscription's runs (`subscriptions API/runs`).
     Runs,
+    /// The audit trail (`audit`).
+    Audit,
     Generic,
 }
 
@@ -221,6 +224,7 @@ impl Target {
             ("apiregistrations", Some("status")) => View::RegistrationStatus,
             ("subscriptions", Some("runs")) => View::Runs,
             ("namespaces", None) => View::Namespaces,
+            ("audit", None) => View::Audit,
             _ => View::Generic,
         }
     }

@@ -9,8 +9,10 @@
 //! - this file: the typed tree, [`Config::load`], overrides, validation.
 //! - [`step`]: the reconciler's HTTP step types (`reconciler.mode.<mode>`).
 //! - [`duration`]: the string-duration wrapper.
+//! - [`net`]: CIDRs (`server.trusted_proxies`).
 
 pub mod duration;
+pub mod net;
 pub mod step;
 
 use std::collections::BTreeMap;
@@ -20,6 +22,7 @@ use serde::Deserialize;
 use thiserror::Error;
 
 pub use duration::Duration;
+pub use net::Cidr;
 pub use step::{HeaderValue, MAX_STEP_TIMEOUT, Step, TypedHeader, WaitCondition};
 
 /// Default for `reconciler.max_concurrent_reconciles`
@@ -65,6 +68,7 @@ pub struct Config {
     pub auth: AuthConfig,
     pub logging: LoggingConfig,
     pub reconciler: ReconcilerConfig,
+    pub audit: AuditConfig,
 }
 
 impl Default for Config {
@@ -77,7 +81,30 @@ impl Default for Config {
             auth: AuthConfig::default(),
             logging: LoggingConfig::default(),
             reconciler: ReconcilerConfig::default(),
+            audit: AuditConfig::default(),
         }
+    }
+}
+
+/// Default for `audit.retention`.
+pub const DEFAULT_AUDIT_RETENTION: std::time::Duration = std::time::Duration::from_secs(30 * 86_400);
+/// Bounds of `audit.retention`.
+pub const AUDIT_RETENTION_RANGE: (std::time::Duration, std::time::Duration) =
+    (std::time::Duration::from_secs(3600), std::time::Duration::from_secs(3650 * 86_400));
+
+/// The audit trail (platform §13).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AuditConfig {
+    /// Changes to these RBAC resources are refused without `X-Kayra-Reason`.
+    pub require_reason: Vec<String>,
+    /// Older records are removed by any `kayra serve` (1h to 3650d).
+    pub retention: Duration,
+}
+
+impl Default for AuditConfig {
+    fn default() -> Self {
+        Self { require_reason: Vec::new(), retention: Duration(DEFAULT_AUDIT_RETENTION) }
     }
 }
 
@@ -95,6 +122,8 @@ pub struct ServerConfig {
     pub max_streams_per_user: usize,
     /// Open watch streams in all (§17); past it 503.
     pub max_streams: usize,
+    /// Peers whose `X-Forwarded-For` is believed (CIDRs; default none).
+    pub trusted_proxies: Vec<Cidr>,
 }
 
 impl Default for ServerConfig {
@@ -107,6 +136,7 @@ impl Default for ServerConfig {
             tls: None,
             max_streams_per_user: 100,
             max_streams: 10_000,
+            trusted_proxies: Vec::new(),
         }
     }
 }
@@ -482,6 +512,21 @@ impl Config {
         if self.server.max_streams == 0 {
             return Err(invalid("server.max_streams", "must be greater than zero"));
         }
+        let (shortest, longest) = AUDIT_RETENTION_RANGE;
+        if !(shortest..=longest).contains(&self.audit.retention.0) {
+            return Err(invalid("audit.retention", "must be between 1h and 3650d"));
+        }
+        for (i, resource) in self.audit.require_reason.iter().enumerate() {
+            if !kayra_core::audit::CATALOG_RESOURCES.contains(&resource.as_str()) {
+                return Err(Error::Invalid {
+                    key: format!("audit.require_reason[{i}]"),
+                    message: format!(
+                        "{resource:?} is not an RBAC resource of the catalog API; known: {}",
+                        kayra_core::audit::CATALOG_RESOURCES.join(", ")
+                    ),
+                });
+            }
+        }
         if !(1..=MAX_CONCURRENT_RECONCILES_LIMIT).contains(&self.reconciler.max_concurrent_reconciles) {
             return Err(Error::Invalid {
                 key: "reconciler.max_concurrent_reconciles".into(),
@@ -662,6 +707,31 @@ reconciler:
         assert_eq!(steps[0].timeout.unwrap().0, std::time::Duration::from_secs(3600));
         assert_eq!(steps[0].data.as_ref().unwrap()["n"], 3);
         assert_eq!(steps[1].wait[0].failures, vec!["failed"]);
+    }
+
+    #[test]
+    fn audit_settings_are_checked_naming_the_key() {
+        let c = Config::parse("", "t").unwrap();
+        assert_eq!(c.audit.retention.0, DEFAULT_AUDIT_RETENTION);
+        assert!(c.audit.require_reason.is_empty() && c.server.trusted_proxies.is_empty());
+        let text = "audit: {retention: 90d, require_reason: [apiregistrations/sync, apiregistrations/rollout]}\n\
+                    server: {trusted_proxies: [10.0.0.0/8, \"::1\"]}";
+        let c = Config::parse(text, "t").unwrap();
+        c.validate().unwrap();
+        assert_eq!(c.audit.retention.0, std::time::Duration::from_secs(90 * 86_400));
+        assert!(c.server.trusted_proxies[0].contains("10.9.8.7".parse().unwrap()));
+        for (text, key) in [
+            ("audit: {retention: 59m}", "audit.retention"),
+            ("audit: {retention: 3651d}", "audit.retention"),
+            ("audit: {require_reason: [namespaces, apiregistration/sync]}", "audit.require_reason[1]"),
+        ] {
+            let e = err(text);
+            assert!(e.contains(key), "{text}: {e}");
+        }
+        let e = err("server: {trusted_proxies: [10.0.0.0/40]}");
+        assert!(e.contains("trusted_proxies") && e.contains("prefix length"), "{e}");
+        let e = err("audit: {retention: soon}");
+        assert!(e.contains("retention"), "{e}");
     }
 
     #[test]

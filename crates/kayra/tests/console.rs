@@ -500,6 +500,44 @@ async fn console_pages_ten_thousand_subscribers() {
     assert_eq!(b.text("#subscribers tbody tr td").await, "tenant-00007");
 }
 
+/// An API's page shows who last changed its SyncID and why, from the
+/// audit trail (platform §13), and follows the next change live.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn console_shows_who_last_changed_a_sync_id_and_why() {
+    let w = World::start(false).await;
+    w.registration(STORAGE, json!({"sync_id": "s1"})).await;
+    let sync = |reason: &'static str| {
+        let request = w
+            .http
+            .put(format!("{}{}/apiregistrations/{STORAGE}/sync", w.base, world::CATALOG))
+            .bearer_auth(ADMIN)
+            .header("X-Kayra-Reason", reason)
+            .json(&json!({}));
+        async move { assert_eq!(request.send().await.unwrap().status().as_u16(), 200) }
+    };
+    sync("roll out the <b>v2</b> pipeline").await;
+
+    let b = Browser::start().await;
+    b.client.goto(&w.ui(&format!("#/apis/{STORAGE}"))).await.unwrap();
+    submit_token(&b, ADMIN).await;
+    b.until_text("who and why", "#sync-changed-by .reason", "roll out the <b>v2</b> pipeline").await;
+    assert_eq!(b.text("#sync-changed-by .user").await, "admin");
+    assert_eq!(b.js("return document.querySelectorAll('#sync-changed-by b').length").await, 0, "text, not markup");
+
+    // A PUT that moves the SyncID is a change of it too, shown live.
+    b.js("window.__samePage = 'yes'; return true").await;
+    let request = w
+        .http
+        .put(format!("{}{}/apiregistrations/{STORAGE}", w.base, world::CATALOG))
+        .bearer_auth(ADMIN)
+        .header("X-Kayra-Reason", "pin s9")
+        .json(&json!({"sync_id": "s9"}));
+    assert_eq!(request.send().await.unwrap().status().as_u16(), 200);
+    b.until_text("the newer change", "#sync-changed-by .reason", "pin s9").await;
+    assert_eq!(b.js("return window.__samePage").await, "yes");
+    b.assert_no_script_errors().await;
+}
+
 /// A subscription's page shows its run history, newest first, with every
 /// step of a pipeline that ran against the recording backend, and a new
 /// run appears without a reload.

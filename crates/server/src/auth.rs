@@ -20,16 +20,30 @@ use kayra_catalog::repo::Repository;
 pub async fn authenticate(State(repo): State<Repository>, mut request: Request, next: Next) -> Response {
     let token = match bearer_token(request.headers()) {
         Ok(token) => token,
-        Err(e) => return e.into_response(),
+        Err(e) => {
+            denied(&request);
+            return e.into_response();
+        }
     };
     match repo.authenticate(token).await {
         Ok(Some(user)) => {
             request.extensions_mut().insert(Caller { user });
             next.run(request).await
         }
-        Ok(None) => ApiError::unauthorized("unknown or revoked bearer token").into_response(),
+        Ok(None) => {
+            denied(&request);
+            ApiError::unauthorized("unknown or revoked bearer token").into_response()
+        }
         Err(e) => ApiError::from(e).into_response(),
     }
+}
+
+/// The log line of a request refused 401 (platform §13): no user is
+/// known; the path stands for the resource, the method for the verb.
+fn denied(request: &Request) {
+    let verb = request.method().as_str().to_ascii_lowercase();
+    let resource = request.uri().path();
+    tracing::info!(audit = "denied", user = "", resource, verb = verb.as_str(), code = 401, "request refused");
 }
 
 /// The token of an `Authorization: Bearer <token>` header (scheme

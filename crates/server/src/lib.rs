@@ -18,6 +18,7 @@
 //! - [`gateway`]: `/apis/<other api>/...`, the six steps and forwarding (§6).
 //! - `health`: `/healthz`, `/readyz`, `/metrics`, `/openapi.json`.
 //! - `metrics`: the Prometheus recorder and the request metrics middleware.
+//! - [`source`]: the client address of the audit trail (`server.trusted_proxies`).
 //! - [`listener`]: serving connections (plain or TLS) with the slow-client
 //!   timeouts and the peer of each request.
 //! - `tls`: HTTPS when `server.tls` is set.
@@ -28,6 +29,7 @@ pub mod gateway;
 mod health;
 pub mod listener;
 pub mod metrics;
+pub mod source;
 mod tls;
 
 use std::future::Future;
@@ -67,6 +69,8 @@ pub struct AppState {
     /// How long a catalog request body may go without a byte
     /// (`server.request_header_timeout`; see [`listener::stalled_bodies`]).
     pub body_stall_timeout: Duration,
+    /// `server.trusted_proxies`: peers whose `X-Forwarded-For` is believed.
+    pub trusted_proxies: std::sync::Arc<[kayra_config::Cidr]>,
 }
 
 impl AppState {
@@ -88,10 +92,11 @@ impl AppState {
         metrics::describe(metrics::SERVE);
         Self {
             gateway: gateway::Gateway::new(repo.clone()),
-            api: ApiState::new(repo, config.server.max_body_bytes),
+            api: ApiState::new(repo, config.server.max_body_bytes).with_required_reasons(&config.audit.require_reason),
             metrics: metrics::handle(),
             openapi: Bytes::from(openapi),
             body_stall_timeout: config.server.request_header_timeout.0,
+            trusted_proxies: config.server.trusted_proxies.clone().into(),
         }
     }
 }
@@ -117,7 +122,8 @@ pub fn router(state: AppState) -> Router {
                 .layer(axum::middleware::from_fn_with_state(state.body_stall_timeout, listener::stalled_bodies)),
         )
         .merge(state.gateway.clone().router())
-        .layer(axum::middleware::from_fn_with_state(repo, auth::authenticate));
+        .layer(axum::middleware::from_fn_with_state(repo, auth::authenticate))
+        .layer(axum::middleware::from_fn_with_state(state.trusted_proxies.clone(), source::resolve));
     Router::new()
         .route("/healthz", get(health::healthz))
         .route("/readyz", get(health::readyz))
@@ -132,6 +138,29 @@ pub fn router(state: AppState) -> Router {
         // A span per request; errors are logged once, where they are
         // handled (`ApiError`), not again by the trace layer.
         .layer(TraceLayer::new_for_http().on_failure(()))
+}
+
+/// How often `kayra serve` removes audit records past `audit.retention`.
+pub const AUDIT_PRUNE_INTERVAL: Duration = Duration::from_secs(60);
+/// Records deleted per store transaction by the retention.
+const AUDIT_PRUNE_BATCH: usize = 256;
+
+/// Removes audit records older than `retention` (platform §13): at
+/// startup, then every [`AUDIT_PRUNE_INTERVAL`], in bounded batches. Every
+/// `kayra serve` does it; several at once only delete the same keys.
+async fn audit_retention(repo: Repository, retention: Duration, stopping: CancellationToken) {
+    loop {
+        let cutoff = std::time::SystemTime::now().checked_sub(retention).unwrap_or(std::time::UNIX_EPOCH);
+        match repo.prune_audit(cutoff, AUDIT_PRUNE_BATCH).await {
+            Ok(0) => {}
+            Ok(deleted) => tracing::info!(deleted, ?retention, "removed audit records past audit.retention"),
+            Err(e) => tracing::warn!(error = %e, "audit retention: could not remove old records; trying again later"),
+        }
+        tokio::select! {
+            () = stopping.cancelled() => return,
+            () = tokio::time::sleep(AUDIT_PRUNE_INTERVAL) => {}
+        }
+    }
 }
 
 /// axum answers a route's unsupported method (`get` is not `GET`) with an
@@ -204,6 +233,7 @@ pub async fn run_with(
     let stopping = CancellationToken::new();
     let hub = state.api.hub.clone();
     let upkeep = tokio::spawn(metrics::upkeep(state.metrics.clone(), stopping.clone()));
+    tokio::spawn(audit_retention(state.api.repo.clone(), config.audit.retention.0, stopping.clone()));
     let app = router(state);
     {
         let stopping = stopping.clone();

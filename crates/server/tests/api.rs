@@ -8,6 +8,7 @@ mod common;
 
 mod api {
     mod atomicity;
+    mod audit;
     mod auth;
     mod concurrency;
     mod deployments;

@@ -14,10 +14,12 @@ use serde::Deserialize;
 use serde_json::json;
 use utoipa::ToSchema;
 
+use super::audit::Audited;
 use super::error::{ApiError, ErrorBody};
 use super::extract::{JsonBody, JsonObject, Path, Query, RequestBody, merged};
 use super::list::{List, ListQuery, page};
-use super::{ApiState, check_body_name, label, shown, update_with};
+use super::{ApiState, check_body_name, delete_with, label, shown, update_with};
+use crate::repo::audit::shown as record_view;
 use crate::repo::{Collection, RecordRef};
 
 /// POST body of either kind; `name` is optional in PUT and PATCH bodies,
@@ -81,13 +83,14 @@ pub(crate) async fn cluster_list(
 #[utoipa::path(post, path = "/clusterrolebindings", tag = "clusterrolebindings", request_body = BindingBody,
     responses((status = 201, body = ClusterRoleBinding), (status = 400, body = ErrorBody), (status = 409, body = ErrorBody)))]
 pub(crate) async fn cluster_create(
-    State(state): State<ApiState>,
+    Audited(state): Audited,
     JsonBody(body): JsonBody<BindingBody>,
 ) -> Result<(StatusCode, Json<ClusterRoleBinding>), ApiError> {
     let name = body_name(&body)?.to_string();
     validate(&body, None)?;
     let binding = ClusterRoleBinding { name, role: body.role, user: body.user };
-    state.repo.create(RecordRef::ClusterRoleBinding(&binding.name), &binding, &cluster_what(&binding.name)).await?;
+    let repo = state.repo.auditing(serde_json::Value::Null, record_view(&binding));
+    repo.create(RecordRef::ClusterRoleBinding(&binding.name), &binding, &cluster_what(&binding.name)).await?;
     Ok((StatusCode::CREATED, Json(binding)))
 }
 
@@ -106,7 +109,7 @@ pub(crate) async fn cluster_get(
     request_body = BindingBody,
     responses((status = 200, body = ClusterRoleBinding), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)))]
 pub(crate) async fn cluster_update(
-    State(state): State<ApiState>,
+    Audited(state): Audited,
     Path(name): Path<String>,
     JsonBody(body): JsonBody<BindingBody>,
 ) -> Result<Json<ClusterRoleBinding>, ApiError> {
@@ -128,7 +131,7 @@ pub(crate) async fn cluster_update(
     request_body(content = Object, description = "JSON merge patch (RFC 7386) of `role` and `user`"),
     responses((status = 200, body = ClusterRoleBinding), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)))]
 pub(crate) async fn cluster_patch(
-    State(state): State<ApiState>,
+    Audited(state): Audited,
     Path(name): Path<String>,
     JsonObject(patch): JsonObject,
 ) -> Result<Json<ClusterRoleBinding>, ApiError> {
@@ -154,12 +157,10 @@ pub(crate) async fn cluster_patch(
 
 #[utoipa::path(delete, path = "/clusterrolebindings/{name}", tag = "clusterrolebindings", params(("name" = String, Path)),
     responses((status = 204), (status = 404, body = ErrorBody)))]
-pub(crate) async fn cluster_delete(
-    State(state): State<ApiState>,
-    Path(name): Path<String>,
-) -> Result<StatusCode, ApiError> {
+pub(crate) async fn cluster_delete(Audited(state): Audited, Path(name): Path<String>) -> Result<StatusCode, ApiError> {
     label("binding", &name)?;
-    state.repo.delete(RecordRef::ClusterRoleBinding(&name), None, &cluster_what(&name)).await?;
+    let not_found = || ApiError::not_found(format!("{} not found", cluster_what(&name)));
+    delete_with::<ClusterRoleBinding>(&state, RecordRef::ClusterRoleBinding(&name), not_found).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -189,7 +190,7 @@ pub(crate) async fn list(
     responses((status = 201, body = RoleBinding), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody),
         (status = 409, body = ErrorBody)))]
 pub(crate) async fn create(
-    State(state): State<ApiState>,
+    Audited(state): Audited,
     Path(namespace): Path<String>,
     JsonBody(body): JsonBody<BindingBody>,
 ) -> Result<(StatusCode, Json<RoleBinding>), ApiError> {
@@ -198,7 +199,7 @@ pub(crate) async fn create(
     label("namespace", &namespace)?;
     // One round trip: the transaction's compare answers a missing namespace (404).
     let binding = RoleBinding { name, namespace, role: body.role, user: body.user };
-    state.repo.create_role_binding(&binding).await?;
+    state.repo.auditing(serde_json::Value::Null, record_view(&binding)).create_role_binding(&binding).await?;
     Ok((StatusCode::CREATED, Json(binding)))
 }
 
@@ -219,7 +220,7 @@ pub(crate) async fn get(
     params(("namespace" = String, Path), ("name" = String, Path)), request_body = BindingBody,
     responses((status = 200, body = RoleBinding), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)))]
 pub(crate) async fn update(
-    State(state): State<ApiState>,
+    Audited(state): Audited,
     Path((namespace, name)): Path<(String, String)>,
     JsonBody(body): JsonBody<BindingBody>,
 ) -> Result<Json<RoleBinding>, ApiError> {
@@ -247,7 +248,7 @@ pub(crate) async fn update(
     request_body(content = Object, description = "JSON merge patch (RFC 7386) of `role` and `user`"),
     responses((status = 200, body = RoleBinding), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)))]
 pub(crate) async fn patch(
-    State(state): State<ApiState>,
+    Audited(state): Audited,
     Path((namespace, name)): Path<(String, String)>,
     JsonObject(patch): JsonObject,
 ) -> Result<Json<RoleBinding>, ApiError> {
@@ -281,14 +282,13 @@ pub(crate) async fn patch(
     params(("namespace" = String, Path), ("name" = String, Path)),
     responses((status = 204), (status = 404, body = ErrorBody)))]
 pub(crate) async fn delete(
-    State(state): State<ApiState>,
+    Audited(state): Audited,
     Path((namespace, name)): Path<(String, String)>,
 ) -> Result<StatusCode, ApiError> {
     namespace_exists(&state, &namespace).await?;
     label("binding", &name)?;
-    state
-        .repo
-        .delete(RecordRef::RoleBinding { namespace: &namespace, name: &name }, None, &what(&namespace, &name))
+    let not_found = || ApiError::not_found(format!("{} not found", what(&namespace, &name)));
+    delete_with::<RoleBinding>(&state, RecordRef::RoleBinding { namespace: &namespace, name: &name }, not_found)
         .await?;
     Ok(StatusCode::NO_CONTENT)
 }

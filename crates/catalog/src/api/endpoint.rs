@@ -25,7 +25,6 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{MethodFilter, MethodRouter, on};
 use kayra_rbac::Verb;
 
-use super::ApiState;
 use super::authz::{Access, Caller, require_cluster_rbac};
 use super::error::ApiError;
 use super::extract::Query;
@@ -34,6 +33,7 @@ use super::list::ListQuery;
 use super::status;
 use super::stream::{Framing, WatchCheck, Watcher};
 use super::watch::{self, Watched};
+use super::{ApiState, audit};
 
 /// One method of one catalog route, as declared.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -116,10 +116,38 @@ async fn enforce(State(requirement): State<Requirement>, request: Request, next:
             require_cluster_rbac(&requirement.state.repo, &caller.user, resource, verb).await
         }
     };
-    match decided {
-        Ok(()) => next.run(request).await,
-        Err(e) => e.into_response(),
+    let Access::Cluster { resource, verb } = requirement.access else {
+        return next.run(request).await;
+    };
+    let change = audit::is_change(request.method());
+    if let Err(e) = decided {
+        audit::log_denied(Some(&caller.user), resource, verb.as_str(), e.status());
+        return e.into_response();
     }
+    if !change {
+        return next.run(request).await;
+    }
+    // A change: its audit context (who, what, why, from where) goes to the
+    // handler, whose write records it (§13); a refused change is a log line.
+    let (mut parts, body) = request.into_parts();
+    let params: Vec<(String, String)> = match RawPathParams::from_request_parts(&mut parts, &()).await {
+        Ok(raw) => raw.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+        Err(_) => Vec::new(),
+    };
+    match audit::context(&parts, &params, &caller, resource, verb, &requirement.state.audit) {
+        Ok(context) => {
+            parts.extensions.insert(context);
+        }
+        Err(e) => {
+            audit::log_denied(Some(&caller.user), resource, verb.as_str(), e.status());
+            return e.into_response();
+        }
+    }
+    let response = next.run(Request::from_parts(parts, body)).await;
+    if response.status().is_client_error() {
+        audit::log_denied(Some(&caller.user), resource, verb.as_str(), response.status());
+    }
+    response
 }
 
 /// Whether a GET asks for a watch stream: `watch=true` (or `1`); `false`,
@@ -180,9 +208,19 @@ async fn serve_watch(
     // `limit` and `continue` page a list; a stream has no pages, so a
     // collection's watch ignores them, but a malformed one is the same 400
     // as the list's (a GET of one object ignores them either way).
-    if verb == Verb::List {
+    if verb == Verb::List && kind != Watched::Audit {
         Query::<ListQuery>::from_request_parts(&mut parts, &()).await.map_err(IntoResponse::into_response)?;
     }
+    // The audit trail's filters apply to its stream.
+    let audit_query = match kind {
+        Watched::Audit => Some(
+            Query::<audit::AuditQuery>::from_request_parts(&mut parts, &())
+                .await
+                .map_err(IntoResponse::into_response)?
+                .0,
+        ),
+        _ => None,
+    };
     // The validation GET reads at most one item of a collection.
     if let Ok(uri) = format!("{}?limit=1", parts.uri.path()).parse::<Uri>() {
         parts.uri = uri;
@@ -199,6 +237,11 @@ async fn serve_watch(
         Watched::Status => {
             let framing = if event_stream { Framing::Sse } else { Framing::Ndjson };
             status::open(hub, repo, &params, watcher, framing, permit).await
+        }
+        Watched::Audit => {
+            let framing = if event_stream { Framing::Sse } else { Framing::Ndjson };
+            let filter = audit_query.unwrap_or_default().filter().map_err(IntoResponse::into_response)?;
+            audit::open(hub, repo, filter, watcher, framing, permit).await
         }
         kind => watch::open(hub, repo, kind, &params, watcher, event_stream, permit).await,
     };

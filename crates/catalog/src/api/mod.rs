@@ -14,6 +14,8 @@
 //!
 //! # Layout
 //! - [`authz`]: [`Caller`], [`Access`], `RequireClusterRBAC`.
+//! - [`audit`]: the request's audit context ([`audit::Audited`]: the state
+//!   of every change route) and `/audit`, the records newest first.
 //! - [`endpoint`]: routes as declared ([`Endpoint`](endpoint::Endpoint)),
 //!   their access enforced as a route layer, `?watch=true` dispatched; the route table.
 //! - [`error`]: [`ApiError`], the `{code, reason, message}` shape.
@@ -27,6 +29,7 @@
 //!   [`stream`]: what every stream shares (framing, outbox, re-checks).
 //! - [`openapi`]: the OpenAPI 3 document, derived from the handlers' types.
 
+pub mod audit;
 pub mod authz;
 pub mod bindings;
 pub mod endpoint;
@@ -81,6 +84,8 @@ pub struct ApiState {
     pub max_body_bytes: usize,
     /// The watch streams' one store watch per prefix (§4.5).
     pub hub: Hub,
+    /// `audit.require_reason` (§13).
+    pub audit: audit::AuditSettings,
 }
 
 impl ApiState {
@@ -92,7 +97,14 @@ impl ApiState {
     /// State whose watch streams use `options` (tests shorten them).
     pub fn with_watch_options(repo: Repository, max_body_bytes: usize, options: WatchOptions) -> Self {
         let hub = Hub::new(repo.store().clone(), options);
-        Self { repo, max_body_bytes, hub }
+        Self { repo, max_body_bytes, hub, audit: audit::AuditSettings::default() }
+    }
+
+    /// The same state, refusing changes to these RBAC resources without a
+    /// reason (`audit.require_reason`).
+    pub fn with_required_reasons(mut self, resources: &[String]) -> Self {
+        self.audit.require_reason = resources.into();
+        self
     }
 }
 
@@ -256,6 +268,8 @@ fn declarations() -> Vec<(&'static str, Vec<Endpoint>)> {
                 Endpoint::delete(cluster("rolebindings", Delete), b::delete),
             ],
         ),
+        ("/audit", vec![Endpoint::get(cluster("audit", List), audit::list).watch(W::Audit)]),
+        ("/audit/{id}", vec![Endpoint::get(cluster("audit", Get), audit::get)]),
     ]
 }
 
@@ -314,8 +328,10 @@ pub(crate) fn registration_not_found(state: &ApiState, name: &str) -> ApiError {
 /// against other records); on a concurrent write the record is re-read and
 /// `change` runs again on the fresh value, so no update is lost. PUT and
 /// PATCH both go through here: a merge patch is applied to the value read
-/// in the same iteration, never to a stale copy. Nothing is written when
-/// `change` changes nothing.
+/// in the same iteration, never to a stale copy. When `change` changes
+/// nothing, only the request's audit record is written (while the record
+/// is still as read). The record's `before`/`after` are the value as read
+/// and as written, so the stored value must be what a GET shows.
 pub(crate) async fn update_with<T, F, Fut>(
     state: &ApiState,
     record: crate::repo::RecordRef<'_>,
@@ -331,9 +347,13 @@ where
         let current = state.repo.get::<T>(record).await?.ok_or_else(&not_found)?;
         let next = change(current.value.clone()).await?;
         if next == current.value {
-            return Ok(next);
+            if state.repo.audit_unchanged(record, current.revision, shown_value(&next)).await? {
+                return Ok(next);
+            }
+            continue;
         }
-        match state.repo.update(record, &next, current.revision, "record").await {
+        let repo = state.repo.auditing(shown_value(&current.value), shown_value(&next));
+        match repo.update(record, &next, current.revision, "record").await {
             Ok(_) => return Ok(next),
             Err(crate::repo::Error::Conflict(_)) => continue,
             Err(crate::repo::Error::NotFound(_)) => return Err(not_found()),
@@ -341,6 +361,30 @@ where
         }
     }
 }
+
+/// Deletes the record at `record` as read, with its audit record showing
+/// it; re-read when it changed meanwhile.
+pub(crate) async fn delete_with<T>(
+    state: &ApiState,
+    record: crate::repo::RecordRef<'_>,
+    not_found: impl Fn() -> ApiError,
+) -> Result<(), ApiError>
+where
+    T: Serialize + DeserializeOwned,
+{
+    loop {
+        let current = state.repo.get::<T>(record).await?.ok_or_else(&not_found)?;
+        let repo = state.repo.auditing(shown_value(&current.value), serde_json::Value::Null);
+        match repo.delete(record, Some(current.revision), "record").await {
+            Ok(_) => return Ok(()),
+            Err(crate::repo::Error::Conflict(_)) => continue,
+            Err(crate::repo::Error::NotFound(_)) => return Err(not_found()),
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
+use crate::repo::audit::shown as shown_value;
 
 /// A caller-supplied value quoted in a message, cut to 80 characters so a
 /// hostile body cannot blow up the error it provokes.
@@ -379,6 +423,15 @@ mod tests {
             match route.access {
                 Access::Authenticated => assert_eq!(route.path, "/whoami"),
                 Access::Cluster { resource, .. } => assert!(!resource.is_empty()),
+            }
+        }
+    }
+
+    #[test]
+    fn every_resource_of_a_route_may_be_named_by_require_reason() {
+        for route in routes() {
+            if let Access::Cluster { resource, .. } = route.access {
+                assert!(kayra_core::audit::CATALOG_RESOURCES.contains(&resource), "{resource}");
             }
         }
     }

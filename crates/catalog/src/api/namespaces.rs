@@ -9,6 +9,7 @@ use serde::Deserialize;
 use serde_json::json;
 use utoipa::ToSchema;
 
+use super::audit::Audited;
 use super::error::{ApiError, ErrorBody};
 use super::extract::{JsonBody, JsonObject, Path, Query, RequestBody, merged, reject_computed};
 use super::list::{List, ListQuery, page};
@@ -66,12 +67,13 @@ pub(crate) async fn list(
 #[utoipa::path(post, path = "/namespaces", tag = "namespaces", request_body = NamespaceCreate,
     responses((status = 201, body = Namespace), (status = 400, body = ErrorBody), (status = 409, body = ErrorBody)))]
 pub(crate) async fn create(
-    State(state): State<ApiState>,
+    Audited(state): Audited,
     JsonBody(body): JsonBody<NamespaceCreate>,
 ) -> Result<(StatusCode, Json<Namespace>), ApiError> {
     label("namespace", &body.name)?;
     let namespace = Namespace { name: body.name, description: body.description, active: false };
-    state.repo.create(RecordRef::Namespace(&namespace.name), &namespace, &what(&namespace.name)).await?;
+    let repo = state.repo.auditing(serde_json::Value::Null, crate::repo::audit::shown(&namespace));
+    repo.create(RecordRef::Namespace(&namespace.name), &namespace, &what(&namespace.name)).await?;
     Ok((StatusCode::CREATED, Json(namespace)))
 }
 
@@ -87,7 +89,7 @@ pub(crate) async fn get(State(state): State<ApiState>, Path(name): Path<String>)
     request_body = NamespaceUpdate,
     responses((status = 200, body = Namespace), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)))]
 pub(crate) async fn update(
-    State(state): State<ApiState>,
+    Audited(state): Audited,
     Path(name): Path<String>,
     JsonBody(body): JsonBody<NamespaceUpdate>,
 ) -> Result<Json<Namespace>, ApiError> {
@@ -110,7 +112,7 @@ pub(crate) async fn update(
     request_body(content = Object, description = "JSON merge patch (RFC 7386) of `description`"),
     responses((status = 200, body = Namespace), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)))]
 pub(crate) async fn patch(
-    State(state): State<ApiState>,
+    Audited(state): Audited,
     Path(name): Path<String>,
     JsonObject(patch): JsonObject,
 ) -> Result<Json<Namespace>, ApiError> {
@@ -143,7 +145,7 @@ fn apply(name: &str, mut current: Namespace, body: &NamespaceUpdate) -> Result<N
 #[utoipa::path(delete, path = "/namespaces/{namespace}", tag = "namespaces", params(("namespace" = String, Path)),
     responses((status = 204), (status = 404, body = ErrorBody),
         (status = 409, body = ErrorBody, description = "the namespace still has subscriptions, named in the message")))]
-pub(crate) async fn delete(State(state): State<ApiState>, Path(name): Path<String>) -> Result<StatusCode, ApiError> {
+pub(crate) async fn delete(Audited(state): Audited, Path(name): Path<String>) -> Result<StatusCode, ApiError> {
     label("namespace", &name)?;
     state.repo.delete_namespace(&name).await?;
     Ok(StatusCode::NO_CONTENT)

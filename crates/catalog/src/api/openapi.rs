@@ -20,7 +20,7 @@ use utoipa::openapi::{ContentBuilder, Ref, RefOr, Required, Response, ResponseBu
 use super::error::ErrorBody;
 use super::stream::WatchEvent;
 use super::{
-    Access, BASE_PATH, bindings, namespaces, registrations, roles, routes, runs, status, subscriptions, users,
+    Access, BASE_PATH, audit, bindings, namespaces, registrations, roles, routes, runs, status, subscriptions, users,
 };
 
 #[derive(OpenApi)]
@@ -83,6 +83,8 @@ use super::{
         bindings::update,
         bindings::patch,
         bindings::delete,
+        audit::list,
+        audit::get,
     ),
     components(schemas(ErrorBody, WatchEvent))
 )]

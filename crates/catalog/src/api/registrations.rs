@@ -15,12 +15,14 @@ use serde::Deserialize;
 use serde_json::json;
 use utoipa::ToSchema;
 
+use super::audit::Audited;
 use super::error::{ApiError, ErrorBody};
 use super::extract::{JsonBody, JsonObject, Path, Query, RequestBody, merged, reject_computed};
 use super::list::{List, ListQuery, page};
 pub use super::status::{RegistrationStatus, Subscriber};
 use super::{ApiState, Empty, check_body_name, label, long_name, registration_not_found};
 use crate::repo::Collection;
+use crate::repo::audit::shown;
 use crate::repo::tenancy::{new_sync_id, sync_id_updated_now};
 
 const COMPUTED: &[&str] = &["platform", "region", "sync_id_updated_at"];
@@ -117,7 +119,7 @@ pub(crate) async fn list(
 #[utoipa::path(post, path = "/apiregistrations", tag = "apiregistrations", request_body = RegistrationCreate,
     responses((status = 201, body = ApiRegistration), (status = 400, body = ErrorBody), (status = 409, body = ErrorBody)))]
 pub(crate) async fn create(
-    State(state): State<ApiState>,
+    Audited(state): Audited,
     JsonBody(body): JsonBody<RegistrationCreate>,
 ) -> Result<(StatusCode, Json<ApiRegistration>), ApiError> {
     long_name(&state, &body.name).await?;
@@ -134,7 +136,8 @@ pub(crate) async fn create(
         platform: state.repo.platform().to_string(),
         region: state.repo.region().to_string(),
     };
-    state.repo.create_registration(&registration).await?;
+    let repo = state.repo.auditing(serde_json::Value::Null, crate::repo::audit::shown(&registration));
+    repo.create_registration(&registration).await?;
     Ok((StatusCode::CREATED, Json(registration)))
 }
 
@@ -154,7 +157,7 @@ pub(crate) async fn get(
     responses((status = 200, body = ApiRegistration), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody),
         (status = 409, body = ErrorBody)))]
 pub(crate) async fn update(
-    State(state): State<ApiState>,
+    Audited(state): Audited,
     Path(name): Path<String>,
     JsonBody(body): JsonBody<RegistrationUpdate>,
 ) -> Result<Json<ApiRegistration>, ApiError> {
@@ -172,7 +175,7 @@ pub(crate) async fn update(
     responses((status = 200, body = ApiRegistration), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody),
         (status = 409, body = ErrorBody)))]
 pub(crate) async fn patch(
-    State(state): State<ApiState>,
+    Audited(state): Audited,
     Path(name): Path<String>,
     JsonObject(patch): JsonObject,
 ) -> Result<Json<ApiRegistration>, ApiError> {
@@ -213,9 +216,14 @@ where
         let current = state.repo.get_registration(name).await?.ok_or_else(|| registration_not_found(state, name))?;
         let next = change(current.value.clone()).await?;
         if next == current.value {
-            return Ok(next);
+            let record = crate::repo::RecordRef::Registration(name);
+            if state.repo.audit_unchanged(record, current.revision, shown(&next)).await? {
+                return Ok(next);
+            }
+            continue;
         }
-        if state.repo.update_registration(&current, &next).await?.is_some() {
+        let repo = state.repo.auditing(shown(&current.value), shown(&next));
+        if repo.update_registration(&current, &next).await?.is_some() {
             return Ok(next);
         }
     }
@@ -245,7 +253,7 @@ async fn apply(
 #[utoipa::path(delete, path = "/apiregistrations/{name}", tag = "apiregistrations", params(("name" = String, Path)),
     responses((status = 204), (status = 404, body = ErrorBody),
         (status = 409, body = ErrorBody, description = "still referenced by subscriptions, named in the message")))]
-pub(crate) async fn delete(State(state): State<ApiState>, Path(name): Path<String>) -> Result<StatusCode, ApiError> {
+pub(crate) async fn delete(Audited(state): Audited, Path(name): Path<String>) -> Result<StatusCode, ApiError> {
     long_name(&state, &name).await?;
     match state.repo.delete_registration(&name).await {
         Ok(()) => Ok(StatusCode::NO_CONTENT),
@@ -259,7 +267,7 @@ pub(crate) async fn delete(State(state): State<ApiState>, Path(name): Path<Strin
     responses((status = 200, body = ApiRegistration, description = "`sync_id` is now the current time, RFC 3339 with sub-second precision"),
         (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)))]
 pub(crate) async fn sync(
-    State(state): State<ApiState>,
+    Audited(state): Audited,
     Path(name): Path<String>,
     JsonBody(Empty {}): JsonBody<Empty>,
 ) -> Result<Json<ApiRegistration>, ApiError> {

@@ -10,6 +10,7 @@ use serde::Deserialize;
 use serde_json::json;
 use utoipa::ToSchema;
 
+use super::audit::Audited;
 use super::error::{ApiError, ErrorBody};
 use super::extract::{JsonBody, JsonObject, Path, Query, RequestBody, merged};
 use super::list::{List, ListQuery, page};
@@ -94,12 +95,13 @@ pub(crate) async fn list(
 #[utoipa::path(post, path = "/roles", tag = "roles", request_body = RoleCreate,
     responses((status = 201, body = Role), (status = 400, body = ErrorBody), (status = 409, body = ErrorBody)))]
 pub(crate) async fn create(
-    State(state): State<ApiState>,
+    Audited(state): Audited,
     JsonBody(body): JsonBody<RoleCreate>,
 ) -> Result<(StatusCode, Json<Role>), ApiError> {
     label("role", &body.name)?;
     let role = Role { rules: rules(body.rules)?, name: body.name };
-    state.repo.create(RecordRef::Role(&role.name), &role, &what(&role.name)).await?;
+    let repo = state.repo.auditing(serde_json::Value::Null, crate::repo::audit::shown(&role));
+    repo.create(RecordRef::Role(&role.name), &role, &what(&role.name)).await?;
     Ok((StatusCode::CREATED, Json(role)))
 }
 
@@ -114,7 +116,7 @@ pub(crate) async fn get(State(state): State<ApiState>, Path(name): Path<String>)
 #[utoipa::path(put, path = "/roles/{name}", tag = "roles", params(("name" = String, Path)), request_body = RoleUpdate,
     responses((status = 200, body = Role), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)))]
 pub(crate) async fn update(
-    State(state): State<ApiState>,
+    Audited(state): Audited,
     Path(name): Path<String>,
     JsonBody(body): JsonBody<RoleUpdate>,
 ) -> Result<Json<Role>, ApiError> {
@@ -138,7 +140,7 @@ pub(crate) async fn update(
     request_body(content = Object, description = "JSON merge patch (RFC 7386) of `rules` (an array is replaced whole)"),
     responses((status = 200, body = Role), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)))]
 pub(crate) async fn patch(
-    State(state): State<ApiState>,
+    Audited(state): Audited,
     Path(name): Path<String>,
     JsonObject(patch): JsonObject,
 ) -> Result<Json<Role>, ApiError> {
@@ -164,8 +166,8 @@ pub(crate) async fn patch(
 
 #[utoipa::path(delete, path = "/roles/{name}", tag = "roles", params(("name" = String, Path)),
     responses((status = 204), (status = 404, body = ErrorBody)))]
-pub(crate) async fn delete(State(state): State<ApiState>, Path(name): Path<String>) -> Result<StatusCode, ApiError> {
+pub(crate) async fn delete(Audited(state): Audited, Path(name): Path<String>) -> Result<StatusCode, ApiError> {
     label("role", &name)?;
-    state.repo.delete(RecordRef::Role(&name), None, &what(&name)).await?;
+    super::delete_with::<Role>(&state, RecordRef::Role(&name), || not_found(&name)).await?;
     Ok(StatusCode::NO_CONTENT)
 }

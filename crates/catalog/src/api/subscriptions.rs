@@ -21,12 +21,13 @@ use kayra_core::{Subscription, SubscriptionView};
 use serde::Deserialize;
 use utoipa::ToSchema;
 
+use super::audit::Audited;
 use super::error::{ApiError, ErrorBody};
 use super::extract::{JsonBody, Path, Query, RequestBody};
 use super::list::{List, ListQuery, continue_token};
 use super::{ApiState, Empty, label, long_name, registration_not_found, shown};
 use crate::repo::tenancy::CreateRefused;
-use crate::repo::{Collection, Versioned};
+use crate::repo::{Collection, RecordRef, Versioned};
 
 /// The computed fields, and the response-only ones.
 const COMPUTED: &[&str] = &["active", "state", "current_sync_id", "expected_sync_id", "synced"];
@@ -142,7 +143,7 @@ pub(crate) async fn list(
         (status = 404, body = ErrorBody, description = "no such namespace, or no such registration in this deployment"),
         (status = 409, body = ErrorBody, description = "the subscription exists")))]
 pub(crate) async fn create(
-    State(state): State<ApiState>,
+    Audited(state): Audited,
     Path(namespace): Path<String>,
     JsonBody(body): JsonBody<SubscriptionCreate>,
 ) -> Result<(StatusCode, Json<SubscriptionView>), ApiError> {
@@ -191,14 +192,21 @@ async fn confirm(
     api: &str,
     body: SubscriptionConfirm,
 ) -> Result<Json<SubscriptionView>, ApiError> {
-    let (subscription, sync_id) = existing(state, namespace, api).await?;
-    if let Some(given) = body.api.as_deref().filter(|given| *given != api) {
-        return Err(ApiError::bad_request(format!(
-            "field \"api\" is fixed by the path: {} does not match {api:?}; the body may only be {{}} or {{\"api\": {api:?}}}",
-            shown(given)
-        )));
+    loop {
+        let (subscription, sync_id) = existing(state, namespace, api).await?;
+        if let Some(given) = body.api.as_deref().filter(|given| *given != api) {
+            return Err(ApiError::bad_request(format!(
+                "field \"api\" is fixed by the path: {} does not match {api:?}; the body may only be {{}} or {{\"api\": {api:?}}}",
+                shown(given)
+            )));
+        }
+        // Nothing changes; the confirmation is recorded all the same.
+        let view = subscription.value.view(&sync_id);
+        let record = RecordRef::Subscription { namespace, api };
+        if state.repo.audit_unchanged(record, subscription.revision, crate::repo::audit::shown(&view)).await? {
+            return Ok(Json(view));
+        }
     }
-    Ok(Json(subscription.value.view(&sync_id)))
 }
 
 #[utoipa::path(put, path = "/namespaces/{namespace}/subscriptions/{api}", tag = "subscriptions",
@@ -206,7 +214,7 @@ async fn confirm(
     responses((status = 200, body = SubscriptionView, description = "unchanged: a no-op confirmation"),
         (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)))]
 pub(crate) async fn update(
-    State(state): State<ApiState>,
+    Audited(state): Audited,
     Path((namespace, api)): Path<(String, String)>,
     JsonBody(body): JsonBody<SubscriptionConfirm>,
 ) -> Result<Json<SubscriptionView>, ApiError> {
@@ -218,7 +226,7 @@ pub(crate) async fn update(
     responses((status = 200, body = SubscriptionView, description = "unchanged: there is nothing a patch may change"),
         (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)))]
 pub(crate) async fn patch(
-    State(state): State<ApiState>,
+    Audited(state): Audited,
     Path((namespace, api)): Path<(String, String)>,
     JsonBody(body): JsonBody<SubscriptionConfirm>,
 ) -> Result<Json<SubscriptionView>, ApiError> {
@@ -230,14 +238,17 @@ pub(crate) async fn patch(
     responses((status = 200, body = SubscriptionView, description = "`current_sync_id` reset to \"\"; `active` and `state` unchanged"),
         (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)))]
 pub(crate) async fn sync(
-    State(state): State<ApiState>,
+    Audited(state): Audited,
     Path((namespace, api)): Path<(String, String)>,
     JsonBody(Empty {}): JsonBody<Empty>,
 ) -> Result<Json<SubscriptionView>, ApiError> {
     loop {
-        let (current, _) = existing(&state, &namespace, &api).await?;
+        let (current, sync_id) = existing(&state, &namespace, &api).await?;
         // A concurrent write moved it: read again (a delete answers 404 then).
-        if let Some((reset, sync_id)) = state.repo.reset_subscription_sync(&namespace, &api, &current).await? {
+        let before = current.value.view(&sync_id);
+        let after = SubscriptionView { current_sync_id: String::new(), synced: false, ..before.clone() };
+        let repo = state.repo.auditing(crate::repo::audit::shown(&before), crate::repo::audit::shown(&after));
+        if let Some((reset, sync_id)) = repo.reset_subscription_sync(&namespace, &api, &current).await? {
             return Ok(Json(reset.value.view(&sync_id)));
         }
     }
@@ -247,7 +258,7 @@ pub(crate) async fn sync(
     params(("namespace" = String, Path), ("api" = String, Path)),
     responses((status = 204), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)))]
 pub(crate) async fn delete(
-    State(state): State<ApiState>,
+    Audited(state): Audited,
     Path((namespace, api)): Path<(String, String)>,
 ) -> Result<StatusCode, ApiError> {
     check_names(&state, &namespace, &api).await?;

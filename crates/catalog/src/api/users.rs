@@ -12,6 +12,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::json;
 use utoipa::ToSchema;
 
+use super::audit::Audited;
 use super::authz::Caller;
 use super::error::{ApiError, ErrorBody};
 use super::extract::{JsonBody, JsonObject, Path, Query, RequestBody, merged};
@@ -88,12 +89,13 @@ pub(crate) async fn list(
 #[utoipa::path(post, path = "/users", tag = "users", request_body = UserCreate,
     responses((status = 201, body = User), (status = 400, body = ErrorBody), (status = 409, body = ErrorBody)))]
 pub(crate) async fn create(
-    State(state): State<ApiState>,
+    Audited(state): Audited,
     JsonBody(body): JsonBody<UserCreate>,
 ) -> Result<(StatusCode, Json<User>), ApiError> {
     label("user", &body.name)?;
     let user = User { name: body.name, description: body.description };
-    state.repo.create(RecordRef::User(&user.name), &user, &what(&user.name)).await?;
+    let repo = state.repo.auditing(serde_json::Value::Null, crate::repo::audit::shown(&user));
+    repo.create(RecordRef::User(&user.name), &user, &what(&user.name)).await?;
     Ok((StatusCode::CREATED, Json(user)))
 }
 
@@ -107,7 +109,7 @@ pub(crate) async fn get(State(state): State<ApiState>, Path(name): Path<String>)
 #[utoipa::path(put, path = "/users/{name}", tag = "users", params(("name" = String, Path)), request_body = UserUpdate,
     responses((status = 200, body = User), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)))]
 pub(crate) async fn update(
-    State(state): State<ApiState>,
+    Audited(state): Audited,
     Path(name): Path<String>,
     JsonBody(body): JsonBody<UserUpdate>,
 ) -> Result<Json<User>, ApiError> {
@@ -129,7 +131,7 @@ pub(crate) async fn update(
     request_body(content = Object, description = "JSON merge patch (RFC 7386) of `description`"),
     responses((status = 200, body = User), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)))]
 pub(crate) async fn patch(
-    State(state): State<ApiState>,
+    Audited(state): Audited,
     Path(name): Path<String>,
     JsonObject(patch): JsonObject,
 ) -> Result<Json<User>, ApiError> {
@@ -160,7 +162,7 @@ fn apply(name: &str, mut current: User, body: &UserUpdate) -> Result<User, ApiEr
 
 #[utoipa::path(delete, path = "/users/{name}", tag = "users", params(("name" = String, Path)),
     responses((status = 204, description = "deleted, and every token of the user revoked"), (status = 404, body = ErrorBody)))]
-pub(crate) async fn delete(State(state): State<ApiState>, Path(name): Path<String>) -> Result<StatusCode, ApiError> {
+pub(crate) async fn delete(Audited(state): Audited, Path(name): Path<String>) -> Result<StatusCode, ApiError> {
     label("user", &name)?;
     state.repo.delete_user(&name).await?;
     Ok(StatusCode::NO_CONTENT)
@@ -183,7 +185,7 @@ pub(crate) async fn list_tokens(
 #[utoipa::path(post, path = "/users/{name}/tokens", tag = "users", params(("name" = String, Path)), request_body = Empty,
     responses((status = 201, body = TokenCreated), (status = 404, body = ErrorBody)))]
 pub(crate) async fn create_token(
-    State(state): State<ApiState>,
+    Audited(state): Audited,
     Path(name): Path<String>,
     JsonBody(Empty {}): JsonBody<Empty>,
 ) -> Result<(StatusCode, Json<TokenCreated>), ApiError> {
@@ -209,7 +211,7 @@ pub(crate) async fn get_token(
 #[utoipa::path(delete, path = "/users/{name}/tokens/{id}", tag = "users", params(("name" = String, Path), ("id" = String, Path)),
     responses((status = 204, description = "revoked: the next request with the token is refused"), (status = 404, body = ErrorBody)))]
 pub(crate) async fn delete_token(
-    State(state): State<ApiState>,
+    Audited(state): Audited,
     Path((name, id)): Path<(String, String)>,
 ) -> Result<StatusCode, ApiError> {
     label("user", &name)?;

@@ -60,6 +60,8 @@ pub(crate) enum Watched {
     RoleBindings,
     /// A registration's `/status` report (served by its own stream).
     Status,
+    /// The audit trail (served by its own stream, [`super::audit::open`]).
+    Audit,
 }
 
 /// How a record becomes the object a GET answers.
@@ -112,8 +114,9 @@ impl Target {
                 range: one(Collection::Namespaces, name("namespace").map(RecordRef::Namespace)),
                 view: View::Namespace,
             },
-            // A status stream follows its registration's record too.
-            Watched::Registrations | Watched::Status => Target {
+            // A status stream follows its registration's record too; the
+            // audit trail's stream has no target (it never reaches here).
+            Watched::Registrations | Watched::Status | Watched::Audit => Target {
                 feed: layout.prefix(Collection::Registrations),
                 private: false,
                 range: one(Collection::Registrations, name("name").map(RecordRef::Registration)),

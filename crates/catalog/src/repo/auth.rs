@@ -129,7 +129,8 @@ impl Repository {
                     txn = txn.then(Op::Delete { key: keys::token(hash) });
                 }
             }
-            if !self.txn(txn).await?.succeeded {
+            let handle = self.auditing(super::audit::shown(&user.value), serde_json::Value::Null);
+            if !handle.txn(txn).await?.succeeded {
                 continue;
             }
             // Tokens stored before the index existed: swept after the fact.
@@ -179,7 +180,9 @@ impl Repository {
                 }
             };
             txn = txn.then(Op::Put { key: key.clone(), value: encode(&value) });
-            let resp = self.txn(txn).await?;
+            // A token is only ever its id in a record (platform §13).
+            let handle = self.auditing(serde_json::Value::Null, serde_json::json!({ "id": value.id }));
+            let resp = handle.txn(txn).await?;
             if resp.succeeded {
                 return Ok(value);
             }
@@ -216,7 +219,8 @@ impl Repository {
             .when(Compare::Exists(keys::token(&token.hash)))
             .then(Op::Delete { key: keys::token(&token.hash) })
             .then(Op::Delete { key: keys::user_token(user, &token.hash) });
-        if !self.txn(txn).await?.succeeded {
+        let handle = self.auditing(serde_json::json!({ "id": token.id }), serde_json::Value::Null);
+        if !handle.txn(txn).await?.succeeded {
             return Err(Error::NotFound(what));
         }
         Ok(())

@@ -118,3 +118,10 @@ pub fn run_cursor(platform: &str, region: &str, namespace: &str, api: &str) -> S
 pub fn limits(platform: &str, region: &str) -> String {
     format!("/limits/{platform}/{region}/")
 }
+
+/// Every audit record of one deployment (platform §13). The last segment
+/// is the record's UUIDv7 subtracted from the largest one, in hex, so the
+/// store's ascending key order is newest first.
+pub fn audit(platform: &str, region: &str) -> String {
+    format!("/audit/{platform}/{region}/")
+}

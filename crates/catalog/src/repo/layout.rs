@@ -49,6 +49,9 @@ pub enum RecordRef<'a> {
         api: &'a str,
         slot: u64,
     },
+    /// One audit record (platform §13), by its order key
+    /// ([`super::audit::order_key`] of its id).
+    Audit(&'a str),
 }
 
 /// A set of records read or watched together: one key prefix.
@@ -78,6 +81,8 @@ pub enum Collection<'a> {
     Attempts,
     /// The reconciler's per-mode limit records (`kayra_pipeline::Limits`).
     Limits,
+    /// This deployment's audit records, newest first.
+    Audit,
 }
 
 /// The key layout of one deployment (platform + region): the only code that
@@ -110,6 +115,7 @@ impl Layout {
             RecordRef::Attempt { namespace, api } => attempt(p, r, namespace, api),
             RecordRef::RunCursor { namespace, api } => run_cursor(p, r, namespace, api),
             RecordRef::Run { namespace, api, slot } => format!("{}{slot}", runs(p, r, namespace, api)),
+            RecordRef::Audit(order) => format!("{}{order}", audit(p, r)),
         }
     }
 
@@ -131,6 +137,7 @@ impl Layout {
             Collection::SubscriptionRuns { namespace, api } => runs(p, r, namespace, api),
             Collection::Attempts => format!("/reconcileattempts/{p}/{r}/"),
             Collection::Limits => limits(p, r),
+            Collection::Audit => audit(p, r),
         }
     }
 
@@ -163,6 +170,7 @@ impl Layout {
                 let [namespace, api, slot] = segments::<3>(key, &scoped(root))?;
                 RecordRef::Run { namespace, api, slot: slot.parse().ok()? }
             }
+            "audit" => RecordRef::Audit(one(&scoped(root))?),
             _ => return None,
         })
     }
@@ -223,6 +231,7 @@ mod tests {
             RecordRef::Attempt { namespace: "core", api: "compute.example.com" },
             RecordRef::RunCursor { namespace: "core", api: "compute.example.com" },
             RecordRef::Run { namespace: "core", api: "compute.example.com", slot: 7 },
+            RecordRef::Audit("fe6c4d"),
         ];
         for record in records {
             assert_eq!(layout.parse(&layout.key(record)), Some(record), "{record:?}");
@@ -277,6 +286,7 @@ mod tests {
             (RecordRef::Run { namespace, api, slot: 0 }, Collection::SubscriptionRuns { namespace, api }),
             (RecordRef::Run { namespace, api, slot: 0 }, Collection::Runs),
             (RecordRef::Attempt { namespace, api }, Collection::Attempts),
+            (RecordRef::Audit("fe6c4d"), Collection::Audit),
         ];
         for (record, collection) in pairs {
             assert!(layout.key(record).starts_with(&layout.prefix(collection)), "{record:?} in {collection:?}");

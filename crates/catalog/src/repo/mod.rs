@@ -18,8 +18,9 @@
 //! A [`Rider`] is a record written in the same store transaction as the
 //! change that causes it, so the two commit or fail together: the run record
 //! of a reconcile rides on its result ([`Repository::write_result`]); the
-//! audit record of a request and the outbox event of a notification are the
-//! next ones (add a variant to [`Rider`] and its key to the layout). Any
+//! audit record of a request rides on the change it records ([`audit`]); the
+//! outbox event of a notification is the next one (add a variant to
+//! [`Rider`] and its key to the layout). Any
 //! write of the Repository carries riders given to
 //! [`Repository::with_riders`]: every write path ends in one of the generic
 //! ops below or in [`Repository::txn`], and both add them to the branch that
@@ -35,7 +36,10 @@
 //! - [`auth`]: users, tokens, roles, bindings.
 //! - [`backup`]: `kayra export`'s consistent read of every record and
 //!   `kayra import`'s conditional bulk create.
+//! - [`audit`]: audit records: the request's context, the rider, listing
+//!   and retention.
 
+pub mod audit;
 pub mod auth;
 pub mod backup;
 mod keys;
@@ -111,6 +115,8 @@ pub struct Repository {
     /// Ops of the riders every write of this handle carries
     /// ([`Repository::with_riders`]); empty for a plain handle.
     riders: std::sync::Arc<[Op]>,
+    /// The request whose changes this handle records ([`Repository::audited`]).
+    audit: Option<std::sync::Arc<audit::AuditContext>>,
     /// `kayra serve`'s auth caches: authentication and RBAC read them, and
     /// every write here is reported to them (read-your-writes).
     cache: Option<AuthCache>,
@@ -121,7 +127,7 @@ impl Repository {
         let (platform, region): (String, String) = (platform.into(), region.into());
         let (platform, region): (std::sync::Arc<str>, std::sync::Arc<str>) = (platform.into(), region.into());
         let layout = Layout::new(platform.clone(), region.clone());
-        Self { store, platform, region, layout, riders: std::sync::Arc::new([]), cache: None }
+        Self { store, platform, region, layout, riders: std::sync::Arc::new([]), audit: None, cache: None }
     }
 
     /// This repository's key layout, for the parts that consume store keys
@@ -155,6 +161,7 @@ impl Repository {
             Rider::RunCursor { namespace, api, cursor } => {
                 (self.layout.key(RecordRef::RunCursor { namespace, api }), encode(cursor))
             }
+            Rider::Audit(record) => return self.audit_ops(record),
         };
         vec![Op::Put { key, value }]
     }
@@ -481,8 +488,10 @@ pub enum Rider<'a> {
     /// The run cursor of a subscription whose result leaves the
     /// subscription record untouched.
     RunCursor { namespace: &'a str, api: &'a str, cursor: RunCursor },
-    // Next: `Audit(&'a AuditRecord)` (who, verb, resource, before/after) and
-    // `Outbox(&'a OutboxEvent)` (subscription.failed, fanout.completed, …).
+    /// The audit record of a catalog change (platform §13), keyed newest
+    /// first ([`audit::order_key`]).
+    Audit(&'a kayra_core::AuditRecord),
+    // Next: `Outbox(&'a OutboxEvent)` (subscription.failed, fanout.completed, …).
 }
 
 /// The reconciler's run counter of one subscription: which ring slot of its

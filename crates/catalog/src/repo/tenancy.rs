@@ -23,6 +23,9 @@ use std::time::{Duration, SystemTime};
 use kayra_core::{ApiRegistration, Namespace, RoleBinding, Subscription};
 use kayra_store::{Compare, Op, Revision, Txn};
 
+use serde_json::Value;
+
+use super::audit::shown;
 use super::{Change, Collection, Error, RecordRef, Repository, Result, Versioned, decode, encode, keys};
 
 /// Attempts of a guarded write whose guards moved underneath it.
@@ -263,7 +266,7 @@ impl Repository {
                 .when(Compare::PrefixEmpty(keys::namespace_subscribers(name)))
                 .then(Op::Delete { key: keys::namespace(name) })
                 .then(Op::DeletePrefix { prefix: keys::role_bindings(name) });
-            if self.txn(txn).await?.succeeded {
+            if self.auditing(shown(&current.value), Value::Null).txn(txn).await?.succeeded {
                 return Ok(());
             }
         }
@@ -293,7 +296,7 @@ impl Repository {
             if let Some((guard, revision)) = self.short_name_claim(&current.value.short_name, name).await? {
                 txn = txn.when(Compare::ModRevision(guard.clone(), revision)).then(Op::Delete { key: guard });
             }
-            if self.txn(txn).await?.succeeded {
+            if self.auditing(shown(&current.value), Value::Null).txn(txn).await?.succeeded {
                 return Ok(());
             }
         }
@@ -425,6 +428,19 @@ impl Repository {
         let (p, r) = (&*self.platform, &*self.region);
         let subscription = Subscription::new(namespace, api);
         let key = keys::subscription(p, r, namespace, api);
+        // The audit record shows the new subscription as a GET would, with
+        // its registration's SyncID: from the caches (`kayra serve`; no
+        // round trip, "" when they do not know it yet), else read.
+        let handle = match self.audit_context() {
+            Some(_) => {
+                let sync_id = match self.cache() {
+                    Some(cache) => cache.registration(api).map(|r| r.sync_id).unwrap_or_default(),
+                    None => self.get_registration(api).await?.map(|r| r.value.sync_id).unwrap_or_default(),
+                };
+                self.auditing(Value::Null, shown(&subscription.view(&sync_id)))
+            }
+            None => self.clone(),
+        };
         let txn = Txn::new()
             .when(Compare::Exists(keys::namespace(namespace)))
             .when(Compare::Exists(keys::registration(p, r, api)))
@@ -435,7 +451,7 @@ impl Repository {
             .then(Op::Get { key: keys::registration(p, r, api) })
             .otherwise(Op::Get { key: keys::namespace(namespace) })
             .otherwise(Op::Get { key: keys::registration(p, r, api) });
-        let resp = self.txn(txn).await?;
+        let resp = handle.txn(txn).await?;
         if resp.succeeded {
             let registration = resp.gets.into_iter().next().flatten().map(|kv| decode::<ApiRegistration>(&kv));
             let sync_id = registration.transpose()?.map(|r| r.value.sync_id).unwrap_or_default();
@@ -454,17 +470,44 @@ impl Repository {
     pub async fn delete_subscription(&self, namespace: &str, api: &str) -> Result<Revision> {
         let (p, r) = (&*self.platform, &*self.region);
         let key = keys::subscription(p, r, namespace, api);
-        let txn = Txn::new()
-            .when(Compare::Exists(key.clone()))
-            .then(Op::Delete { key })
-            .otherwise(Op::Get { key: keys::namespace(namespace) })
-            .then(Op::Delete { key: keys::subscriber(p, r, api, namespace) })
-            .then(Op::Delete { key: keys::namespace_subscriber(namespace, p, r, api) })
-            .then(Op::DeletePrefix { prefix: keys::runs(p, r, namespace, api) })
-            .then(Op::Delete { key: keys::run_cursor(p, r, namespace, api) })
-            .then(Op::Delete { key: keys::attempt(p, r, namespace, api) });
-        let resp = self.txn(txn).await?;
-        if !resp.succeeded {
+        for _ in 0..GUARDED_ATTEMPTS {
+            // Audited, the delete is of the subscription as read (its
+            // record shows it), so it compares that revision.
+            let (guard, handle) = match self.audit_context() {
+                Some(_) => match self.read_subscription(namespace, api).await? {
+                    SubscriptionRead { subscription: Some(current), registration, namespace_exists } => {
+                        let read = SubscriptionRead { subscription: None, registration, namespace_exists };
+                        let before = shown(&current.value.view(read.sync_id()));
+                        (Compare::ModRevision(key.clone(), current.revision), self.auditing(before, Value::Null))
+                    }
+                    // Nothing to delete: the read says which 404.
+                    SubscriptionRead { namespace_exists: false, .. } => {
+                        return Err(Error::NotFound(format!("namespace {namespace:?}")));
+                    }
+                    SubscriptionRead { .. } => {
+                        return Err(Error::NotFound(format!("subscription of namespace {namespace:?} to {api:?}")));
+                    }
+                },
+                None => (Compare::Exists(key.clone()), self.clone()),
+            };
+            let txn = Txn::new()
+                .when(guard)
+                .then(Op::Delete { key: key.clone() })
+                .otherwise(Op::Get { key: keys::namespace(namespace) })
+                .otherwise(Op::Get { key: key.clone() })
+                .then(Op::Delete { key: keys::subscriber(p, r, api, namespace) })
+                .then(Op::Delete { key: keys::namespace_subscriber(namespace, p, r, api) })
+                .then(Op::DeletePrefix { prefix: keys::runs(p, r, namespace, api) })
+                .then(Op::Delete { key: keys::run_cursor(p, r, namespace, api) })
+                .then(Op::Delete { key: keys::attempt(p, r, namespace, api) });
+            let resp = handle.txn(txn).await?;
+            if resp.succeeded {
+                return Ok(resp.revision);
+            }
+            if resp.gets.get(1).is_some_and(Option::is_some) {
+                // It exists but changed since it was read: read again.
+                continue;
+            }
             // Which 404, from the same round trip: the namespace is named
             // when it is what is missing.
             if resp.gets.first().is_some_and(Option::is_none) {
@@ -472,7 +515,7 @@ impl Repository {
             }
             return Err(Error::NotFound(format!("subscription of namespace {namespace:?} to {api:?}")));
         }
-        Ok(resp.revision)
+        Err(Error::Conflict(format!("subscription of namespace {namespace:?} to {api:?} keeps changing; try again")))
     }
 
     /// Creates a role binding in a namespace that exists, in one
@@ -536,12 +579,20 @@ impl Repository {
     /// The registration `/sync` shorthand: a fresh SyncID, always different
     /// from the previous one, which starts the ongoing action.
     pub async fn bump_registration_sync_id(&self, name: &str) -> Result<Versioned<ApiRegistration>> {
-        self.modify::<ApiRegistration, _>(RecordRef::Registration(name), &format!("api registration {name:?}"), |r| {
-            r.sync_id = new_sync_id(&r.sync_id);
-            r.sync_id_updated_at = sync_id_updated_now();
-            Change::Write
-        })
-        .await
+        let what = format!("api registration {name:?}");
+        let record = RecordRef::Registration(name);
+        loop {
+            let current = self.get::<ApiRegistration>(record).await?.ok_or_else(|| Error::NotFound(what.clone()))?;
+            let mut next = current.value.clone();
+            next.sync_id = new_sync_id(&next.sync_id);
+            next.sync_id_updated_at = sync_id_updated_now();
+            let handle = self.auditing(shown(&current.value), shown(&next));
+            match handle.update(record, &next, current.revision, &what).await {
+                Ok(revision) => return Ok(Versioned { value: next, revision }),
+                Err(Error::Conflict(_)) => continue,
+                Err(e) => return Err(e),
+            }
+        }
     }
 
     fn describe(&self, s: &SubscriptionRef) -> String {

@@ -183,3 +183,28 @@ async fn users_and_their_tokens() {
     assert!(revoked.stderr.starts_with("Error from server (Unauthorized)"), "{revoked:#?}");
     assert!(!revoked.stderr.contains(secret));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_audit_trail_lists_as_a_table() {
+    let kayra = Kayra::start().await;
+    let cli = &kayra.cli;
+    cli.run(&["create", "catalog", "namespaces", "core"]).await.ok();
+    cli.run(&["patch", "catalog", "namespaces", "core", "-d", "description: d"]).await.ok();
+    let list = cli.run(&["get", "catalog", "audit"]).await.ok();
+    let lines: Vec<&str> = list.stdout.lines().collect();
+    let header: Vec<&str> = lines[0].split_whitespace().collect();
+    assert_eq!(header, ["TIME", "USER", "VERB", "RESOURCE", "NAMESPACE", "NAME", "REASON"], "{list:#?}");
+    // Newest first; an empty namespace and reason show as <none>.
+    let newest: Vec<&str> = lines[1].split_whitespace().skip(1).collect();
+    assert_eq!(newest, ["admin", "patch", "namespaces", "<none>", "core", "<none>"], "{list:#?}");
+    let oldest: Vec<&str> = lines[2].split_whitespace().skip(1).collect();
+    assert_eq!(oldest[..3], ["admin", "create", "namespaces"], "{list:#?}");
+    // One record by id, as JSON.
+    let listed = cli.run(&["get", "catalog", "audit", "-o", "json"]).await.ok().json();
+    let id = listed["items"][0]["id"].as_str().unwrap().to_string();
+    let one = cli.run(&["get", "catalog", "audit", &id]).await.ok();
+    assert_eq!(one.json()["after"]["description"], "d");
+    // The trail is cluster-scoped.
+    let scoped = cli.run(&["get", "catalog", "-n", "core", "audit"]).await;
+    assert!(scoped.stderr.contains("cluster-scoped"), "{scoped:#?}");
+}

@@ -49,10 +49,13 @@ async fn case(backend: Backend) {
         ("create by short name (400)", Method::POST, subs.into(), Some(json!({"api": "compute"})), 400, 2),
         ("get", Method::GET, one.into(), None, 200, 1),
         ("get missing", Method::GET, "/namespaces/core/subscriptions/no.example.com".into(), None, 404, 1),
-        ("put (no-op)", Method::PUT, one.into(), Some(json!({})), 200, 1),
-        ("patch (no-op)", Method::PATCH, one.into(), Some(json!({})), 200, 1),
+        // A confirmation changes nothing but is recorded (§13): the read,
+        // then the audit record's write, guarded by the revision read.
+        ("put (no-op)", Method::PUT, one.into(), Some(json!({})), 200, 2),
+        ("patch (no-op)", Method::PATCH, one.into(), Some(json!({})), 200, 2),
         ("sync", Method::PUT, format!("{one}/sync"), Some(json!({})), 200, 2),
-        ("delete", Method::DELETE, one.into(), None, 204, 1),
+        // The audit record shows what was deleted: read, then the delete.
+        ("delete", Method::DELETE, one.into(), None, 204, 2),
         ("delete again (404)", Method::DELETE, one.into(), None, 404, 1),
         (
             "delete in a missing namespace",

@@ -4,13 +4,31 @@
 // server), and polled only where the server or the caller's rights allow
 // no stream.
 
-import { seg } from '../api.js';
+import { getJSON, seg } from '../api.js';
 import { el, fields, fill, keyed, notice, pager, table, throttle, time } from '../dom.js';
 import { category, subscriptionColumns, subscriptionRows } from '../fleet.js';
 import { followObject, poker } from '../live.js';
 import { progress } from './apis.js';
 
 const PAGE = 100;
+
+/**
+ * Who last changed the registration's SyncID and why (platform §13), from
+ * the audit trail: the newest `/sync` record, or a newer PUT/PATCH that
+ * moved `sync_id`. `null` when none is kept or the caller may not read the
+ * trail.
+ */
+async function lastSyncChange(name, signal) {
+  const query = (resource, limit) =>
+    `/audit?resource=${encodeURIComponent(resource)}&name=${encodeURIComponent(name)}&limit=${limit}`;
+  const [bumps, writes] = await Promise.all([
+    getJSON(query('apiregistrations/sync', 1), { signal }),
+    getJSON(query('apiregistrations', 20), { signal }),
+  ]);
+  const moved = writes.items.filter((r) => r.after && r.after.sync_id !== (r.before?.sync_id ?? null));
+  const candidates = [...bumps.items, ...moved].sort((a, b) => (a.id < b.id ? 1 : -1));
+  return candidates[0] ?? null;
+}
 const FILTERS = [
   ['all', 'all'], ['synced', 'synced'], ['pending', 'pending (not synced, not failed)'],
   ['failed', 'failed (not synced, state error)'], ['init', 'state init'], ['success', 'state success'],
@@ -29,6 +47,7 @@ export function render(view, { name }, signal) {
   let filter = 'all';
   let marked = false;
   const head = el('div');
+  const changedBy = el('p', { id: 'sync-changed-by' });
   let lastHead = '';
   const bar = progress(name);
   const errors = el('div');
@@ -43,7 +62,7 @@ export function render(view, { name }, signal) {
     columns: subscriptionColumns('Namespace'),
   });
   fill(view,
-    el('h1', {}, name), head,
+    el('h1', {}, name), head, changedBy,
     el('p', {}, bar.node),
     el('h2', {}, 'Subscribers'),
     el('p', { class: 'filter' }, el('label', { for: 'state-filter' }, 'State'), ' ', select),
@@ -79,9 +98,26 @@ export function render(view, { name }, signal) {
     fill(empty, status && !subscribers.length ? notice(none) : null);
   }, 100);
 
+  let asked = null;
+  const who = async (syncId) => {
+    if (asked === syncId) return;
+    asked = syncId;
+    try {
+      const record = await lastSyncChange(name, signal);
+      if (asked !== syncId) return;
+      fill(changedBy, record
+        ? ['Sync ID last changed by ', el('strong', { class: 'user' }, record.user), ' at ', time(record.time),
+            ': ', el('q', { class: 'reason' }, record.reason || 'no reason given')]
+        : null);
+    } catch (error) {
+      if (asked === syncId) fill(changedBy, null); // no right to read the audit trail: nothing to show
+    }
+  };
+
   const wake = poker();
   followObject(`/apiregistrations/${seg(name)}`, (r, error) => {
     if (r && registration && r.sync_id !== registration.sync_id) wake.poke();
+    if (r) who(r.sync_id);
     registration = r;
     errorOf = { ...errorOf, registration: error };
     draw();
