@@ -112,7 +112,19 @@ async fn create_then_unchanged_then_only_the_changed_object_is_written() {
     expected = expected
         .replace("ApiRegistration/compute.example.com unchanged", "ApiRegistration/compute.example.com configured");
     assert_eq!(third.stdout, expected, "{third:#?}");
-    assert_eq!(revision(&kayra).await, before + 1, "more than the one object was written");
+    // One write: the registration, with its audit record in the same
+    // transaction (the local store's revision counts both keys), and the
+    // reason on that record.
+    assert_eq!(revision(&kayra).await, before + 2, "more than the one object was written");
+    let audit = cli.run(&["get", "catalog", "audit", "-o", "json"]).await.ok().json();
+    let records = audit.get("items").unwrap_or(&audit).as_array().expect("audit records").clone();
+    let newest = &records[0];
+    assert_eq!(
+        (newest["resource"].as_str(), newest["name"].as_str(), newest["reason"].as_str()),
+        (Some("apiregistrations"), Some("compute.example.com"), Some("describe compute")),
+        "{newest}"
+    );
+    assert_eq!(newest["after"]["description"], "compute, reserved");
     let reg = cli.run(&["get", "catalog", "apiregistrations", "compute.example.com"]).await.ok().json();
     assert_eq!((reg["description"].as_str(), reg["sync_id"].as_str()), (Some("compute, reserved"), Some("v1")));
     assert_eq!((reg["short_name"].as_str(), reg["mode"].as_str()), (Some("compute"), Some("noop")));

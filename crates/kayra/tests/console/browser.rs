@@ -3,6 +3,7 @@
 //! profile. Nothing is downloaded: when the driver is missing,
 //! `scripts/setup.sh` installs Debian's packages, and a failure is loud.
 
+use std::os::unix::process::CommandExt as _;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -24,7 +25,24 @@ pub struct Browser {
 }
 
 impl Drop for Browser {
+    /// Ends the session (chromedriver then closes chromium), and kills the
+    /// driver's whole process group: a chromium left behind would keep its
+    /// page's watch streams reconnecting to a port that a later test may
+    /// be listening on.
     fn drop(&mut self) {
+        use std::io::{Read as _, Write as _};
+        let request = format!(
+            "DELETE /session/{} HTTP/1.1\r\nHost: 127.0.0.1:{}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
+            self.session, self.port
+        );
+        if let Ok(mut conn) = std::net::TcpStream::connect(("127.0.0.1", self.port)) {
+            let _ = conn.set_read_timeout(Some(Duration::from_secs(5)));
+            let _ = conn.write_all(request.as_bytes());
+            let _ = conn.read(&mut [0; 512]);
+        }
+        if let Ok(pid) = i32::try_from(self.driver.id()) {
+            let _ = nix::sys::signal::killpg(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
+        }
         let _ = self.driver.kill();
         let _ = self.driver.wait();
     }
@@ -47,6 +65,8 @@ impl Browser {
         let port = free_port();
         let driver = Command::new(DRIVER)
             .arg(format!("--port={port}"))
+            // Its own process group, with the chromium it starts: killed whole on drop.
+            .process_group(0)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())

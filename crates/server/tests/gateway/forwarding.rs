@@ -129,7 +129,7 @@ pub(crate) fn capture_logs() {
         let _ = tracing_subscriber::fmt()
             .with_writer(|| Capture)
             .with_ansi(false)
-            .with_env_filter("kayra_server::gateway=info")
+            .with_env_filter("kayra_server::gateway=info,kayra_server::auth=info,kayra_catalog::api::audit=info")
             .try_init();
     });
 }

@@ -283,3 +283,26 @@ async fn over_tls_the_backend_learns_the_caller_used_https() {
     assert_eq!(proto, ["https"], "{:?}", seen.headers);
     assert_eq!(seen.headers["x-forwarded-for"], "127.0.0.1");
 }
+
+/// §13: a refused catalog request stores no audit record; it is one log
+/// line with `audit: "denied"`, the user when known, resource and verb —
+/// and never the token that was refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refused_catalog_requests_are_logged_as_denied_without_the_token() {
+    crate::gateway::forwarding::capture_logs();
+    let server = Server::start(Backend::Local).await;
+    let unknown = "unknown-token-0123456789abcdef0123456789";
+    let reply = server.call(Method::POST, "/namespaces", Some(unknown), Some(json!({"name": "x"}))).await;
+    assert_eq!(reply.status, 401, "{reply:?}");
+    let token = server.user_with_rules("mallory", json!([{"apis": ["catalog.example.com"], "resources": ["namespaces"], "verbs": ["get"]}])).await;
+    let reply = server.call(Method::POST, "/namespaces", Some(&token), Some(json!({"name": "x"}))).await;
+    assert_eq!(reply.status, 403, "{reply:?}");
+    kayra_testkit::eventually("both refusals are logged", || async {
+        let log = crate::gateway::forwarding::logged();
+        log.lines().any(|l| l.contains("denied") && l.contains("code=401"))
+            && log.lines().any(|l| l.contains("denied") && l.contains("mallory") && l.contains("namespaces") && l.contains("create"))
+    })
+    .await;
+    let log = crate::gateway::forwarding::logged();
+    assert!(!log.contains(unknown) && !log.contains(&token), "a token was logged: {log}");
+}
