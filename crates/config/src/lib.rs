@@ -8,9 +8,11 @@
 //! # Layout
 //! - this file: the typed tree, [`Config::load`], overrides, validation.
 //! - [`step`]: the reconciler's HTTP step types (`reconciler.mode.<mode>`).
+//! - [`notifications`]: `notifications`, the sinks of §14.
 //! - [`duration`]: the string-duration wrapper.
 
 pub mod duration;
+pub mod notifications;
 pub mod step;
 
 use std::collections::BTreeMap;
@@ -20,6 +22,7 @@ use serde::Deserialize;
 use thiserror::Error;
 
 pub use duration::Duration;
+pub use notifications::{NotificationsConfig, SinkConfig};
 pub use step::{HeaderValue, MAX_STEP_TIMEOUT, Step, TypedHeader, WaitCondition};
 
 /// Default for `reconciler.max_concurrent_reconciles`
@@ -65,6 +68,8 @@ pub struct Config {
     pub auth: AuthConfig,
     pub logging: LoggingConfig,
     pub reconciler: ReconcilerConfig,
+    /// Where events go (§14).
+    pub notifications: NotificationsConfig,
 }
 
 impl Default for Config {
@@ -77,6 +82,7 @@ impl Default for Config {
             auth: AuthConfig::default(),
             logging: LoggingConfig::default(),
             reconciler: ReconcilerConfig::default(),
+            notifications: NotificationsConfig::default(),
         }
     }
 }
@@ -553,7 +559,7 @@ impl Config {
                 })?;
             }
         }
-        Ok(())
+        self.notifications.validate()
     }
 }
 
