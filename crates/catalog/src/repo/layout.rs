@@ -49,6 +49,10 @@ pub enum RecordRef<'a> {
         api: &'a str,
         slot: u64,
     },
+    /// One notification delivery (§14), by id (`<event id>.<sink>`).
+    Delivery(&'a str),
+    /// The last completed fan-out of an API (`kayra_core::notifications::FanoutMarker`).
+    FanoutMarker(&'a str),
 }
 
 /// A set of records read or watched together: one key prefix.
@@ -78,6 +82,10 @@ pub enum Collection<'a> {
     Attempts,
     /// The reconciler's per-mode limit records (`kayra_pipeline::Limits`).
     Limits,
+    /// Every notification delivery of this deployment.
+    Deliveries,
+    /// Every API's fan-out marker.
+    FanoutMarkers,
 }
 
 /// The key layout of one deployment (platform + region): the only code that
@@ -110,6 +118,8 @@ impl Layout {
             RecordRef::Attempt { namespace, api } => attempt(p, r, namespace, api),
             RecordRef::RunCursor { namespace, api } => run_cursor(p, r, namespace, api),
             RecordRef::Run { namespace, api, slot } => format!("{}{slot}", runs(p, r, namespace, api)),
+            RecordRef::Delivery(id) => format!("{}{id}", deliveries(p, r)),
+            RecordRef::FanoutMarker(api) => format!("{}{api}", fanout_markers(p, r)),
         }
     }
 
@@ -131,6 +141,8 @@ impl Layout {
             Collection::SubscriptionRuns { namespace, api } => runs(p, r, namespace, api),
             Collection::Attempts => format!("/reconcileattempts/{p}/{r}/"),
             Collection::Limits => limits(p, r),
+            Collection::Deliveries => deliveries(p, r),
+            Collection::FanoutMarkers => fanout_markers(p, r),
         }
     }
 
@@ -163,6 +175,11 @@ impl Layout {
                 let [namespace, api, slot] = segments::<3>(key, &scoped(root))?;
                 RecordRef::Run { namespace, api, slot: slot.parse().ok()? }
             }
+            "notifications" => match two(&scoped(root))? {
+                ["deliveries", id] => RecordRef::Delivery(id),
+                ["fanouts", api] => RecordRef::FanoutMarker(api),
+                _ => return None,
+            },
             _ => return None,
         })
     }
@@ -223,6 +240,8 @@ mod tests {
             RecordRef::Attempt { namespace: "core", api: "compute.example.com" },
             RecordRef::RunCursor { namespace: "core", api: "compute.example.com" },
             RecordRef::Run { namespace: "core", api: "compute.example.com", slot: 7 },
+            RecordRef::Delivery("0190.subscription.failed.ops"),
+            RecordRef::FanoutMarker("compute.example.com"),
         ];
         for record in records {
             assert_eq!(layout.parse(&layout.key(record)), Some(record), "{record:?}");
@@ -277,10 +296,15 @@ mod tests {
             (RecordRef::Run { namespace, api, slot: 0 }, Collection::SubscriptionRuns { namespace, api }),
             (RecordRef::Run { namespace, api, slot: 0 }, Collection::Runs),
             (RecordRef::Attempt { namespace, api }, Collection::Attempts),
+            (RecordRef::Delivery("e.ops"), Collection::Deliveries),
+            (RecordRef::FanoutMarker(api), Collection::FanoutMarkers),
         ];
         for (record, collection) in pairs {
             assert!(layout.key(record).starts_with(&layout.prefix(collection)), "{record:?} in {collection:?}");
         }
+        // The markers stay outside the deliveries, so the notifier's watch never sees them.
+        let marker = layout.key(RecordRef::FanoutMarker(api));
+        assert!(!marker.starts_with(&layout.prefix(Collection::Deliveries)));
         // The run cursor stays outside the runs, so readers of run records never see it.
         let cursor = layout.key(RecordRef::RunCursor { namespace, api });
         assert!(!cursor.starts_with(&layout.prefix(Collection::Runs)));

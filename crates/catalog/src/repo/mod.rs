@@ -33,10 +33,12 @@
 //!   [`RecordRef`] and [`Collection`] are its typed face.
 //! - [`tenancy`]: namespaces, API registrations, subscriptions.
 //! - [`auth`]: users, tokens, roles, bindings.
+//! - [`notifications`]: notification deliveries and fan-out markers (§14).
 
 pub mod auth;
 mod keys;
 pub mod layout;
+pub mod notifications;
 pub mod runs;
 pub mod tenancy;
 
@@ -152,6 +154,7 @@ impl Repository {
             Rider::RunCursor { namespace, api, cursor } => {
                 (self.layout.key(RecordRef::RunCursor { namespace, api }), encode(cursor))
             }
+            Rider::Delivery(delivery) => (self.layout.key(RecordRef::Delivery(&delivery.id)), encode(delivery)),
         };
         vec![Op::Put { key, value }]
     }
@@ -478,8 +481,11 @@ pub enum Rider<'a> {
     /// The run cursor of a subscription whose result leaves the
     /// subscription record untouched.
     RunCursor { namespace: &'a str, api: &'a str, cursor: RunCursor },
-    // Next: `Audit(&'a AuditRecord)` (who, verb, resource, before/after) and
-    // `Outbox(&'a OutboxEvent)` (subscription.failed, fanout.completed, …).
+    /// A notification's delivery to one sink (§14's outbox): written with
+    /// the change that caused its event. Its key is its id, which is
+    /// deterministic, so a write retried writes the same record again.
+    Delivery(&'a kayra_core::notifications::Delivery),
+    // Next: `Audit(&'a AuditRecord)` (who, verb, resource, before/after).
 }
 
 /// The reconciler's run counter of one subscription: which ring slot of its
