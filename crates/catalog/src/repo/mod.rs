@@ -434,6 +434,19 @@ impl Repository {
         let (namespace, api) = (&write.seen.value.namespace, &write.seen.value.api);
         let key = self.layout.key(RecordRef::Subscription { namespace, api });
         let mut txn = Txn::new().when(Compare::ModRevision(key.clone(), write.seen.revision));
+        // The riders and the unlock first, the subscription last: the local store gives
+        // every put its own revision, and the revision the commit answers
+        // must be the subscription's own (the reconciler's view keeps it,
+        // and the watch's echo of the record must not look older).
+        txn = riders.iter().flat_map(|rider| self.rider_ops(rider)).fold(txn, Txn::then);
+        txn.success.extend(self.riders.iter().cloned());
+        if let Some(lock) = write.lock {
+            let fence = lock.store_key.clone();
+            txn = txn.when(Compare::Exists(fence.clone())).otherwise(Op::Get { key: fence.clone() });
+            if write.unlock {
+                txn = txn.then(Op::Delete { key: fence });
+            }
+        }
         if let Some(next) = write.next {
             // A result is no re-sync request (§4.4 `trigger`): its echo must
             // never read as one, whatever `next` carried over.
@@ -446,21 +459,12 @@ impl Repository {
             };
             let value =
                 serde_json::to_vec(next).map_err(|e| Error::Corrupt { key: key.clone(), message: e.to_string() })?;
-            txn = txn.then(Op::Put { key, value });
             if write.clear_runs {
                 txn = txn.then(Op::DeletePrefix {
                     prefix: self.layout.prefix(Collection::SubscriptionRuns { namespace, api }),
                 });
             }
-        }
-        txn = riders.iter().flat_map(|rider| self.rider_ops(rider)).fold(txn, Txn::then);
-        txn.success.extend(self.riders.iter().cloned());
-        if let Some(lock) = write.lock {
-            let fence = lock.store_key.clone();
-            txn = txn.when(Compare::Exists(fence.clone())).otherwise(Op::Get { key: fence.clone() });
-            if write.unlock {
-                txn = txn.then(Op::Delete { key: fence });
-            }
+            txn = txn.then(Op::Put { key, value });
         }
         let resp = self.store.txn_grouped(txn).await?;
         Ok(match (resp.succeeded, write.lock, resp.gets.first()) {
@@ -647,7 +651,8 @@ mod tests {
             panic!("the result commits while the lock is held")
         };
         let stored = repo.get::<Subscription>(RecordRef::Subscription { namespace, api }).await.unwrap().unwrap();
-        assert!(stored.value == next && stored.revision <= at, "{stored:?} by {at}");
+        assert_eq!(stored.value, next);
+        assert_eq!(stored.revision, at, "the commit's revision is the subscription's own, riders or not");
         assert_eq!(runs(&repo).await, ["r1"]);
         assert!(repo.store().get("/locks/held").await.unwrap().0.is_none(), "unlocked in the same transaction");
 
