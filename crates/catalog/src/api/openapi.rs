@@ -20,7 +20,8 @@ use utoipa::openapi::{ContentBuilder, Ref, RefOr, Required, Response, ResponseBu
 use super::error::ErrorBody;
 use super::stream::WatchEvent;
 use super::{
-    Access, BASE_PATH, bindings, namespaces, registrations, roles, routes, runs, status, subscriptions, users,
+    Access, BASE_PATH, bindings, namespaces, notifications, registrations, roles, routes, runs, status, subscriptions,
+    users,
 };
 
 #[derive(OpenApi)]
@@ -83,6 +84,8 @@ use super::{
         bindings::update,
         bindings::patch,
         bindings::delete,
+        notifications::list,
+        notifications::retry,
     ),
     components(schemas(ErrorBody, WatchEvent))
 )]
