@@ -450,6 +450,60 @@ async fn a_delivery_cut_off_mid_send_is_sent_again_by_another(_: Kind) {
     assert_eq!(delivery.state, DeliveryState::Delivered);
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unknown_sink_secrets_stop_the_reconciler_naming_the_key() {
+    let ts = store(Kind::Local).await;
+    let repo = Repository::new(ts.store.clone(), "dev", "local");
+    let receiver = Receiver::start(|_| Answer::Status(200)).await;
+    let mut setup = setup(&receiver, &["subscription.activated"], 10, "5s");
+    setup.config.secrets.remove("sign");
+    let cancel = CancellationToken::new();
+    let refused = Reconciler::new(repo, setup.config, cancel).unwrap().with_notifications(&setup.notifications);
+    let error = refused.err().expect("an unknown signing secret is refused").to_string();
+    assert!(error.contains("notifications.sinks.ops.signing_secret") && error.contains("\"sign\""), "{error}");
+}
+
+/// The process-wide metrics recorder, installed once for this binary.
+fn metrics() -> &'static metrics_exporter_prometheus::PrometheusHandle {
+    static HANDLE: OnceLock<metrics_exporter_prometheus::PrometheusHandle> = OnceLock::new();
+    HANDLE.get_or_init(|| {
+        let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
+        let handle = recorder.handle();
+        metrics::set_global_recorder(recorder).unwrap();
+        handle
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deliveries_are_counted_by_sink_and_result() {
+    let handle = metrics();
+    let ts = store(Kind::Local).await;
+    let repo = Repository::new(ts.store.clone(), "dev", "local");
+    let receiver = Receiver::start(|n| if n == 1 { Answer::Status(500) } else { Answer::Status(200) }).await;
+    let mut setup = setup(&receiver, &["subscription.activated"], 10, "5s");
+    let metered = setup.notifications.sinks.remove("ops").unwrap();
+    setup.notifications.sinks.insert("metered".into(), metered);
+    let _reconciler = start(&repo, &setup);
+    let sample = |series: &str| {
+        let rendered = handle.render();
+        rendered.lines().find_map(|l| l.strip_prefix(series)?.trim().parse::<f64>().ok())
+    };
+    let total = |result: &str| sample(&format!("kayra_notifications_total{{sink=\"metered\",result=\"{result}\"}}"));
+    assert_eq!(total("dead"), Some(0.0), "described at startup: {}", handle.render());
+    assert_eq!(sample("kayra_notifications_pending{sink=\"metered\"}"), Some(0.0));
+    let seed = Seed(&repo);
+    seed.namespace("core").await;
+    seed.registration(API, "m", "s1").await;
+    seed.subscription("core", API).await;
+    eventually("one failed attempt and one delivery are counted", || async {
+        total("failed") == Some(1.0) && total("delivered") == Some(1.0)
+    })
+    .await;
+    eventually("nothing is pending", || async { sample("kayra_notifications_pending{sink=\"metered\"}") == Some(0.0) })
+        .await;
+    assert_eq!(total("dead"), Some(0.0));
+}
+
 // ------------------------------------------------------------ logs
 
 static LOGS: OnceLock<Mutex<Vec<u8>>> = OnceLock::new();
