@@ -8,11 +8,13 @@
 //! # Layout
 //! - this file: the typed tree, [`Config::load`], overrides, validation.
 //! - [`step`]: the reconciler's HTTP step types (`reconciler.mode.<mode>`).
+//! - [`notifications`]: `notifications`, the sinks of §14.
 //! - [`duration`]: the string-duration wrapper.
 //! - [`net`]: CIDRs (`server.trusted_proxies`).
 
 pub mod duration;
 pub mod net;
+pub mod notifications;
 pub mod step;
 
 use std::collections::BTreeMap;
@@ -23,6 +25,7 @@ use thiserror::Error;
 
 pub use duration::Duration;
 pub use net::Cidr;
+pub use notifications::{NotificationsConfig, SinkConfig};
 pub use step::{HeaderValue, MAX_STEP_TIMEOUT, Step, TypedHeader, WaitCondition};
 
 /// Default for `reconciler.max_concurrent_reconciles`
@@ -69,6 +72,8 @@ pub struct Config {
     pub logging: LoggingConfig,
     pub reconciler: ReconcilerConfig,
     pub audit: AuditConfig,
+    /// Where events go (§14).
+    pub notifications: NotificationsConfig,
 }
 
 impl Default for Config {
@@ -82,6 +87,7 @@ impl Default for Config {
             logging: LoggingConfig::default(),
             reconciler: ReconcilerConfig::default(),
             audit: AuditConfig::default(),
+            notifications: NotificationsConfig::default(),
         }
     }
 }
@@ -598,7 +604,7 @@ impl Config {
                 })?;
             }
         }
-        Ok(())
+        self.notifications.validate()
     }
 }
 

@@ -117,7 +117,7 @@ pub struct TypedHeader {
 }
 
 impl TypedHeader {
-    fn validate(&self) -> Result<(), String> {
+    pub(crate) fn validate(&self) -> Result<(), String> {
         match (&self.value, &self.secret) {
             (Some(_), Some(_)) => Err("set one of value and secret, not both".into()),
             (None, None) => Err("needs value (with type) or secret".into()),

@@ -100,6 +100,32 @@ fn check_names_mode_step_and_field_of_each_kind_of_error() {
     assert!(stderr(&out).contains("max_concurrent_reconcilez"), "{}", stderr(&out));
 }
 
+#[test]
+fn check_refuses_an_unknown_sink_secret_naming_the_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let sink = "notifications:\n  sinks:\n    ops:\n      url: https://hooks.example.com/k\n      \
+                events: [subscription.failed]\n";
+    let secrets = "reconciler:\n  secrets:\n    hook: {env: HOOK}\n";
+    let cases = [
+        ("      signing_secret: nope\n", "notifications.sinks.ops.signing_secret: unknown secret \"nope\""),
+        (
+            "      headers: {Authorization: {type: Bearer, secret: gone}}\n",
+            "notifications.sinks.ops.headers.Authorization.secret: unknown secret \"gone\"",
+        ),
+        ("      headers: {\"Bad Header\": x}\n", "notifications.sinks.ops.headers.Bad Header"),
+    ];
+    for (line, want) in cases {
+        std::fs::write(dir.path().join("bad.yaml"), format!("{secrets}{sink}{line}")).unwrap();
+        let out = kayra(dir.path(), &["check", "--config", "bad.yaml"]);
+        assert_eq!(out.status.code(), Some(1), "{line}");
+        assert!(stderr(&out).contains(want), "{line}: expected {want:?} in {}", stderr(&out));
+    }
+    let good = format!("{secrets}{sink}      signing_secret: hook\n      headers: {{X-Token: {{secret: hook}}}}\n");
+    std::fs::write(dir.path().join("good.yaml"), good).unwrap();
+    let out = kayra(dir.path(), &["check", "--config", "good.yaml"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+}
+
 // ---------------------------------------------------------------- render
 
 /// A backend that counts connections: render must open none.

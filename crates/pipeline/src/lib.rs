@@ -81,7 +81,7 @@ pub use error::{PipelineError, ValidationError};
 pub use http::{MAX_RETRY_AFTER, http_client};
 pub use limits::{HoldCause, LimitKey, LimitKeys, LimitPermit, Limits};
 pub use render::{RenderedStep, format_rendered};
-pub use secrets::REDACTED;
+pub use secrets::{REDACTED, read_source as read_secret};
 
 use detached::DetachedRequests;
 use secrets::{Redactor, SecretSources};

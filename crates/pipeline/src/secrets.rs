@@ -63,7 +63,9 @@ impl SecretSources {
     }
 }
 
-async fn read_source(source: &SecretSource) -> Result<String, String> {
+/// Reads one secret's value now (the env var, or the file less one
+/// trailing newline). The error says why, never a value.
+pub async fn read_source(source: &SecretSource) -> Result<String, String> {
     match source {
         SecretSource::Env(var) => std::env::var(var).map_err(|e| match e {
             std::env::VarError::NotPresent => format!("environment variable {var} is not set"),

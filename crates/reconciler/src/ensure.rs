@@ -18,10 +18,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::Instant;
 
+use serde_json::json;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use kayra_catalog::repo::{JobRead, RecordRef, Repository, ResultCommit, ResultWrite, Versioned};
+use kayra_catalog::repo::{JobRead, RecordRef, Repository, ResultCommit, ResultWrite, Rider, Versioned};
 use kayra_config::ReconcilerConfig;
 use kayra_core::runs::shown;
 use kayra_core::{ApiRegistration, Run, RunResult, RunStep, RunTrigger, Subscription};
@@ -61,6 +62,8 @@ pub struct Worker {
     /// An entry left by a subscription deleted meanwhile is dropped when a
     /// job of its key next decides.
     pub owed_retries: Mutex<HashMap<(String, String), Attempt>>,
+    /// `notifications`: the deliveries a result's events make ride on its write.
+    pub sinks: Arc<crate::notify::Sinks>,
 }
 
 /// How a job ended, for the dispatcher.
@@ -396,7 +399,7 @@ impl Worker {
         // Nothing follows a final result under this lock: the result's
         // transaction is also the unlock.
         let unlock = matches!(then, Then::Done);
-        let recorded = match self.record_patiently(sub, &write, (&record, seq), run, unlock).await {
+        let recorded = match self.record_patiently(sub, (&write, then), (&record, seq), run, unlock).await {
             // §17: a result the store refuses (too large, out of space) is
             // recorded once as a failed run without its outputs, and the
             // ordinary failure path follows; it never loops.
@@ -404,7 +407,8 @@ impl Worker {
                 tracing::warn!(error = %shown(&why), "the store refused the result; recording the run as failed");
                 (write, then) = decide::after(&sub.value, sync_id, Outcome::Failed, failures);
                 let failed = runs::refused(&record, &why);
-                match self.record_patiently(sub, &write, (&failed, seq), run, matches!(then, Then::Done)).await {
+                match self.record_patiently(sub, (&write, then), (&failed, seq), run, matches!(then, Then::Done)).await
+                {
                     Err(kayra_catalog::repo::Error::Store(kayra_store::Error::Refused(why))) => {
                         // Not even that fits: the store is full. Running
                         // the pipeline again would only repeat this, so the
@@ -479,7 +483,7 @@ impl Worker {
     async fn record_patiently(
         &self,
         seen: &Versioned<Subscription>,
-        write: &Write,
+        write: (&Write, Then),
         result: (&Run, u64),
         run: RunIds<'_>,
         unlock: bool,
@@ -515,10 +519,12 @@ impl Worker {
     /// transaction also deletes the lock key (etcd), and `run.unlocked`
     /// says whether it did. The results of jobs finishing together share
     /// one transaction (group commit, [`kayra_store::Store::txn_grouped`]).
+    /// The deliveries of the notifications the result causes (§14) ride on
+    /// the same transaction: stored with it, or not at all.
     async fn record(
         &self,
         seen: &Versioned<Subscription>,
-        write: &Write,
+        (write, then): (&Write, Then),
         (record, seq): (&Run, u64),
         run: RunIds<'_>,
         unlock: bool,
@@ -531,7 +537,9 @@ impl Worker {
         {
             next.runs = seq + 1;
         }
-        let riders = runs::riders(history, seq, record, next.is_none());
+        let mut riders = runs::riders(history, seq, record, next.is_none());
+        let deliveries = self.deliveries(&seen.value, write, then, record);
+        riders.extend(deliveries.iter().map(Rider::Delivery));
         if next.is_none() && riders.is_empty() {
             return Ok(Recorded::Unchanged);
         }
@@ -548,6 +556,62 @@ impl Worker {
             ResultCommit::Fenced => Recorded::Fenced,
             ResultCommit::Stale => Recorded::Stale,
         })
+    }
+
+    /// The deliveries of the events (§14) a result causes, for every sink
+    /// that wants them: `subscription.activated` on the first success,
+    /// `subscription.recovered` on a success while `state: error`,
+    /// `subscription.failed` on the write that gives a decision up (once
+    /// per decision, never per run). Their ids come from the run's, so a
+    /// result written again writes the same records.
+    fn deliveries(
+        &self,
+        sub: &Subscription,
+        write: &Write,
+        then: Then,
+        run: &Run,
+    ) -> Vec<kayra_core::notifications::Delivery> {
+        use kayra_core::notifications::{SUBSCRIPTION_ACTIVATED, SUBSCRIPTION_FAILED, SUBSCRIPTION_RECOVERED};
+        if self.sinks.is_empty() {
+            return Vec::new();
+        }
+        let mut events = Vec::new();
+        if let Write::Success { sync_id } = write {
+            if !sub.active {
+                events.push((SUBSCRIPTION_ACTIVATED, format!("subscription activated at {sync_id}"), json!({})));
+            }
+            if sub.state == kayra_core::SubscriptionState::Error {
+                events.push((SUBSCRIPTION_RECOVERED, format!("subscription recovered at {sync_id}"), json!({})));
+            }
+        }
+        if then == Then::GiveUp {
+            let message = format!(
+                "reconcile toward {} failed and its retry too; waiting for the next write: {}",
+                run.sync_id, run.error
+            );
+            events.push((SUBSCRIPTION_FAILED, message, json!({ "error": run.error })));
+        }
+        let mut deliveries = Vec::new();
+        for (kind, message, mut data) in events {
+            if !self.sinks.wants(kind, &run.api) {
+                continue;
+            }
+            data["trigger"] = json!(run.trigger);
+            data["mode"] = json!(run.mode);
+            let event = kayra_core::notifications::Event {
+                id: kayra_core::notifications::Event::id_of_run(&run.id, kind),
+                kind: kind.to_string(),
+                time: run.finished_at.clone(),
+                api: run.api.clone(),
+                namespace: run.namespace.clone(),
+                sync_id: run.sync_id.clone(),
+                run_id: run.id.clone(),
+                message: shown(&message).into_owned(),
+                data,
+            };
+            deliveries.extend(self.sinks.deliveries(&event));
+        }
+        deliveries
     }
 
     /// reconcile(reg): run the mode's pipeline, or the placeholder.

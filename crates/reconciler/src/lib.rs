@@ -35,11 +35,16 @@
 //! - [`locks`]: cross-process job locks.
 //! - [`runs`]: the run records (§4.4).
 //! - [`view`]: the watch-fed view of this deployment.
+//! - [`notify`]: notifications (§14): the sinks, the deliveries an event
+//!   makes, the notifier that sends them.
+//! - [`fanout`]: `fanout.completed`, from the view, once per (api, SyncID).
 
 pub mod decide;
 pub mod ensure;
 mod events;
+pub mod fanout;
 pub mod locks;
+pub mod notify;
 pub mod pool;
 pub mod queue;
 pub mod runs;
@@ -94,6 +99,8 @@ pub struct Reconciler {
     ready: Arc<AtomicBool>,
     /// The resources listed at least once since the start.
     listed: HashSet<Resource>,
+    /// The notifier's first pause after a failed attempt ([`notify::RETRY_BASE`]).
+    notify_retry_base: Duration,
 }
 
 impl Reconciler {
@@ -123,6 +130,7 @@ impl Reconciler {
             limits,
             running: Default::default(),
             owed_retries: Default::default(),
+            sinks: Arc::default(),
         };
         Ok(Self {
             worker: Arc::new(worker),
@@ -131,7 +139,30 @@ impl Reconciler {
             tracker: TaskTracker::new(),
             ready: Arc::default(),
             listed: HashSet::new(),
+            notify_retry_base: notify::RETRY_BASE,
         })
+    }
+
+    /// Delivers events to `notifications`' sinks (§14): checks them as the
+    /// reconciler's startup does (an unknown secret stops it, naming the
+    /// key). Call before `run`.
+    pub fn with_notifications(
+        mut self,
+        notifications: &kayra_config::NotificationsConfig,
+    ) -> Result<Self, kayra_config::Error> {
+        let sinks = notify::Sinks::compile(notifications, &self.worker.config)?;
+        notify::Notifier::describe_metrics(&sinks);
+        if let Some(worker) = Arc::get_mut(&mut self.worker) {
+            worker.sinks = Arc::new(sinks);
+        }
+        Ok(self)
+    }
+
+    /// Test-only: the notifier's first pause after a failed attempt
+    /// (1 s in production), so retries can be tested quickly.
+    #[doc(hidden)]
+    pub fn set_notify_retry_base(&mut self, base: Duration) {
+        self.notify_retry_base = base;
     }
 
     /// Test-only fault injection: `hook` runs in every job right before it
@@ -168,10 +199,14 @@ impl Reconciler {
         // On etcd, `kayra_limit_in_flight` shows the fleet's slots; everywhere,
         // `kayra_limit_held_seconds` counts a 429's hold down.
         let fleet = tokio::spawn(self.worker.limits.clone().report_fleet(cancel.clone()));
+        let (notifier, fanout) = self.start_notifications(&cancel);
         self.watch(&cancel).await;
         self.queue.close();
         let _ = dispatcher.await;
         let _ = fleet.await;
+        for task in [notifier, fanout].into_iter().flatten() {
+            let _ = task.await;
+        }
         self.pool.close();
         self.tracker.close();
         self.tracker.wait().await;
@@ -216,6 +251,27 @@ impl Reconciler {
                 self.ready.store(true, Ordering::SeqCst);
             }
         }
+    }
+
+    /// With sinks configured: the notifier, and the fan-out checks when a
+    /// sink wants `fanout.completed`.
+    #[allow(clippy::type_complexity)]
+    fn start_notifications(
+        &self,
+        cancel: &CancellationToken,
+    ) -> (Option<tokio::task::JoinHandle<()>>, Option<tokio::task::JoinHandle<()>>) {
+        let sinks = self.worker.sinks.clone();
+        if sinks.is_empty() {
+            return (None, None);
+        }
+        let repo = self.worker.repo.clone();
+        let notifier = notify::Notifier::new(repo.clone(), sinks.clone(), self.notify_retry_base);
+        let notifier = tokio::spawn(notifier.run(cancel.clone()));
+        let fanout = sinks.wants_kind(kayra_core::notifications::FANOUT_COMPLETED).then(|| {
+            let (view, ready) = (self.worker.view.clone(), self.ready.clone());
+            tokio::spawn(fanout::run(repo, sinks, view, ready, cancel.clone()))
+        });
+        (Some(notifier), fanout)
     }
 
     /// `kayra_subscriptions_behind{api}` from the view (no store read).

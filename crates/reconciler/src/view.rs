@@ -9,7 +9,7 @@
 //! right after its own write does not wait for the watch to echo it.
 //! Updates are revision-monotonic: an older record never replaces a newer.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 
 use kayra_core::{ApiRegistration, Subscription};
 use kayra_store::Revision;
@@ -26,6 +26,11 @@ pub struct View {
     given_up: HashMap<(String, String), Attempt>,
     /// namespace → (active, revision).
     namespaces: HashMap<String, (bool, Revision)>,
+    /// APIs whose subscriptions, registration or given-up records changed
+    /// since [`View::take_dirty`] (the fan-out checks, [`crate::fanout`]).
+    dirty: BTreeSet<String>,
+    /// Every API is dirty (a list replaced a part of the view).
+    all_dirty: bool,
 }
 
 impl View {
@@ -45,11 +50,13 @@ impl View {
 
     /// Replaces every registration (a complete list).
     pub fn replace_registrations(&mut self, registrations: Vec<(ApiRegistration, Revision)>) {
+        self.all_dirty = true;
         self.registrations = registrations.into_iter().map(|(r, rev)| (r.name.clone(), (r, rev))).collect();
     }
 
     /// Replaces every subscription (a complete list): those not in it are gone.
     pub fn replace_subscriptions(&mut self, subscriptions: Vec<(Subscription, Revision)>) {
+        self.all_dirty = true;
         self.subscribers.clear();
         for (sub, rev) in subscriptions {
             self.put_subscription(sub, rev);
@@ -58,6 +65,7 @@ impl View {
 
     /// Replaces every given-up record (a complete list).
     pub fn replace_given_up(&mut self, given_up: Vec<((String, String), Attempt)>) {
+        self.all_dirty = true;
         self.given_up = given_up.into_iter().collect();
     }
 
@@ -78,6 +86,7 @@ impl View {
     }
 
     pub fn put_subscription(&mut self, sub: Subscription, revision: Revision) {
+        self.mark(&sub.api);
         let subs = self.subscribers.entry(sub.api.clone()).or_default();
         match subs.get(&sub.namespace) {
             Some((_, seen)) if *seen >= revision => {}
@@ -88,6 +97,7 @@ impl View {
     }
 
     pub fn delete_subscription(&mut self, namespace: &str, api: &str) {
+        self.mark(api);
         if let Some(subs) = self.subscribers.get_mut(api) {
             subs.remove(namespace);
             if subs.is_empty() {
@@ -101,6 +111,7 @@ impl View {
     }
 
     pub fn put_registration(&mut self, reg: ApiRegistration, revision: Revision) {
+        self.mark(&reg.name);
         match self.registrations.get(&reg.name) {
             Some((_, seen)) if *seen >= revision => {}
             _ => {
@@ -118,16 +129,39 @@ impl View {
     }
 
     pub fn put_given_up(&mut self, namespace: &str, api: &str, attempt: Attempt) {
+        self.mark(api);
         self.given_up.insert((namespace.to_string(), api.to_string()), attempt);
     }
 
     /// Forgets a given-up record; true when there was one.
     pub fn delete_given_up(&mut self, namespace: &str, api: &str) -> bool {
+        self.mark(api);
         self.given_up.remove(&(namespace.to_string(), api.to_string())).is_some()
     }
 
     pub fn has_given_up(&self, namespace: &str, api: &str) -> bool {
         self.given_up.contains_key(&(namespace.to_string(), api.to_string()))
+    }
+
+    /// `api`'s subscribers: namespace → (subscription, revision).
+    pub fn subscribers_of(&self, api: &str) -> impl Iterator<Item = (&String, &(Subscription, Revision))> {
+        self.subscribers.get(api).into_iter().flatten()
+    }
+
+    fn mark(&mut self, api: &str) {
+        if !self.all_dirty && !self.dirty.contains(api) {
+            self.dirty.insert(api.to_string());
+        }
+    }
+
+    /// The APIs changed since the last call (after a list: every
+    /// registration's), and forgets them.
+    pub fn take_dirty(&mut self) -> BTreeSet<String> {
+        let mut dirty = std::mem::take(&mut self.dirty);
+        if std::mem::take(&mut self.all_dirty) {
+            dirty.extend(self.registrations.keys().cloned());
+        }
+        dirty
     }
 
     /// Every subscription as (namespace, api).

@@ -16,6 +16,7 @@ mod api {
     mod hardening;
     mod hostile;
     mod namespaces;
+    mod notifications;
     mod operations;
     mod progress;
     mod rbac;

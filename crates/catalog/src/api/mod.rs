@@ -23,7 +23,8 @@
 //! - [`list`]: `{items, continue}` and pagination.
 //! - one module per resource: [`namespaces`], [`registrations`],
 //!   [`subscriptions`] (with their [`runs`]), [`users`] (with tokens and `/whoami`), [`roles`],
-//!   [`bindings`] (cluster and namespace role bindings).
+//!   [`bindings`] (cluster and namespace role bindings), [`notifications`]
+//!   (the deliveries of §14's events, and their retry).
 //! - [`watch`], [`hub`]: `?watch=true` streams, fanned out from one store
 //!   watch per prefix; [`status`]: the `/status` report and its stream;
 //!   [`stream`]: what every stream shares (framing, outbox, re-checks).
@@ -38,6 +39,7 @@ pub mod extract;
 pub mod hub;
 pub mod list;
 pub mod namespaces;
+pub mod notifications;
 pub mod openapi;
 pub mod registrations;
 pub mod roles;
@@ -270,6 +272,8 @@ fn declarations() -> Vec<(&'static str, Vec<Endpoint>)> {
         ),
         ("/audit", vec![Endpoint::get(cluster("audit", List), audit::list).watch(W::Audit)]),
         ("/audit/{id}", vec![Endpoint::get(cluster("audit", Get), audit::get)]),
+        ("/notifications", vec![Endpoint::get(cluster("notifications", List), notifications::list)]),
+        ("/notifications/{id}/retry", vec![Endpoint::put(cluster("notifications/retry", Patch), notifications::retry)]),
     ]
 }
 
@@ -440,9 +444,10 @@ mod tests {
     fn verbs_follow_the_http_mapping_and_sync_is_patch() {
         for route in routes() {
             let Access::Cluster { resource, verb } = route.access else { continue };
-            if route.path.ends_with("/sync") {
+            // The action subresources: a PUT that changes part of a record.
+            if let Some(action) = ["/sync", "/retry"].into_iter().find(|a| route.path.ends_with(a)) {
                 assert_eq!((route.method.as_str(), verb), ("PUT", Patch), "{}", route.path);
-                assert!(resource.ends_with("/sync"), "{}", route.path);
+                assert!(resource.ends_with(action), "{}", route.path);
                 continue;
             }
             // A collection path ends in a literal, an item path in a parameter.

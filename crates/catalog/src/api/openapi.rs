@@ -20,7 +20,8 @@ use utoipa::openapi::{ContentBuilder, Ref, RefOr, Required, Response, ResponseBu
 use super::error::ErrorBody;
 use super::stream::WatchEvent;
 use super::{
-    Access, BASE_PATH, audit, bindings, namespaces, registrations, roles, routes, runs, status, subscriptions, users,
+    Access, BASE_PATH, audit, bindings, namespaces, notifications, registrations, roles, routes, runs, status,
+    subscriptions, users,
 };
 
 #[derive(OpenApi)]
@@ -85,6 +86,8 @@ use super::{
         bindings::delete,
         audit::list,
         audit::get,
+        notifications::list,
+        notifications::retry,
     ),
     components(schemas(ErrorBody, WatchEvent))
 )]

@@ -125,3 +125,11 @@ pub fn limits(platform: &str, region: &str) -> String {
 pub fn audit(platform: &str, region: &str) -> String {
     format!("/audit/{platform}/{region}/")
 }
+/// Every notification delivery of one deployment (§14), by id.
+pub fn deliveries(platform: &str, region: &str) -> String {
+    format!("/notifications/{platform}/{region}/deliveries/")
+}
+/// Every API's fan-out marker (the last completed fan-out's SyncID) in one deployment.
+pub fn fanout_markers(platform: &str, region: &str) -> String {
+    format!("/notifications/{platform}/{region}/fanouts/")
+}

@@ -52,6 +52,10 @@ pub enum RecordRef<'a> {
     /// One audit record (platform §13), by its order key
     /// ([`super::audit::order_key`] of its id).
     Audit(&'a str),
+    /// One notification delivery (§14), by id (`<event id>.<sink>`).
+    Delivery(&'a str),
+    /// The last completed fan-out of an API (`kayra_core::notifications::FanoutMarker`).
+    FanoutMarker(&'a str),
 }
 
 /// A set of records read or watched together: one key prefix.
@@ -83,6 +87,10 @@ pub enum Collection<'a> {
     Limits,
     /// This deployment's audit records, newest first.
     Audit,
+    /// Every notification delivery of this deployment.
+    Deliveries,
+    /// Every API's fan-out marker.
+    FanoutMarkers,
 }
 
 /// The key layout of one deployment (platform + region): the only code that
@@ -116,6 +124,8 @@ impl Layout {
             RecordRef::RunCursor { namespace, api } => run_cursor(p, r, namespace, api),
             RecordRef::Run { namespace, api, slot } => format!("{}{slot}", runs(p, r, namespace, api)),
             RecordRef::Audit(order) => format!("{}{order}", audit(p, r)),
+            RecordRef::Delivery(id) => format!("{}{id}", deliveries(p, r)),
+            RecordRef::FanoutMarker(api) => format!("{}{api}", fanout_markers(p, r)),
         }
     }
 
@@ -138,6 +148,8 @@ impl Layout {
             Collection::Attempts => format!("/reconcileattempts/{p}/{r}/"),
             Collection::Limits => limits(p, r),
             Collection::Audit => audit(p, r),
+            Collection::Deliveries => deliveries(p, r),
+            Collection::FanoutMarkers => fanout_markers(p, r),
         }
     }
 
@@ -171,6 +183,11 @@ impl Layout {
                 RecordRef::Run { namespace, api, slot: slot.parse().ok()? }
             }
             "audit" => RecordRef::Audit(one(&scoped(root))?),
+            "notifications" => match two(&scoped(root))? {
+                ["deliveries", id] => RecordRef::Delivery(id),
+                ["fanouts", api] => RecordRef::FanoutMarker(api),
+                _ => return None,
+            },
             _ => return None,
         })
     }
@@ -232,6 +249,8 @@ mod tests {
             RecordRef::RunCursor { namespace: "core", api: "compute.example.com" },
             RecordRef::Run { namespace: "core", api: "compute.example.com", slot: 7 },
             RecordRef::Audit("fe6c4d"),
+            RecordRef::Delivery("0190.subscription.failed.ops"),
+            RecordRef::FanoutMarker("compute.example.com"),
         ];
         for record in records {
             assert_eq!(layout.parse(&layout.key(record)), Some(record), "{record:?}");
@@ -287,10 +306,15 @@ mod tests {
             (RecordRef::Run { namespace, api, slot: 0 }, Collection::Runs),
             (RecordRef::Attempt { namespace, api }, Collection::Attempts),
             (RecordRef::Audit("fe6c4d"), Collection::Audit),
+            (RecordRef::Delivery("e.ops"), Collection::Deliveries),
+            (RecordRef::FanoutMarker(api), Collection::FanoutMarkers),
         ];
         for (record, collection) in pairs {
             assert!(layout.key(record).starts_with(&layout.prefix(collection)), "{record:?} in {collection:?}");
         }
+        // The markers stay outside the deliveries, so the notifier's watch never sees them.
+        let marker = layout.key(RecordRef::FanoutMarker(api));
+        assert!(!marker.starts_with(&layout.prefix(Collection::Deliveries)));
         // The run cursor stays outside the runs, so readers of run records never see it.
         let cursor = layout.key(RecordRef::RunCursor { namespace, api });
         assert!(!cursor.starts_with(&layout.prefix(Collection::Runs)));

@@ -38,12 +38,14 @@
 //!   `kayra import`'s conditional bulk create.
 //! - [`audit`]: audit records: the request's context, the rider, listing
 //!   and retention.
+//! - [`notifications`]: notification deliveries and fan-out markers (§14).
 
 pub mod audit;
 pub mod auth;
 pub mod backup;
 mod keys;
 pub mod layout;
+pub mod notifications;
 pub mod runs;
 pub mod tenancy;
 
@@ -162,6 +164,7 @@ impl Repository {
                 (self.layout.key(RecordRef::RunCursor { namespace, api }), encode(cursor))
             }
             Rider::Audit(record) => return self.audit_ops(record),
+            Rider::Delivery(delivery) => (self.layout.key(RecordRef::Delivery(&delivery.id)), encode(delivery)),
         };
         vec![Op::Put { key, value }]
     }
@@ -441,6 +444,19 @@ impl Repository {
         let (namespace, api) = (&write.seen.value.namespace, &write.seen.value.api);
         let key = self.layout.key(RecordRef::Subscription { namespace, api });
         let mut txn = Txn::new().when(Compare::ModRevision(key.clone(), write.seen.revision));
+        // The riders and the unlock first, the subscription last: the local store gives
+        // every put its own revision, and the revision the commit answers
+        // must be the subscription's own (the reconciler's view keeps it,
+        // and the watch's echo of the record must not look older).
+        txn = riders.iter().flat_map(|rider| self.rider_ops(rider)).fold(txn, Txn::then);
+        txn.success.extend(self.riders.iter().cloned());
+        if let Some(lock) = write.lock {
+            let fence = lock.store_key.clone();
+            txn = txn.when(Compare::Exists(fence.clone())).otherwise(Op::Get { key: fence.clone() });
+            if write.unlock {
+                txn = txn.then(Op::Delete { key: fence });
+            }
+        }
         if let Some(next) = write.next {
             // A result is no re-sync request (§4.4 `trigger`): its echo must
             // never read as one, whatever `next` carried over.
@@ -453,21 +469,12 @@ impl Repository {
             };
             let value =
                 serde_json::to_vec(next).map_err(|e| Error::Corrupt { key: key.clone(), message: e.to_string() })?;
-            txn = txn.then(Op::Put { key, value });
             if write.clear_runs {
                 txn = txn.then(Op::DeletePrefix {
                     prefix: self.layout.prefix(Collection::SubscriptionRuns { namespace, api }),
                 });
             }
-        }
-        txn = riders.iter().flat_map(|rider| self.rider_ops(rider)).fold(txn, Txn::then);
-        txn.success.extend(self.riders.iter().cloned());
-        if let Some(lock) = write.lock {
-            let fence = lock.store_key.clone();
-            txn = txn.when(Compare::Exists(fence.clone())).otherwise(Op::Get { key: fence.clone() });
-            if write.unlock {
-                txn = txn.then(Op::Delete { key: fence });
-            }
+            txn = txn.then(Op::Put { key, value });
         }
         let resp = self.store.txn_grouped(txn).await?;
         Ok(match (resp.succeeded, write.lock, resp.gets.first()) {
@@ -491,7 +498,10 @@ pub enum Rider<'a> {
     /// The audit record of a catalog change (platform §13), keyed newest
     /// first ([`audit::order_key`]).
     Audit(&'a kayra_core::AuditRecord),
-    // Next: `Outbox(&'a OutboxEvent)` (subscription.failed, fanout.completed, …).
+    /// A notification's delivery to one sink (§14's outbox): written with
+    /// the change that caused its event. Its key is its id, which is
+    /// deterministic, so a write retried writes the same record again.
+    Delivery(&'a kayra_core::notifications::Delivery),
 }
 
 /// The reconciler's run counter of one subscription: which ring slot of its
@@ -653,7 +663,8 @@ mod tests {
             panic!("the result commits while the lock is held")
         };
         let stored = repo.get::<Subscription>(RecordRef::Subscription { namespace, api }).await.unwrap().unwrap();
-        assert!(stored.value == next && stored.revision <= at, "{stored:?} by {at}");
+        assert_eq!(stored.value, next);
+        assert_eq!(stored.revision, at, "the commit's revision is the subscription's own, riders or not");
         assert_eq!(runs(&repo).await, ["r1"]);
         assert!(repo.store().get("/locks/held").await.unwrap().0.is_none(), "unlocked in the same transaction");
 

@@ -134,8 +134,15 @@ impl Drop for Running {
 pub fn start_reconciler(repo: &Repository, config: ReconcilerConfig) -> Running {
     let cancel = CancellationToken::new();
     let reconciler = Reconciler::new(repo.clone(), config, cancel.clone()).expect("valid reconciler config");
-    let handle = tokio::spawn(async move { reconciler.run().await.expect("reconciler run") });
-    Running { cancel, handle: Some(handle) }
+    Running::spawn(reconciler, cancel)
+}
+
+impl Running {
+    /// Runs `reconciler`, built with `cancel`, until stopped or dropped.
+    pub fn spawn(reconciler: Reconciler, cancel: CancellationToken) -> Self {
+        let handle = tokio::spawn(async move { reconciler.run().await.expect("reconciler run") });
+        Running { cancel, handle: Some(handle) }
+    }
 }
 
 /// A reconciler config whose mode `name` runs one POST to `endpoint`.
