@@ -29,6 +29,8 @@ pub const CATALOG_RESOURCES: &[&str] = &[
     "clusterrolebindings",
     "rolebindings",
     "audit",
+    "notifications",
+    "notifications/retry",
 ];
 
 /// One successful catalog change.

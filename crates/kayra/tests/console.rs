@@ -667,6 +667,9 @@ async fn console_renders_recorded_runs_newest_first_with_every_step_field() {
     b.client.goto(&w.ui(&format!("#/namespaces/core/subscriptions/{COMPUTE}"))).await.unwrap();
     submit_token(&b, ADMIN).await;
     b.until("two runs", "return document.querySelectorAll('#runs tbody.run').length === 2").await;
+    // The fields come from the subscription's own stream, which may land
+    // after the runs' (each its own watch).
+    b.until("the subscription's fields", "return document.querySelector('dl.fields') !== null").await;
     let fields = b.text("dl.fields").await;
     for expected in ["core", COMPUTE, "init", "s2"] {
         assert!(fields.contains(expected), "{expected} missing from {fields}");

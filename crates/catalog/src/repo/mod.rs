@@ -377,7 +377,9 @@ impl Repository {
     async fn store_txn_one(&self, key: &str, guard: Compare, op: Op) -> kayra_store::Result<Revision> {
         let must_exist = !matches!(guard, Compare::Absent(_));
         let mut txn = Txn::new().when(guard).then(op).otherwise(Op::Get { key: key.into() });
-        txn.success.extend(self.riders.iter().cloned());
+        // The riders first, the record last: the local store gives each
+        // put its own revision, and the answer's is then the record's.
+        txn.success.splice(0..0, self.riders.iter().cloned());
         let resp = self.store.txn_grouped(txn).await?;
         match (resp.succeeded, resp.gets.first()) {
             (true, _) => Ok(resp.revision),

@@ -294,13 +294,20 @@ async fn refused_catalog_requests_are_logged_as_denied_without_the_token() {
     let unknown = "unknown-token-0123456789abcdef0123456789";
     let reply = server.call(Method::POST, "/namespaces", Some(unknown), Some(json!({"name": "x"}))).await;
     assert_eq!(reply.status, 401, "{reply:?}");
-    let token = server.user_with_rules("mallory", json!([{"apis": ["catalog.example.com"], "resources": ["namespaces"], "verbs": ["get"]}])).await;
+    let token = server
+        .user_with_rules(
+            "mallory",
+            json!([{"apis": ["catalog.example.com"], "resources": ["namespaces"], "verbs": ["get"]}]),
+        )
+        .await;
     let reply = server.call(Method::POST, "/namespaces", Some(&token), Some(json!({"name": "x"}))).await;
     assert_eq!(reply.status, 403, "{reply:?}");
     kayra_testkit::eventually("both refusals are logged", || async {
         let log = crate::gateway::forwarding::logged();
         log.lines().any(|l| l.contains("denied") && l.contains("code=401"))
-            && log.lines().any(|l| l.contains("denied") && l.contains("mallory") && l.contains("namespaces") && l.contains("create"))
+            && log.lines().any(|l| {
+                l.contains("denied") && l.contains("mallory") && l.contains("namespaces") && l.contains("create")
+            })
     })
     .await;
     let log = crate::gateway::forwarding::logged();
