@@ -8,6 +8,9 @@
 //!   store round trips per reconcile, and the raw store's own cost of a
 //!   run-sized second record in each grouped write (the floor of run
 //!   recording's cost);
+//! - the same fan-out with a notification sink told of
+//!   `subscription.failed` and `fanout.completed`, against one without
+//!   (notifications' cost, §14), bumps alternating;
 //! - one 20 ms HTTP step (a real local HTTP backend), pool 30, against the
 //!   ideal N × 20 ms / 30, with the floor of that figure measured without
 //!   kayra (the same calls from 30 callers, with and without one raw put
@@ -29,7 +32,7 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use kayra_catalog::repo::{Change, Collection, RecordRef, Repository};
-use kayra_config::ReconcilerConfig;
+use kayra_config::{NotificationsConfig, ReconcilerConfig};
 use kayra_core::{ApiRegistration, Subscription};
 use kayra_reconciler::Reconciler;
 use kayra_store::{Op, Store, Txn};
@@ -74,6 +77,42 @@ async fn alternate_bumps(
         }
     }
     Ok(())
+}
+
+/// Fan-out rates (subscribers/s) of a deployment whose reconciler tells
+/// no sink and of one whose reconciler tells a sink answering 200 at once,
+/// bumps alternating which goes first.
+async fn notification_cost(
+    store: &Store,
+    probe: &Store,
+    compact: Option<&Compact>,
+    http: &TestBackend,
+    n: usize,
+) -> anyhow::Result<[f64; 2]> {
+    let yaml = format!(
+        "sinks:\n  ops:\n    url: \"{}/ok/sink\"\n    events: [subscription.failed, fanout.completed]\n",
+        http.base
+    );
+    let sink: NotificationsConfig = serde_norway::from_str(&yaml)?;
+    let deployments = [
+        Deployment::seed(probe, "untold", "placeholder", n).await?,
+        Deployment::seed(probe, "told", "placeholder", n).await?,
+    ];
+    let mut rates: [Vec<f64>; 2] = Default::default();
+    for round in 0..FAN_OUT_BUMPS {
+        let order = if round % 2 == 0 { [0, 1] } else { [1, 0] };
+        for i in order {
+            let config = ReconcilerConfig { max_concurrent_reconciles: 30, ..Default::default() };
+            let running = vec![start_told(store, &deployments[i].region, config, (i == 1).then_some(&sink))?];
+            deployments[i].wait_synced(&format!("s{}", round + 1)).await?;
+            settle(store).await;
+            compacted(compact).await?;
+            let took = deployments[i].bump_and_wait(&format!("s{}", round + 2)).await?;
+            stop(running).await?;
+            rates[i].push(deployments[i].n as f64 / took.as_secs_f64());
+        }
+    }
+    Ok([overall(&rates[0]), overall(&rates[1])])
 }
 
 /// A new client of the same store (another process's connection).
@@ -180,6 +219,19 @@ pub async fn run(backend: &str, connect: Connect, compact: Option<Compact>, size
         let raw = raw_puts("compacted").await?;
         row("raw single-key put, 32 in flight, after compacting the history", format!("{raw:.0}/s"), "-".into());
     }
+
+    // Notifications' cost (§14): the same fan-out with a sink told of
+    // `subscription.failed` and `fanout.completed` (none fails: one event a
+    // bump) against one without, bumps alternating as above.
+    let told = notification_cost(&store, &probe, compact.as_ref(), &http, sizes.fan_out).await?;
+    row(
+        &format!(
+            "fan-out, placeholder, {} subscribers, without / with a sink (subscription.failed, fanout.completed)",
+            sizes.fan_out
+        ),
+        format!("{:.0}/s / {:.0}/s", told[0], told[1]),
+        format!("{:+.1} %", (told[1] / told[0] - 1.0) * 100.0),
+    );
 
     let (alone, with_run) = second_record_cost(&store, sizes.fan_out).await?;
     row(
@@ -364,9 +416,22 @@ fn calls_per_subscriber(http: &TestBackend, region: &str, sync_id: &str) -> Hash
 }
 
 fn start(store: &Store, region: &str, config: ReconcilerConfig) -> anyhow::Result<(CancellationToken, Running)> {
+    start_told(store, region, config, None)
+}
+
+/// [`start`], telling `sinks` when given.
+fn start_told(
+    store: &Store,
+    region: &str,
+    config: ReconcilerConfig,
+    sinks: Option<&NotificationsConfig>,
+) -> anyhow::Result<(CancellationToken, Running)> {
     let repo = Repository::new(store.clone(), PLATFORM, region);
     let cancel = CancellationToken::new();
-    let reconciler = Reconciler::new(repo, config, cancel.clone()).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let mut reconciler = Reconciler::new(repo, config, cancel.clone()).map_err(|e| anyhow::anyhow!("{e}"))?;
+    if let Some(sinks) = sinks {
+        reconciler = reconciler.with_notifications(sinks).map_err(|e| anyhow::anyhow!("{e}"))?;
+    }
     Ok((cancel, tokio::spawn(reconciler.run())))
 }
 
