@@ -1,8 +1,10 @@
 //! Black-box tests of `kayra reconciler` as real OS processes sharing one
 //! etcd: several processes run each job once, a killed lock holder is taken
 //! over after the lease TTL, SIGTERM finishes the in-flight reconcile and
-//! exits 0, JSON log lines carry `lock_id` and `sync_id`, and a bad step
-//! stops the process with a message naming mode, step and field.
+//! exits 0, JSON log lines carry `lock_id` and `sync_id`, a bad step
+//! stops the process with a message naming mode, step and field, and a
+//! notification whose sender is killed (-9) mid-delivery is delivered by
+//! another process (§14).
 
 mod common;
 
@@ -125,6 +127,46 @@ async fn killed_lock_holder_is_taken_over_after_the_lease_ttl() {
     assert!(waited < Duration::from_secs(15), "takeover took {waited:?}");
     world.backend.release(2);
     eventually("synced by the second process", || world.all_synced(&["core"], "s1")).await;
+    drop(second);
+}
+
+/// §14: the reconciler delivering an event is killed (-9) while the sink
+/// holds its request; another process sends the same delivery again once
+/// the dead one's claim runs out, and it ends `delivered`: never lost, one
+/// delivery record (one `Kayra-Event-Id`) however many attempts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delivery_whose_sender_is_killed_is_made_by_another_process() {
+    let world = World::new().await;
+    let with_sink = |name: &str| {
+        let path = world.config(name, "ok");
+        let sink = format!(
+            "notifications:\n  sinks:\n    ops:\n      url: \"{}/hold/sink\"\n      events: [subscription.activated]\n      timeout: 2s\n",
+            world.backend.base
+        );
+        let yaml = std::fs::read_to_string(&path).unwrap() + &sink;
+        std::fs::write(&path, yaml).unwrap();
+        path
+    };
+    world.seed(&["core"], "s1").await;
+    let mut first = Proc::reconciler(&with_sink("first"));
+    // The first success tells the sink, which holds the request.
+    world.backend.wait_for("/hold/sink", 1).await;
+    let second = Proc::reconciler(&with_sink("second"));
+    first.signal(Signal::SIGKILL);
+    first.wait(Duration::from_secs(10));
+    // The dead process's claim (timeout 2 s + margin) runs out; the second sends it.
+    world.backend.wait_for("/hold/sink", 2).await;
+    world.backend.release(2);
+    let repo = &world.catalog.repo;
+    eventually("the delivery is delivered", || async {
+        let page = repo.deliveries_page(None, None, None, 0).await.unwrap();
+        page.items.iter().any(|d| d.state == kayra_core::notifications::DeliveryState::Delivered)
+    })
+    .await;
+    let page = repo.deliveries_page(None, None, None, 0).await.unwrap();
+    assert_eq!(page.items.len(), 1, "one event, one sink, one delivery record: {:?}", page.items);
+    assert_eq!(page.items[0].event.kind, "subscription.activated");
+    assert!(page.items[0].attempts >= 1, "{:?}", page.items[0]);
     drop(second);
 }
 
