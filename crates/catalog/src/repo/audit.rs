@@ -279,13 +279,7 @@ mod tests {
     use kayra_core::Namespace;
 
     use super::*;
-
-    async fn local_repo() -> (tempfile::TempDir, Repository) {
-        let dir = tempfile::tempdir().unwrap();
-        let config = kayra_config::DatabaseConfig::local(kayra_testkit::local_config(dir.path()));
-        let store = kayra_store::Store::open(&config).await.unwrap();
-        (dir, Repository::new(store, "dev", "local"))
-    }
+    use crate::repo::tests::local_repo;
 
     async fn reasons(repo: &Repository) -> Vec<String> {
         let page = repo.list_audit(&AuditFilter::default(), None, 0).await.unwrap();

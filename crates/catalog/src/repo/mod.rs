@@ -575,7 +575,9 @@ mod tests {
 
     use super::*;
 
-    async fn local_repo() -> (tempfile::TempDir, Repository) {
+    /// A repository of deployment dev/local on a fresh local store (the
+    /// repo modules' tests share it).
+    pub(super) async fn local_repo() -> (tempfile::TempDir, Repository) {
         let dir = tempfile::tempdir().unwrap();
         let config = kayra_config::DatabaseConfig::local(kayra_testkit::local_config(dir.path()));
         let store = Store::open(&config).await.unwrap();

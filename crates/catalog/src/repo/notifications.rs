@@ -106,13 +106,7 @@ mod tests {
     use kayra_core::notifications::{Event, FANOUT_COMPLETED};
 
     use super::*;
-
-    async fn local_repo() -> (tempfile::TempDir, Repository) {
-        let dir = tempfile::tempdir().unwrap();
-        let config = kayra_config::DatabaseConfig::local(kayra_testkit::local_config(dir.path()));
-        let store = kayra_store::Store::open(&config).await.unwrap();
-        (dir, Repository::new(store, "dev", "local"))
-    }
+    use crate::repo::tests::local_repo;
 
     fn delivery(event: &str, sink: &str, state: DeliveryState) -> Delivery {
         let event = Event { id: event.into(), kind: FANOUT_COMPLETED.into(), ..Event::default() };
