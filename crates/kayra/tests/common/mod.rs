@@ -15,7 +15,7 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use kayra_catalog::repo::{Change, RecordRef, Repository};
+use kayra_catalog::repo::{Change, Error as RepoError, RecordRef, Repository};
 use kayra_core::{ApiRegistration, Namespace, Subscription};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
@@ -114,12 +114,35 @@ impl Catalog {
         }
     }
 
-    /// Creates namespace `ns` and its subscription to [`API`].
+    /// Creates namespace `ns` and its subscription to [`API`], riding out
+    /// an election or a dead member as a client would (see [`Catalog::create`]).
     pub async fn subscribe(&self, ns: &str) {
         let n = Namespace { name: ns.to_string(), ..Default::default() };
-        self.repo.create(RecordRef::Namespace(ns), &n, "namespace").await.unwrap();
+        self.create(RecordRef::Namespace(ns), &n, "namespace").await;
         let sub = Subscription::new(ns, API);
-        self.repo.create(RecordRef::Subscription { namespace: ns, api: API }, &sub, "subscription").await.unwrap();
+        self.create(RecordRef::Subscription { namespace: ns, api: API }, &sub, "subscription").await;
+    }
+
+    /// Creates a record, trying again while the store answers that no
+    /// member could take the write within `database.request_timeout` (an
+    /// etcd election can outlast it on a loaded machine). A record found
+    /// existing after such a failure was written by the failed attempt:
+    /// an attempt cut off by a dying member may still have been applied.
+    async fn create<T: serde::Serialize>(&self, record: RecordRef<'_>, value: &T, what: &str) {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let mut failed = false;
+        loop {
+            match self.repo.create(record, value, what).await {
+                Ok(_) => return,
+                Err(RepoError::Conflict(_)) if failed => return,
+                Err(RepoError::Store(kayra_store::Error::Unavailable(e))) if Instant::now() < deadline => {
+                    eprintln!("creating {what} {record:?}: {e}; trying again");
+                    failed = true;
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                Err(e) => panic!("creating {what} {record:?}: {e}"),
+            }
+        }
     }
 
     pub async fn bump(&self, sync_id: &str) {
