@@ -17,6 +17,7 @@ pub mod audit;
 pub mod names;
 pub mod notifications;
 pub mod resources;
+pub mod rollout;
 pub mod runs;
 pub mod validation;
 
