@@ -47,6 +47,10 @@ pub struct ApiRegistration {
     /// Computed: stamped from the deployment.
     #[serde(default)]
     pub region: String,
+    /// *(3rd)* How a SyncID change reaches the subscribers (§12); `None`:
+    /// all at once.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rollout: Option<crate::rollout::RolloutPolicy>,
 }
 
 /// How the last sync of a subscription went (seed, "State").

@@ -60,6 +60,7 @@
 mod detached;
 mod dotpath;
 mod error;
+mod gate;
 mod http;
 mod limits;
 mod render;
@@ -78,6 +79,7 @@ use kayra_core::runs::shown;
 use tokio_util::sync::CancellationToken;
 
 pub use error::{PipelineError, ValidationError};
+pub use gate::{Gate, RolloutContext};
 pub use http::{MAX_RETRY_AFTER, http_client};
 pub use limits::{HoldCause, LimitKey, LimitKeys, LimitPermit, Limits};
 pub use render::{RenderedStep, format_rendered};

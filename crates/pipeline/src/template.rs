@@ -144,6 +144,23 @@ impl Scope {
         let root = map(vec![("Subscription", map(fields.to_vec())), ("Run", run), ("Previous", previous)]);
         Self { root, secrets }
     }
+
+    /// A rollout gate's scope (§12): `.Rollout` and the secrets.
+    pub(crate) fn for_rollout(rollout: &crate::gate::RolloutContext, secrets: Arc<SecretValues>) -> Self {
+        let string = |s: &str| gotmpl::Value::from(s);
+        let count = |n: usize| gotmpl::Value::Int(i64::try_from(n).unwrap_or(i64::MAX));
+        let fields = [
+            ("Api", string(&rollout.api)),
+            ("SyncID", string(&rollout.sync_id)),
+            ("Wave", string(&rollout.wave)),
+            ("Synced", count(rollout.synced)),
+            ("Failed", count(rollout.failed)),
+        ];
+        let map = |fields: Vec<(&str, gotmpl::Value)>| -> gotmpl::Value {
+            gotmpl::Value::from(fields.into_iter().map(|(k, v)| (k.to_string(), v)).collect::<BTreeMap<_, _>>())
+        };
+        Self { root: map(vec![("Rollout", map(fields.to_vec()))]), secrets }
+    }
 }
 
 thread_local! {

@@ -43,6 +43,7 @@ pub mod notifications;
 pub mod openapi;
 pub mod registrations;
 pub mod roles;
+pub mod rollouts;
 pub mod runs;
 pub mod status;
 pub mod stream;
@@ -162,6 +163,13 @@ fn declarations() -> Vec<(&'static str, Vec<Endpoint>)> {
         (
             "/apiregistrations/{name}/status",
             vec![Endpoint::get(cluster("apiregistrations/status", Get), status::status).watch(W::Status)],
+        ),
+        (
+            "/apiregistrations/{name}/rollout",
+            vec![
+                Endpoint::get(cluster("apiregistrations/rollout", Get), rollouts::get).watch(W::Rollout),
+                Endpoint::put(cluster("apiregistrations/rollout", Update), rollouts::act),
+            ],
         ),
         (
             "/namespaces/{namespace}/subscriptions",

@@ -20,8 +20,8 @@ use utoipa::openapi::{ContentBuilder, Ref, RefOr, Required, Response, ResponseBu
 use super::error::ErrorBody;
 use super::stream::WatchEvent;
 use super::{
-    Access, BASE_PATH, audit, bindings, namespaces, notifications, registrations, roles, routes, runs, status,
-    subscriptions, users,
+    Access, BASE_PATH, audit, bindings, namespaces, notifications, registrations, roles, rollouts, routes, runs,
+    status, subscriptions, users,
 };
 
 #[derive(OpenApi)]
@@ -46,6 +46,8 @@ use super::{
         registrations::delete,
         registrations::sync,
         status::status,
+        rollouts::get,
+        rollouts::act,
         subscriptions::list,
         subscriptions::create,
         subscriptions::get,

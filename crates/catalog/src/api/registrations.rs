@@ -10,6 +10,7 @@ use axum::Json;
 use axum::extract::State;
 use axum::http::StatusCode;
 use kayra_core::ApiRegistration;
+use kayra_core::rollout::RolloutPolicy;
 use kayra_core::validation as rules;
 use serde::Deserialize;
 use serde_json::json;
@@ -47,6 +48,9 @@ pub struct RegistrationCreate {
     pub endpoint: String,
     #[serde(default)]
     pub description: String,
+    /// How a SyncID change reaches the subscribers (§12); absent or null: all at once.
+    #[serde(default)]
+    pub rollout: Option<RolloutPolicy>,
 }
 
 impl RequestBody for RegistrationCreate {
@@ -71,6 +75,8 @@ pub struct RegistrationUpdate {
     pub endpoint: String,
     #[serde(default)]
     pub description: String,
+    #[serde(default)]
+    pub rollout: Option<RolloutPolicy>,
 }
 
 impl RequestBody for RegistrationUpdate {
@@ -85,6 +91,21 @@ fn invalid(invalid: rules::Invalid) -> ApiError {
 /// A `sync_id` the caller gave; empty means "let the server set it".
 fn given_sync_id(sync_id: Option<&str>) -> Result<(), ApiError> {
     sync_id.filter(|s| !s.is_empty()).map_or(Ok(()), |s| rules::validate_sync_id(s).map_err(invalid))
+}
+
+/// Checks a rollout policy (§12): its shape, and each gate as a step.
+fn validate_rollout(policy: Option<&RolloutPolicy>) -> Result<(), ApiError> {
+    let Some(policy) = policy else { return Ok(()) };
+    policy.validate().map_err(|e| ApiError::bad_request(e.to_string()))?;
+    for (i, wave) in policy.waves.iter().enumerate() {
+        if let Some(gate) = &wave.gate {
+            kayra_pipeline::Gate::compile(gate).map_err(|(field, message)| {
+                let field = if field.is_empty() { String::new() } else { format!(".{field}") };
+                ApiError::bad_request(format!("rollout.waves[{i}].gate{field}: {message}"))
+            })?;
+        }
+    }
+    Ok(())
 }
 
 /// Checks the writable fields of a registration named `name`.
@@ -125,6 +146,7 @@ pub(crate) async fn create(
     long_name(&state, &body.name).await?;
     validate(&state, &body.name, &body.short_name, &body.endpoint).await?;
     given_sync_id(body.sync_id.as_deref())?;
+    validate_rollout(body.rollout.as_ref())?;
     let registration = ApiRegistration {
         sync_id: body.sync_id.filter(|s| !s.is_empty()).unwrap_or_else(|| new_sync_id("")),
         sync_id_updated_at: sync_id_updated_now(),
@@ -135,6 +157,7 @@ pub(crate) async fn create(
         description: body.description,
         platform: state.repo.platform().to_string(),
         region: state.repo.region().to_string(),
+        rollout: body.rollout,
     };
     let repo = state.repo.auditing(serde_json::Value::Null, crate::repo::audit::shown(&registration));
     repo.create_registration(&registration).await?;
@@ -192,6 +215,7 @@ pub(crate) async fn patch(
                 "sync_id": current.sync_id,
                 "endpoint": current.endpoint,
                 "description": current.description,
+                "rollout": current.rollout,
             });
             let body = merged(writable, patch)?;
             apply(state, name, current, &body).await
@@ -239,6 +263,8 @@ async fn apply(
     check_body_name("api registration", name, body.name.as_deref())?;
     validate(state, name, &body.short_name, &body.endpoint).await?;
     given_sync_id(body.sync_id.as_deref())?;
+    validate_rollout(body.rollout.as_ref())?;
+    current.rollout.clone_from(&body.rollout);
     current.short_name.clone_from(&body.short_name);
     current.mode.clone_from(&body.mode);
     current.endpoint.clone_from(&body.endpoint);

@@ -62,6 +62,8 @@ pub(crate) enum Watched {
     Status,
     /// The audit trail (served by its own stream, [`super::audit::open`]).
     Audit,
+    /// A registration's rollout (§12).
+    Rollout,
 }
 
 /// How a record becomes the object a GET answers.
@@ -84,6 +86,8 @@ enum View {
     Role,
     ClusterRoleBinding,
     RoleBinding,
+    /// The public part of a rollout record.
+    Rollout,
 }
 
 /// What one stream follows.
@@ -141,6 +145,12 @@ impl Target {
                     layout.prefix(Collection::SubscriptionRuns { namespace: &namespace, api: &p("api") }),
                 ),
                 view: View::Run { id: params.get("id").cloned() },
+            },
+            Watched::Rollout => Target {
+                feed: layout.prefix(Collection::Rollouts),
+                private: false,
+                range: KeyRange::Exact(layout.key(RecordRef::Rollout(&p("name")))),
+                view: View::Rollout,
             },
             Watched::Users => Target {
                 feed: layout.prefix(Collection::Users),
@@ -200,6 +210,10 @@ impl Target {
             View::Role => (plain::<Role>(kv)?, None, None),
             View::ClusterRoleBinding => (plain::<ClusterRoleBinding>(kv)?, None, None),
             View::RoleBinding => (plain::<RoleBinding>(kv)?, None, None),
+            View::Rollout => {
+                let record: kayra_core::rollout::RolloutRecord = serde_json::from_slice(&kv.value).ok()?;
+                (to_text(&record.rollout)?, None, None)
+            }
             View::Subscription { registrations: prefix } => {
                 let subscription: Subscription = serde_json::from_slice(&kv.value).ok()?;
                 let expected = registrations

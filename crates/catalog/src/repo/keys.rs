@@ -133,3 +133,8 @@ pub fn deliveries(platform: &str, region: &str) -> String {
 pub fn fanout_markers(platform: &str, region: &str) -> String {
     format!("/notifications/{platform}/{region}/fanouts/")
 }
+
+/// Every API's rollout record (platform §12).
+pub fn rollouts(platform: &str, region: &str) -> String {
+    format!("/rollouts/{platform}/{region}/")
+}

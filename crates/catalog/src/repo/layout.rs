@@ -56,6 +56,8 @@ pub enum RecordRef<'a> {
     Delivery(&'a str),
     /// The last completed fan-out of an API (`kayra_core::notifications::FanoutMarker`).
     FanoutMarker(&'a str),
+    /// The rollout of an API's latest SyncID change (`kayra_core::rollout::RolloutRecord`).
+    Rollout(&'a str),
 }
 
 /// A set of records read or watched together: one key prefix.
@@ -91,6 +93,8 @@ pub enum Collection<'a> {
     Deliveries,
     /// Every API's fan-out marker.
     FanoutMarkers,
+    /// Every API's rollout record.
+    Rollouts,
 }
 
 /// The key layout of one deployment (platform + region): the only code that
@@ -126,6 +130,7 @@ impl Layout {
             RecordRef::Audit(order) => format!("{}{order}", audit(p, r)),
             RecordRef::Delivery(id) => format!("{}{id}", deliveries(p, r)),
             RecordRef::FanoutMarker(api) => format!("{}{api}", fanout_markers(p, r)),
+            RecordRef::Rollout(api) => format!("{}{api}", rollouts(p, r)),
         }
     }
 
@@ -150,6 +155,7 @@ impl Layout {
             Collection::Audit => audit(p, r),
             Collection::Deliveries => deliveries(p, r),
             Collection::FanoutMarkers => fanout_markers(p, r),
+            Collection::Rollouts => rollouts(p, r),
         }
     }
 
@@ -183,6 +189,7 @@ impl Layout {
                 RecordRef::Run { namespace, api, slot: slot.parse().ok()? }
             }
             "audit" => RecordRef::Audit(one(&scoped(root))?),
+            "rollouts" => RecordRef::Rollout(one(&scoped(root))?),
             "notifications" => match two(&scoped(root))? {
                 ["deliveries", id] => RecordRef::Delivery(id),
                 ["fanouts", api] => RecordRef::FanoutMarker(api),

@@ -46,6 +46,7 @@ pub mod backup;
 mod keys;
 pub mod layout;
 pub mod notifications;
+pub mod rollouts;
 pub mod runs;
 pub mod tenancy;
 
