@@ -458,8 +458,10 @@ mod tests {
                 assert!(resource.ends_with(action), "{}", route.path);
                 continue;
             }
-            // A collection path ends in a literal, an item path in a parameter.
-            let collection = !route.path.ends_with('}') && !route.path.ends_with("/status");
+            // A collection path ends in a literal, an item path in a
+            // parameter; a registration's status and rollout are one object.
+            let single = ["}", "/status", "/rollout"].iter().any(|end| route.path.ends_with(end));
+            let collection = !single;
             assert_eq!(
                 Some(verb),
                 kayra_rbac::Verb::from_http(route.method.as_str(), collection),
