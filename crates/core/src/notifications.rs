@@ -17,11 +17,20 @@ pub const EVENT_TYPES: [&str; 8] = [
     SUBSCRIPTION_FAILED,
     SUBSCRIPTION_RECOVERED,
     FANOUT_COMPLETED,
-    "rollout.wave_completed",
-    "rollout.halted",
-    "rollout.completed",
-    "rollout.aborted",
+    ROLLOUT_WAVE_COMPLETED,
+    ROLLOUT_HALTED,
+    ROLLOUT_COMPLETED,
+    ROLLOUT_ABORTED,
 ];
+
+/// A rollout's wave passed (§12).
+pub const ROLLOUT_WAVE_COMPLETED: &str = "rollout.wave_completed";
+/// A rollout paused because a wave failed.
+pub const ROLLOUT_HALTED: &str = "rollout.halted";
+/// A rollout's last wave passed.
+pub const ROLLOUT_COMPLETED: &str = "rollout.completed";
+/// A rollout ended by a failure (`on_failure: abort`) or an operator's abort.
+pub const ROLLOUT_ABORTED: &str = "rollout.aborted";
 
 /// A subscription's first success.
 pub const SUBSCRIPTION_ACTIVATED: &str = "subscription.activated";

@@ -11,7 +11,7 @@ use kayra_core::RunStep;
 use crate::detached::DetachedRequests;
 use crate::secrets::{Redactor, SecretSources};
 use crate::step::CompiledStep;
-use crate::template::Scope;
+use crate::template::{Schema, Scope, with_schema};
 use crate::{PipelineError, PipelineSettings, RunControl, SubscriptionContext};
 
 /// What a gate's templates see as `.Rollout`.
@@ -37,7 +37,7 @@ impl Gate {
     pub fn compile(gate: &serde_json::Value) -> Result<Self, (String, String)> {
         let step: Step = serde_json::from_value(gate.clone()).map_err(|e| (String::new(), e.to_string()))?;
         step.validate()?;
-        let step = CompiledStep::compile(0, &step)?;
+        let step = with_schema(Schema::Gate, || CompiledStep::compile(0, &step))?;
         Ok(Self { step })
     }
 

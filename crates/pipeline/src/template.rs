@@ -271,7 +271,8 @@ impl Text {
             return Err(error(format!("template: no template {name:?} is defined")));
         }
         if let Some(field) = &walk.unknown_field {
-            return Err(error(format!("template: can't evaluate field {field}: the fields are {FIELDS}")));
+            let fields = if SCHEMA.with(std::cell::Cell::get) == Schema::Gate { GATE_FIELDS } else { FIELDS };
+            return Err(error(format!("template: can't evaluate field {field}: the fields are {fields}")));
         }
         if walk.bad_secret_call {
             return Err(error(r#"template: secret takes one quoted name: {{ secret "NAME" }}"#.into()));
@@ -415,6 +416,34 @@ impl Data {
 /// outside it.
 const FIELDS: &str = ".Subscription.{Api, ShortName, Namespace, Platform, Region, CurrentSyncID, ExpectedSyncID}, \
                       .Previous.Outputs.NAME, .Run.{ID, FencingToken}";
+/// What a rollout gate's template can read ([`Scope::for_rollout`]).
+const GATE_FIELDS: &str = ".Rollout.{Api, SyncID, Wave, Synced, Failed}";
+
+/// Which data a template being parsed will see: a pipeline step's
+/// ([`Scope::new`]) or a rollout gate's ([`Scope::for_rollout`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Schema {
+    Step,
+    Gate,
+}
+
+thread_local! {
+    /// The schema templates parsed on this thread are checked against;
+    /// set for the span of one gate's compile ([`with_schema`]).
+    static SCHEMA: std::cell::Cell<Schema> = const { std::cell::Cell::new(Schema::Step) };
+}
+
+/// Runs `compile` (synchronous) with templates checked against `schema`.
+pub(crate) fn with_schema<T>(schema: Schema, compile: impl FnOnce() -> T) -> T {
+    struct Restore(Schema);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            SCHEMA.with(|s| s.set(self.0));
+        }
+    }
+    let _restore = Restore(SCHEMA.with(|s| s.replace(schema)));
+    compile()
+}
 
 /// Whether `chain`, read from the template's root, names a field the data
 /// has (see [`Scope::new`]); any name under `.Previous.Outputs` may be read
@@ -423,6 +452,12 @@ fn known_field(chain: &[gotmpl::parse::SmolStr]) -> bool {
     const SUBSCRIPTION: [&str; 7] =
         ["Api", "ShortName", "Namespace", "Platform", "Region", "CurrentSyncID", "ExpectedSyncID"];
     let names: Vec<&str> = chain.iter().map(gotmpl::parse::SmolStr::as_str).collect();
+    if SCHEMA.with(std::cell::Cell::get) == Schema::Gate {
+        return matches!(
+            names.as_slice(),
+            [] | ["Rollout"] | ["Rollout", "Api" | "SyncID" | "Wave" | "Synced" | "Failed"]
+        );
+    }
     match names.as_slice() {
         [] | ["Subscription" | "Run" | "Previous"] | ["Previous", "Outputs", ..] => true,
         ["Subscription", field] => SUBSCRIPTION.contains(field),

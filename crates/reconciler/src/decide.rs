@@ -18,6 +18,7 @@
 //! reconciler's watch-fed view and, under the job lock, against one fresh
 //! read: the two can never disagree about what a row means.
 
+use kayra_core::rollout::RolloutRecord;
 use kayra_core::{ApiRegistration, Subscription, SubscriptionState};
 use kayra_store::Revision;
 use serde::{Deserialize, Serialize};
@@ -37,6 +38,9 @@ pub struct Observed<'a> {
     pub registration: Option<(&'a ApiRegistration, Revision)>,
     /// The last given-up attempt on this subscription, if any.
     pub given_up: Option<&'a Attempt>,
+    /// A rollout holds this subscriber back from the fan-out (§12; see
+    /// [`holds`]).
+    pub held: bool,
 }
 
 /// Why nothing is to be done.
@@ -50,6 +54,9 @@ pub enum Idle {
     Synced,
     /// This exact state already failed twice: wait for the next write.
     GivenUp,
+    /// A rollout holds it back: its wave has not started, or the rollout
+    /// is paused or aborted (§12).
+    Held,
 }
 
 /// What `ensureReconciled` does.
@@ -74,7 +81,26 @@ pub fn decide(observed: &Observed<'_>, startup: bool) -> Decision {
     if !startup && observed.given_up.is_some_and(|a| gave_up_on(a, sub, sub_rev, reg_rev)) {
         return Decision::Nothing(Idle::GivenUp);
     }
+    if observed.held {
+        return Decision::Nothing(Idle::Held);
+    }
     Decision::Reconcile { sync_id: reg.sync_id.clone(), activate: !sub.active }
+}
+
+/// Whether a rollout holds `sub` back from the fan-out toward `reg`'s
+/// SyncID (§12): only the ongoing action is held — a first sync (not
+/// active yet) or a force re-sync (`current_sync_id` emptied) never is.
+/// While the registration has a policy but no rollout of its SyncID has
+/// started yet (the reconcilers are about to start one), everyone behind
+/// waits for it.
+pub fn holds(reg: &ApiRegistration, sub: &Subscription, rollout: Option<&RolloutRecord>) -> bool {
+    if reg.rollout.is_none() || !sub.active || sub.current_sync_id.is_empty() || sub.is_synced(&reg.sync_id) {
+        return false;
+    }
+    match rollout {
+        Some(r) if r.rollout.sync_id == reg.sync_id => !r.releases(&sub.namespace),
+        _ => true,
+    }
 }
 
 /// Whether `attempt` covers this state (also: whether a held-back retry
@@ -163,6 +189,7 @@ mod tests {
             subscription: s.map(|s| (s, 10)),
             registration: r.map(|r| (r, 20)),
             given_up: given_up.as_ref(),
+            held: false,
         };
         decide(&observed, startup)
     }

@@ -277,10 +277,21 @@ impl Worker {
             };
             let owed = self.owed_retries().remove(&(namespace.to_string(), api.to_string()));
             let run = RunIds { fencing_token: run.fencing_token.or(Some(read_at)), ..run };
+            // A rollout holds back the ongoing action only: never this
+            // decision's immediate retry, nor one a limit held back (§12).
+            let held = failures == 0
+                && owed.is_none()
+                && match (&sub, &reg) {
+                    (Some(s), Some(r)) => {
+                        decide::holds(&r.value, &s.value, self.view().rollout(api).map(|(rollout, _)| rollout))
+                    }
+                    _ => false,
+                };
             let observed = Observed {
                 subscription: sub.as_ref().map(|s| (&s.value, s.revision)),
                 registration: reg.as_ref().map(|r| (&r.value, r.revision)),
                 given_up: given_up.as_ref(),
+                held,
             };
             let (Decision::Reconcile { sync_id, .. }, Some(sub), Some(reg)) =
                 (decide::decide(&observed, cause.startup), &sub, &reg)

@@ -13,6 +13,7 @@
 use futures::StreamExt;
 use futures::stream::BoxStream;
 use kayra_catalog::repo::{Collection, Layout, RecordRef, Repository};
+use kayra_core::rollout::RolloutRecord;
 use kayra_core::{ApiRegistration, Namespace, RunTrigger, Subscription};
 use kayra_store::reflector::{Reflected, reflect};
 use kayra_store::{KeyValue, Revision};
@@ -42,6 +43,7 @@ pub(crate) enum Update {
     Registration(Reflected<ApiRegistration>),
     Subscription(Reflected<Subscription>),
     Attempt(Reflected<GivenUp>),
+    Rollout(Reflected<RolloutRecord>),
 }
 
 /// The watched resources, for the "all listed" bookkeeping and metrics.
@@ -51,11 +53,12 @@ pub(crate) enum Resource {
     Registration,
     Subscription,
     Attempt,
+    Rollout,
 }
 
 impl Resource {
-    pub(crate) const ALL: [Resource; 4] =
-        [Resource::Namespace, Resource::Registration, Resource::Subscription, Resource::Attempt];
+    pub(crate) const ALL: [Resource; 5] =
+        [Resource::Namespace, Resource::Registration, Resource::Subscription, Resource::Attempt, Resource::Rollout];
 
     /// The `resource` label of [`METRIC_WATCH_EVENTS`].
     pub(crate) fn label(self) -> &'static str {
@@ -64,6 +67,7 @@ impl Resource {
             Resource::Registration => "apiregistration",
             Resource::Subscription => "subscription",
             Resource::Attempt => "reconcileattempt",
+            Resource::Rollout => "rollout",
         }
     }
 }
@@ -75,6 +79,7 @@ impl Update {
             Update::Registration(_) => Resource::Registration,
             Update::Subscription(_) => Resource::Subscription,
             Update::Attempt(_) => Resource::Attempt,
+            Update::Rollout(_) => Resource::Rollout,
         }
     }
 
@@ -86,6 +91,7 @@ impl Update {
                 | Update::Registration(Reflected::Listed { .. })
                 | Update::Subscription(Reflected::Listed { .. })
                 | Update::Attempt(Reflected::Listed { .. })
+                | Update::Rollout(Reflected::Listed { .. })
         )
     }
 
@@ -99,6 +105,7 @@ impl Update {
             Update::Registration(r) => change(r),
             Update::Subscription(r) => change(r),
             Update::Attempt(r) => change(r),
+            Update::Rollout(r) => change(r),
         }
     }
 }
@@ -107,7 +114,7 @@ fn json<T: serde::de::DeserializeOwned>(kv: &KeyValue) -> Result<T, String> {
     serde_json::from_slice(&kv.value).map_err(|e| e.to_string())
 }
 
-/// The four prefixes' list → watch → re-list streams, decoded, as one stream.
+/// The five prefixes' list → watch → re-list streams, decoded, as one stream.
 pub(crate) fn updates(repo: &Repository) -> BoxStream<'static, Update> {
     let store = repo.store();
     let layout = repo.layout().clone();
@@ -126,11 +133,13 @@ pub(crate) fn updates(repo: &Repository) -> BoxStream<'static, Update> {
             Ok(GivenUp { namespace: namespace.to_string(), api: api.to_string(), attempt })
         })
     };
+    let rollouts = reflect(watch(Collection::Rollouts), json::<RolloutRecord>);
     futures::stream::select_all([
         namespaces.map(Update::Namespace).boxed(),
         registrations.map(Update::Registration).boxed(),
         subscriptions.map(Update::Subscription).boxed(),
         given_up.map(Update::Attempt).boxed(),
+        rollouts.map(Update::Rollout).boxed(),
     ])
     .boxed()
 }
@@ -146,6 +155,7 @@ impl Reconciler {
             Update::Registration(event) => self.on_registration(event),
             Update::Subscription(event) => self.on_subscription(event),
             Update::Attempt(event) => self.on_attempt(event),
+            Update::Rollout(event) => self.on_rollout(event),
         }
     }
 
@@ -212,7 +222,13 @@ impl Reconciler {
             let key = JobKey::subscription(namespace, name.clone());
             self.queue.add(key, Cause::new(RunTrigger::Ongoing), class);
         }
-        // The ongoing action: every active subscriber behind the new SyncID.
+        // The ongoing action: every active subscriber behind the new SyncID
+        // that no rollout holds back (held ones are queued when their wave
+        // starts, `on_rollout`: they take no queue entry meanwhile).
+        let behind: Vec<String> = {
+            let view = self.view();
+            behind.into_iter().filter(|ns| !view.held(ns, &name)).collect()
+        };
         for namespace in behind {
             let key = JobKey::subscription(namespace, name.clone());
             self.queue.add(key, Cause::new(RunTrigger::Ongoing), Class::Ongoing);
@@ -267,6 +283,39 @@ impl Reconciler {
                 (false, _, false) => Cause::new(RunTrigger::Initial),
             };
             self.queue.add(JobKey::subscription(namespace, api), cause, class);
+        }
+    }
+
+    /// A rollout record written: the view learns it; when it released
+    /// subscribers (a wave started, a resume), their jobs are queued.
+    fn on_rollout(&mut self, event: Reflected<RolloutRecord>) {
+        match event {
+            Reflected::Listed { items, .. } => {
+                self.view().replace_rollouts(items.into_iter().map(|i| (i.value, i.revision)).collect())
+            }
+            Reflected::Applied { value: Some(record), revision, .. } => {
+                let api = record.rollout.api.clone();
+                let released = {
+                    let mut view = self.view();
+                    let Some(before) = view.put_rollout(record, revision) else { return };
+                    let Some((now, _)) = view.rollout(&api) else { return };
+                    let moved = before.as_ref().is_none_or(|b| {
+                        (b.rollout.state, b.rollout.wave, b.rollout.sync_id.as_str())
+                            != (now.rollout.state, now.rollout.wave, now.rollout.sync_id.as_str())
+                    });
+                    if moved { crate::rollout::released(&view, &api) } else { Vec::new() }
+                };
+                for namespace in released {
+                    let key = JobKey::subscription(namespace, api.clone());
+                    self.queue.add(key, Cause::new(RunTrigger::Ongoing), Class::Ongoing);
+                }
+            }
+            Reflected::Deleted { key, .. } => {
+                if let Some(RecordRef::Rollout(api)) = self.worker.repo.layout().parse(&key) {
+                    self.view().delete_rollout(api);
+                }
+            }
+            Reflected::Applied { value: None, .. } | Reflected::Progress { .. } => {}
         }
     }
 

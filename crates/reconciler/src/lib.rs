@@ -47,6 +47,7 @@ pub mod locks;
 pub mod notify;
 pub mod pool;
 pub mod queue;
+pub mod rollout;
 pub mod runs;
 pub mod view;
 
@@ -200,6 +201,9 @@ impl Reconciler {
         // `kayra_limit_held_seconds` counts a 429's hold down.
         let fleet = tokio::spawn(self.worker.limits.clone().report_fleet(cancel.clone()));
         let (notifier, fanout) = self.start_notifications(&cancel);
+        let gates = TaskTracker::new();
+        let driver = rollout::Driver { worker: self.worker.clone(), ready: self.ready.clone(), tasks: gates.clone() };
+        let driver = tokio::spawn(driver.run(cancel.clone()));
         self.watch(&cancel).await;
         self.queue.close();
         let _ = dispatcher.await;
@@ -207,6 +211,9 @@ impl Reconciler {
         for task in [notifier, fanout].into_iter().flatten() {
             let _ = task.await;
         }
+        let _ = driver.await;
+        gates.close();
+        gates.wait().await;
         self.pool.close();
         self.tracker.close();
         self.tracker.wait().await;
@@ -442,7 +449,8 @@ fn describe_metrics() {
     for result in ["success", "error", "cancelled", "superseded"] {
         metrics::counter!(METRIC_RECONCILES, "result" => result).increment(0);
     }
-    for resource in ["namespace", "apiregistration", "subscription", "reconcileattempt"] {
+    rollout::describe_metrics();
+    for resource in ["namespace", "apiregistration", "subscription", "reconcileattempt", "rollout"] {
         metrics::counter!(METRIC_WATCH_EVENTS, "resource" => resource).increment(0);
     }
     metrics::counter!(METRIC_PANICS).increment(0);

@@ -11,10 +11,11 @@
 
 use std::collections::{BTreeSet, HashMap};
 
+use kayra_core::rollout::RolloutRecord;
 use kayra_core::{ApiRegistration, Subscription};
 use kayra_store::Revision;
 
-use crate::decide::{Attempt, Decision, Observed, decide};
+use crate::decide::{Attempt, Decision, Observed, decide, holds};
 
 #[derive(Debug, Default)]
 pub struct View {
@@ -31,6 +32,8 @@ pub struct View {
     dirty: BTreeSet<String>,
     /// Every API is dirty (a list replaced a part of the view).
     all_dirty: bool,
+    /// api → (its rollout record, revision) (§12).
+    rollouts: HashMap<String, (RolloutRecord, Revision)>,
 }
 
 impl View {
@@ -143,6 +146,52 @@ impl View {
         self.given_up.contains_key(&(namespace.to_string(), api.to_string()))
     }
 
+    /// Records `api`'s rollout; returns the one it replaces (older
+    /// revisions never replace newer ones: then `None` and nothing changes).
+    pub fn put_rollout(&mut self, record: RolloutRecord, revision: Revision) -> Option<Option<RolloutRecord>> {
+        let api = record.rollout.api.clone();
+        match self.rollouts.get(&api) {
+            Some((_, seen)) if *seen >= revision => None,
+            _ => Some(self.rollouts.insert(api, (record, revision)).map(|(r, _)| r)),
+        }
+    }
+
+    pub fn delete_rollout(&mut self, api: &str) {
+        self.rollouts.remove(api);
+    }
+
+    /// Replaces every rollout record (a complete list).
+    pub fn replace_rollouts(&mut self, rollouts: Vec<(RolloutRecord, Revision)>) {
+        self.rollouts = rollouts.into_iter().map(|(r, rev)| (r.rollout.api.clone(), (r, rev))).collect();
+    }
+
+    pub fn rollout(&self, api: &str) -> Option<&(RolloutRecord, Revision)> {
+        self.rollouts.get(api)
+    }
+
+    /// APIs a rollout driver looks at: those with a policy or a rollout
+    /// record, sorted.
+    pub fn rollout_apis(&self) -> Vec<String> {
+        let with_policy = self.registrations.values().filter(|(r, _)| r.rollout.is_some()).map(|(r, _)| &r.name);
+        let mut out: Vec<String> = with_policy.chain(self.rollouts.keys()).cloned().collect();
+        out.sort();
+        out.dedup();
+        out
+    }
+
+    /// `namespace`'s labels (a rollout's selectors match them).
+    pub fn namespace_labels(&self, _namespace: &str) -> std::collections::BTreeMap<String, String> {
+        std::collections::BTreeMap::new()
+    }
+
+    /// Whether a rollout holds `namespace`'s subscription to `api` back (§12).
+    pub fn held(&self, namespace: &str, api: &str) -> bool {
+        let (Some((sub, _)), Some((reg, _))) = (self.subscription(namespace, api), self.registration(api)) else {
+            return false;
+        };
+        holds(reg, sub, self.rollout(api).map(|(r, _)| r))
+    }
+
     /// `api`'s subscribers: namespace → (subscription, revision).
     pub fn subscribers_of(&self, api: &str) -> impl Iterator<Item = (&String, &(Subscription, Revision))> {
         self.subscribers.get(api).into_iter().flatten()
@@ -187,6 +236,7 @@ impl View {
             subscription: self.subscription(namespace, api).map(|(s, r)| (s, *r)),
             registration: self.registration(api).map(|(r, rev)| (r, *rev)),
             given_up: self.given_up.get(&(namespace.to_string(), api.to_string())),
+            held: self.held(namespace, api),
         };
         decide(&observed, startup)
     }

@@ -5,7 +5,9 @@
 //! `<ms>` milliseconds, `/hold/..` waits for
 //! [`TestBackend::release`] before answering 200, `/big/<n>/..` 200 with
 //! the JSON body `{"id": V}`, V `n` bytes of `x` (a backend's outsized
-//! answer), `/wide/<n>/..` the same with `"a"`, `"b"` and `"c"` too.
+//! answer), `/wide/<n>/..` the same with `"a"`, `"b"` and `"c"` too,
+//! `/ns/<name>/..` 500 when `<name>` starts with `bad`, else 200 (a step
+//! whose endpoint carries the namespace fails for some tenants only).
 //! Every call is recorded,
 //! and the highest number of concurrent calls is tracked.
 
@@ -137,6 +139,8 @@ async fn status(state: &State, uri: Uri) -> StatusCode {
             StatusCode::OK
         }
         "big" | "wide" => StatusCode::OK,
+        "ns" if path.split('/').nth(2).is_some_and(|ns| ns.starts_with("bad")) => StatusCode::INTERNAL_SERVER_ERROR,
+        "ns" => StatusCode::OK,
         _ => StatusCode::NOT_FOUND,
     };
     state.in_flight.fetch_sub(1, Ordering::SeqCst);

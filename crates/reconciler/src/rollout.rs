@@ -1,0 +1,382 @@
+//! The rollout driver (platform §12): every reconciler runs one, and any
+//! of them may advance any rollout.
+//!
+//! Each [`TICK`], for every API with a rollout policy or a rollout record,
+//! the driver looks at its watch-fed [`View`] and decides with the pure
+//! functions of [`kayra_core::rollout`]:
+//!
+//! - the registration's SyncID has a policy and no rollout yet (or the
+//!   record is of an older SyncID): the active subscribers not at the new
+//!   SyncID are [`assign`]ed to waves and a new record is written, its
+//!   first wave started (the old rollout is replaced: superseded);
+//! - a record whose SyncID moved while the registration lost its policy
+//!   ends `superseded`;
+//! - a live rollout's per-wave counts are taken from the view
+//!   ([`counts`]) and [`RolloutRecord::step`] advances it (a wave done,
+//!   a bake over, a deadline passed, a failure beyond `max_failures`).
+//!
+//! Every write is a compare-and-swap on the record's revision as this
+//! reconciler's view saw it, carrying the deliveries of the `rollout.*`
+//! events it makes: of the reconcilers that decide the same move at once,
+//! one writes it; the others see it through their watch and decide afresh.
+//! Timers (bake, deadline, a gate's claim) are timestamps in the record, so
+//! a restart or the loss of a reconciler neither restarts nor stops them.
+//!
+//! Held subscribers are not in the work queue: the fan-out skips them
+//! ([`crate::decide::holds`]) and the watch queues them when the record
+//! shows their wave started ([`released`]).
+//!
+//! A wave's gate runs once after its bake: the driver that claims it (a
+//! compare-and-swap writing `gate_claim` with an expiry) runs the step and
+//! writes its result; a claim whose holder died expires and another
+//! reconciler runs the gate again.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, PoisonError};
+use std::time::{Duration, SystemTime};
+
+use kayra_catalog::repo::Repository;
+use kayra_core::notifications::{
+    Delivery, Event, ROLLOUT_ABORTED, ROLLOUT_COMPLETED, ROLLOUT_HALTED, ROLLOUT_WAVE_COMPLETED,
+};
+use kayra_core::rollout::{Counts, GateResult, RolloutRecord, RolloutState, Transition, Work, assign};
+use kayra_core::{ApiRegistration, SubscriptionState};
+use kayra_store::Revision;
+use tokio_util::sync::CancellationToken;
+
+use crate::decide::{Decision, Idle};
+use crate::ensure::Worker;
+use crate::notify::Sinks;
+use crate::view::View;
+
+/// How often every rollout is looked at.
+pub const TICK: Duration = Duration::from_millis(200);
+/// A gate's claim outlives its step's timeout by this much.
+const GATE_CLAIM_SLACK: Duration = Duration::from_secs(10);
+
+pub const METRIC_WAVE: &str = "kayra_rollout_wave";
+pub const METRIC_ROLLOUTS: &str = "kayra_rollouts";
+
+/// Namespaces of `api` whose job has something to do now that the
+/// rollout lets them run (not held, behind, not given up).
+pub(crate) fn released(view: &View, api: &str) -> Vec<String> {
+    let mut out: Vec<String> = view
+        .subscribers_of(api)
+        .filter(|(ns, (sub, _))| sub.active && matches!(view.decide(ns, api, false), Decision::Reconcile { .. }))
+        .map(|(ns, _)| ns.clone())
+        .collect();
+    out.sort();
+    out
+}
+
+/// Each wave's subscribers as the view shows them: synced (at the
+/// rollout's SyncID), failed (given up toward it in `state: error`), or
+/// pending; a deleted subscription is in no count.
+pub fn counts(view: &View, record: &RolloutRecord) -> Vec<Counts> {
+    let api = &record.rollout.api;
+    let sync_id = &record.rollout.sync_id;
+    let current = view.registration(api).is_some_and(|(reg, _)| reg.sync_id == *sync_id);
+    record
+        .records
+        .iter()
+        .map(|wave| {
+            let mut c = Counts::default();
+            for ns in &wave.namespaces {
+                let Some((sub, _)) = view.subscription(ns, api) else { continue };
+                if sub.is_synced(sync_id) {
+                    c.synced += 1;
+                } else if current
+                    && sub.state == SubscriptionState::Error
+                    && view.decide(ns, api, false) == Decision::Nothing(Idle::GivenUp)
+                {
+                    c.failed += 1;
+                } else {
+                    c.pending += 1;
+                }
+            }
+            c
+        })
+        .collect()
+}
+
+/// The subscribers a new rollout of `reg`'s SyncID takes: active and not
+/// at it, with their namespaces' labels.
+fn behind(view: &View, reg: &ApiRegistration) -> Vec<(String, BTreeMap<String, String>)> {
+    view.subscribers_of(&reg.name)
+        .filter(|(_, (sub, _))| sub.active && sub.current_sync_id != reg.sync_id)
+        .map(|(ns, _)| (ns.clone(), view.namespace_labels(ns)))
+        .collect()
+}
+
+/// What one look at an API decided to write.
+enum Next {
+    Nothing,
+    Write { seen: Option<Revision>, record: Box<RolloutRecord>, transitions: Vec<Transition>, gates: Vec<usize> },
+}
+
+/// Decides what `api`'s rollout needs now, from the view alone.
+fn look(view: &View, api: &str, now: SystemTime) -> Next {
+    let Some((reg, _)) = view.registration(api) else { return Next::Nothing };
+    let existing = view.rollout(api);
+    let seen = existing.map(|(_, rev)| *rev);
+    match (existing, &reg.rollout) {
+        (Some((record, _)), _) if record.rollout.sync_id == reg.sync_id => {
+            if record.rollout.state.is_final() {
+                return Next::Nothing;
+            }
+            let mut next = record.clone();
+            let (transitions, work) = next.step(&counts(view, record), now);
+            let gates: Vec<usize> = work.into_iter().map(|Work::RunGate { wave }| wave).collect();
+            if next == *record && gates.is_empty() {
+                return Next::Nothing;
+            }
+            Next::Write { seen, record: Box::new(next), transitions, gates }
+        }
+        (existing, Some(policy)) => {
+            let subscribers = behind(view, reg);
+            if subscribers.is_empty() {
+                // Nobody to roll out to: no rollout (a superseded one ends).
+                return match existing {
+                    Some((record, _)) if !record.rollout.state.is_final() => supersede(record, seen, now),
+                    _ => Next::Nothing,
+                };
+            }
+            let assignment = assign(policy, &subscribers);
+            let (record, transitions) = RolloutRecord::start(api, &reg.sync_id, policy, assignment, now);
+            Next::Write { seen, record: Box::new(record), transitions, gates: Vec::new() }
+        }
+        (Some((record, _)), None) if !record.rollout.state.is_final() => supersede(record, seen, now),
+        _ => Next::Nothing,
+    }
+}
+
+fn supersede(record: &RolloutRecord, seen: Option<Revision>, now: SystemTime) -> Next {
+    let mut next = record.clone();
+    next.supersede(now);
+    Next::Write { seen, record: Box::new(next), transitions: Vec::new(), gates: Vec::new() }
+}
+
+/// The `rollout.*` event of `transition`.
+pub fn event(record: &RolloutRecord, transition: &Transition) -> Event {
+    let r = &record.rollout;
+    let (kind, message, data) = match transition {
+        Transition::WaveCompleted { wave } => {
+            let w = r.waves.iter().find(|w| &w.name == wave);
+            let counts = w.map(|w| serde_json::json!({"total": w.total, "synced": w.synced, "failed": w.failed}));
+            (ROLLOUT_WAVE_COMPLETED, format!("rollout of {} to {}: wave {wave} completed", r.api, r.sync_id), {
+                let mut data = serde_json::json!({"wave": wave});
+                if let (Some(obj), Some(serde_json::Value::Object(c))) = (data.as_object_mut(), counts) {
+                    obj.extend(c);
+                }
+                data
+            })
+        }
+        Transition::Halted { wave, reason } => (
+            ROLLOUT_HALTED,
+            format!("rollout of {} to {} paused: {reason}", r.api, r.sync_id),
+            serde_json::json!({"wave": wave, "reason": reason}),
+        ),
+        Transition::Completed => (
+            ROLLOUT_COMPLETED,
+            format!("rollout of {} to {} completed", r.api, r.sync_id),
+            serde_json::json!({"waves": r.waves.len()}),
+        ),
+        Transition::Aborted { reason } => (
+            ROLLOUT_ABORTED,
+            format!("rollout of {} to {} aborted: {reason}", r.api, r.sync_id),
+            serde_json::json!({"reason": reason}),
+        ),
+    };
+    Event {
+        id: uuid::Uuid::now_v7().to_string(),
+        kind: kind.into(),
+        time: crate::runs::now(),
+        api: r.api.clone(),
+        namespace: String::new(),
+        sync_id: r.sync_id.clone(),
+        run_id: String::new(),
+        message,
+        data,
+    }
+}
+
+fn deliveries(sinks: &Sinks, record: &RolloutRecord, transitions: &[Transition]) -> Vec<Delivery> {
+    transitions.iter().flat_map(|t| sinks.deliveries(&event(record, t))).collect()
+}
+
+/// Everything a driver needs: the worker's store, view, sinks, HTTP
+/// client and config.
+pub(crate) struct Driver {
+    pub worker: Arc<Worker>,
+    pub ready: Arc<AtomicBool>,
+    pub tasks: tokio_util::task::TaskTracker,
+}
+
+impl Driver {
+    /// Looks at every rollout each [`TICK`] until `cancel`.
+    pub(crate) async fn run(self, cancel: CancellationToken) {
+        let driver = Arc::new(self);
+        let mut tick = tokio::time::interval(TICK);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                () = cancel.cancelled() => return,
+                _ = tick.tick() => {}
+            }
+            if !driver.ready.load(Ordering::SeqCst) {
+                continue;
+            }
+            let apis = driver.view().rollout_apis();
+            for api in apis {
+                driver.clone().advance(&api, &cancel).await;
+            }
+            driver.report();
+        }
+    }
+
+    fn view(&self) -> std::sync::RwLockReadGuard<'_, View> {
+        self.worker.view.read().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn repo(&self) -> &Repository {
+        &self.worker.repo
+    }
+
+    /// One look at `api`'s rollout, and its write.
+    async fn advance(self: Arc<Self>, api: &str, cancel: &CancellationToken) {
+        let now = SystemTime::now();
+        let next = look(&self.view(), api, now);
+        let Next::Write { seen, mut record, transitions, gates } = next else { return };
+        // Claim the gates to run in the same write.
+        let holder = crate::runs::identity();
+        let mut claimed = Vec::new();
+        for wave in gates {
+            let timeout = gate_timeout(&record, wave);
+            if record.claim_gate(wave, holder, now + timeout + GATE_CLAIM_SLACK, now) {
+                claimed.push(wave);
+            }
+        }
+        let deliveries = deliveries(&self.worker.sinks, &record, &transitions);
+        match self.repo().write_rollout(api, seen, &record, &deliveries).await {
+            // The view learns the write from the watch, which also queues
+            // the subscribers it released; until then a tick deciding on
+            // the old record writes nothing (its compare fails).
+            Ok(Some(_)) => {
+                for t in &transitions {
+                    tracing::info!(api, sync_id = %record.rollout.sync_id, state = record.rollout.state.as_str(),
+                        wave = record.rollout.wave, transition = ?t, "rollout moved");
+                }
+                for wave in claimed {
+                    let driver = self.clone();
+                    let (record, cancel) = ((*record).clone(), cancel.clone());
+                    let api = api.to_string();
+                    self.tasks.spawn(async move { driver.run_gate(&api, record, wave, cancel).await });
+                }
+            }
+            // Another reconciler moved it first: its write reaches the view.
+            Ok(None) => {}
+            Err(e) => tracing::warn!(api, error = %e, "could not write a rollout's move; trying again"),
+        }
+    }
+
+    /// Runs wave `wave`'s gate (claimed by this process) and records its result.
+    async fn run_gate(&self, api: &str, record: RolloutRecord, wave: usize, cancel: CancellationToken) {
+        let name = record.rollout.waves[wave].name.clone();
+        let result = match record.policy.waves[wave].gate.as_ref().map(kayra_pipeline::Gate::compile) {
+            Some(Ok(gate)) => {
+                let context = kayra_pipeline::RolloutContext {
+                    api: api.to_string(),
+                    sync_id: record.rollout.sync_id.clone(),
+                    wave: name.clone(),
+                    synced: record.rollout.waves[wave].synced,
+                    failed: record.rollout.waves[wave].failed,
+                };
+                let control = kayra_pipeline::RunControl::new(cancel.clone());
+                let (outcome, step) = gate.run(&self.worker.client, &self.worker.config, &context, &control).await;
+                GateResult {
+                    result: if outcome.is_ok() { "success" } else { "error" }.into(),
+                    status: step.status,
+                    error: step.error,
+                }
+            }
+            Some(Err((field, message))) => {
+                GateResult { result: "error".into(), status: 0, error: format!("gate {field}: {message}") }
+            }
+            None => GateResult { result: "success".into(), ..GateResult::default() },
+        };
+        if cancel.is_cancelled() {
+            // Shutting down mid-gate: the claim runs out and another runs it.
+            return;
+        }
+        tracing::info!(api, wave = %name, result = %result.result, status = result.status, error = %result.error,
+            "rollout gate ran");
+        // Record it on the latest record: a promote, pause or abort since
+        // the claim wins (then `gate_done` changes nothing).
+        loop {
+            let current = match self.repo().rollout(api).await {
+                Ok(Some(current)) => current,
+                Ok(None) => return,
+                Err(e) => {
+                    tracing::warn!(api, error = %e, "could not read a rollout to record its gate; trying again");
+                    tokio::select! {
+                        () = cancel.cancelled() => return,
+                        () = tokio::time::sleep(TICK) => continue,
+                    }
+                }
+            };
+            if current.value.rollout.sync_id != record.rollout.sync_id {
+                return;
+            }
+            let mut next = current.value.clone();
+            let transitions = next.gate_done(wave, result.clone(), SystemTime::now());
+            if next == current.value {
+                return;
+            }
+            let deliveries = deliveries(&self.worker.sinks, &next, &transitions);
+            match self.repo().write_rollout(api, Some(current.revision), &next, &deliveries).await {
+                Ok(Some(_)) => return,
+                Ok(None) => continue,
+                Err(e) => {
+                    tracing::warn!(api, error = %e, "could not record a rollout gate's result; trying again");
+                    tokio::select! {
+                        () = cancel.cancelled() => return,
+                        () = tokio::time::sleep(TICK) => {}
+                    }
+                }
+            }
+        }
+    }
+
+    /// `kayra_rollout_wave{api}` and `kayra_rollouts{state}` from the view.
+    fn report(&self) {
+        let view = self.view();
+        let mut by_state: BTreeMap<&str, usize> = RolloutState::ALL.iter().map(|s| (s.as_str(), 0)).collect();
+        for api in view.rollout_apis() {
+            if let Some((record, _)) = view.rollout(&api) {
+                *by_state.entry(record.rollout.state.as_str()).or_default() += 1;
+                metrics::gauge!(METRIC_WAVE, "api" => api.clone()).set(record.rollout.wave as f64);
+            }
+        }
+        for (state, n) in by_state {
+            metrics::gauge!(METRIC_ROLLOUTS, "state" => state).set(n as f64);
+        }
+    }
+}
+
+/// The gate step's own timeout (60 s when it sets none).
+fn gate_timeout(record: &RolloutRecord, wave: usize) -> Duration {
+    record.policy.waves[wave]
+        .gate
+        .as_ref()
+        .and_then(|g| serde_json::from_value::<kayra_config::Step>(g.clone()).ok())
+        .map_or(kayra_config::DEFAULT_STEP_TIMEOUT, |s| s.timeout_or_default())
+}
+
+pub(crate) fn describe_metrics() {
+    metrics::describe_gauge!(METRIC_WAVE, "Index of the current wave of the API's rollout.");
+    metrics::describe_gauge!(METRIC_ROLLOUTS, "Rollouts by state, as this reconciler's view shows them.");
+    for state in RolloutState::ALL {
+        metrics::gauge!(METRIC_ROLLOUTS, "state" => state.as_str()).set(0.0);
+    }
+}

@@ -1,0 +1,235 @@
+//! Staged rollouts (platform §12), driven by a real reconciler against
+//! both store backends: waves in order, a manual wave waiting for
+//! `promote`, bake and gates, failures pausing the rollout and `resume`
+//! going on without re-running what failed, first syncs and force
+//! re-syncs never held, and a newer SyncID superseding a rollout.
+
+mod common;
+
+use std::time::Duration;
+
+use common::backend::TestBackend;
+use common::{Kind, Seed, eventually, start_reconciler, store};
+use kayra_catalog::repo::Repository;
+use kayra_catalog::repo::rollouts::Acted;
+use kayra_config::ReconcilerConfig;
+use kayra_core::ApiRegistration;
+use kayra_core::rollout::{Action, Approval, RolloutPolicy, RolloutRecord, RolloutState, WavePolicy, WaveState};
+
+const API: &str = "compute.example.com";
+
+/// Mode `api`: one POST to `<base>/ns/<namespace>/<sync id>`, which the
+/// test backend fails (500) for namespaces starting with `bad`.
+fn config(base: &str) -> ReconcilerConfig {
+    let endpoint = format!("{base}/ns/{{{{ .Subscription.Namespace }}}}/{{{{ .Subscription.ExpectedSyncID }}}}");
+    let yaml = format!("- method: post\n  endpoint: '{endpoint}'\n  timeout: 30s\n");
+    let mut cfg = ReconcilerConfig::default();
+    cfg.mode.insert("api".into(), serde_norway::from_str(&yaml).unwrap());
+    cfg
+}
+
+fn wave(name: &str) -> WavePolicy {
+    WavePolicy { name: name.into(), ..WavePolicy::default() }
+}
+
+/// Writes `policy` on the registration and moves its SyncID, in one write.
+async fn bump_with(repo: &Repository, sync_id: &str, policy: Option<RolloutPolicy>) {
+    repo.modify::<ApiRegistration, _>(kayra_catalog::repo::RecordRef::Registration(API), "registration", |r| {
+        r.sync_id = sync_id.into();
+        r.rollout = policy.clone();
+        kayra_catalog::repo::Change::Write
+    })
+    .await
+    .unwrap();
+}
+
+async fn rollout(repo: &Repository) -> Option<RolloutRecord> {
+    repo.rollout(API).await.unwrap().map(|r| r.value)
+}
+
+/// Waits until the rollout toward `sync_id` is in `state`.
+async fn reaches(repo: &Repository, sync_id: &str, state: RolloutState) -> RolloutRecord {
+    eventually(&format!("rollout to {sync_id} {}", state.as_str()), || async {
+        rollout(repo).await.is_some_and(|r| r.rollout.sync_id == sync_id && r.rollout.state == state)
+    })
+    .await;
+    rollout(repo).await.unwrap()
+}
+
+/// Registration at `s1`, `namespaces` subscribed and synced to it.
+async fn synced_at_s1(repo: &Repository, namespaces: &[&str]) {
+    let seed = Seed(repo);
+    seed.registration(API, "api", "s1").await;
+    for ns in namespaces {
+        seed.namespace(ns).await;
+        seed.subscription(ns, API).await;
+    }
+    for ns in namespaces {
+        eventually(&format!("{ns} at s1"), || async { seed.get(ns, API).await.is_synced("s1") }).await;
+    }
+}
+
+fn calls(backend: &TestBackend, ns: &str, sync_id: &str) -> usize {
+    backend.calls().iter().filter(|c| c.ends_with(&format!("/{ns}/{sync_id}"))).count()
+}
+
+async fn waves_run_in_order_and_a_manual_wave_waits_for_promote(kind: Kind) {
+    let store = store(kind).await;
+    let repo = Repository::new(store.store.clone(), "dev", "local");
+    let backend = TestBackend::start().await;
+    let running = start_reconciler(&repo, config(&backend.base));
+    let names = ["a0", "a1", "a2", "a3", "a4"];
+    synced_at_s1(&repo, &names).await;
+    let policy = RolloutPolicy {
+        waves: vec![
+            WavePolicy { size: "2".into(), ..wave("canary") },
+            WavePolicy { approval: Approval::Manual, ..wave("rest") },
+        ],
+        ..RolloutPolicy::default()
+    };
+    bump_with(&repo, "s2", Some(policy)).await;
+    let r = reaches(&repo, "s2", RolloutState::Waiting).await;
+    assert_eq!((r.rollout.wave, r.rollout.waves[0].state), (1, WaveState::Completed));
+    assert_eq!((r.rollout.waves[0].synced, r.rollout.waves[0].total), (2, 2));
+    assert_eq!((r.rollout.waves[1].pending, r.rollout.waves[1].total), (3, 3));
+    let seed = Seed(&repo);
+    for ns in ["a0", "a1"] {
+        assert!(seed.get(ns, API).await.is_synced("s2"), "{ns} is in the first wave");
+    }
+    // The second wave waits: give a wrongly released job time to show.
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    for ns in ["a2", "a3", "a4"] {
+        assert_eq!(calls(&backend, ns, "s2"), 0, "{ns} was called before its wave: {:?}", backend.calls());
+        assert!(seed.get(ns, API).await.is_synced("s1"));
+    }
+    let Acted::Done(promoted) = repo.act_on_rollout(API, Action::Promote, "alice").await.unwrap() else {
+        panic!("promote refused")
+    };
+    assert_eq!(promoted.value.rollout.state, RolloutState::Progressing);
+    let r = reaches(&repo, "s2", RolloutState::Completed).await;
+    assert!(r.rollout.waves.iter().all(|w| w.state == WaveState::Completed && w.pending == 0), "{r:?}");
+    for ns in names {
+        assert!(seed.get(ns, API).await.is_synced("s2"));
+        assert_eq!(calls(&backend, ns, "s2"), 1, "{ns}: each subscriber runs once per SyncID");
+    }
+    running.stop().await;
+}
+
+async fn failures_beyond_max_failures_pause_and_resume_reruns_nothing_failed(kind: Kind) {
+    let store = store(kind).await;
+    let repo = Repository::new(store.store.clone(), "dev", "local");
+    let backend = TestBackend::start().await;
+    // The `bad` ones succeed at s1: the test backend fails them only at s2.
+    let mut cfg = config(&backend.base);
+    let names = ["a0", "a1", "a2", "bad1", "bad2"];
+    let plain = format!("- method: post\n  endpoint: '{}/ok/{{{{ .Subscription.Namespace }}}}/s1'\n", backend.base);
+    cfg.mode.insert("first".into(), serde_norway::from_str(&plain).unwrap());
+    let running = start_reconciler(&repo, cfg);
+    let seed = Seed(&repo);
+    seed.registration(API, "first", "s1").await;
+    for ns in names {
+        seed.namespace(ns).await;
+        seed.subscription(ns, API).await;
+    }
+    for ns in names {
+        eventually("at s1", || async { seed.get(ns, API).await.is_synced("s1") }).await;
+    }
+    let policy = RolloutPolicy {
+        waves: vec![WavePolicy { max_failures: "1".into(), ..wave("early") }, wave("rest")],
+        ..RolloutPolicy::default()
+    };
+    repo.modify::<ApiRegistration, _>(kayra_catalog::repo::RecordRef::Registration(API), "registration", |r| {
+        r.sync_id = "s2".into();
+        r.mode = "api".into();
+        r.rollout = Some(policy.clone());
+        kayra_catalog::repo::Change::Write
+    })
+    .await
+    .unwrap();
+    let r = reaches(&repo, "s2", RolloutState::Paused).await;
+    assert_eq!(r.rollout.waves[0].state, WaveState::Failed);
+    assert!(r.rollout.reason.starts_with("wave early failed: 2 of 5 subscribers failed"), "{}", r.rollout.reason);
+    for ns in ["bad1", "bad2"] {
+        assert_eq!(calls(&backend, ns, "s2"), 2, "the run and its immediate retry");
+    }
+    let Acted::Done(_) = repo.act_on_rollout(API, Action::Resume, "alice").await.unwrap() else { panic!() };
+    let r = reaches(&repo, "s2", RolloutState::Completed).await;
+    assert_eq!((r.rollout.waves[0].synced, r.rollout.waves[0].failed), (3, 2));
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    for ns in ["bad1", "bad2"] {
+        assert_eq!(calls(&backend, ns, "s2"), 2, "resume re-runs nothing that failed: {:?}", backend.calls());
+    }
+    running.stop().await;
+}
+
+async fn first_syncs_and_force_resyncs_are_never_held(kind: Kind) {
+    let store = store(kind).await;
+    let repo = Repository::new(store.store.clone(), "dev", "local");
+    let backend = TestBackend::start().await;
+    let running = start_reconciler(&repo, config(&backend.base));
+    synced_at_s1(&repo, &["a0", "a1"]).await;
+    let policy = RolloutPolicy {
+        waves: vec![WavePolicy { approval: Approval::Manual, ..wave("all") }],
+        ..RolloutPolicy::default()
+    };
+    bump_with(&repo, "s2", Some(policy)).await;
+    reaches(&repo, "s2", RolloutState::Waiting).await;
+    let seed = Seed(&repo);
+    // A new subscription is a first sync: outside every wave.
+    seed.namespace("late").await;
+    seed.subscription("late", API).await;
+    eventually("late activated at s2", || async { seed.get("late", API).await.is_synced("s2") }).await;
+    // A force re-sync of a held subscriber runs at once.
+    seed.force_resync("a1", API).await;
+    eventually("a1 re-synced", || async { seed.get("a1", API).await.is_synced("s2") }).await;
+    assert_eq!(calls(&backend, "a0", "s2"), 0, "a0 is still held");
+    assert!(seed.get("a0", API).await.is_synced("s1"));
+    running.stop().await;
+}
+
+async fn a_gate_decides_its_wave_and_a_newer_sync_id_supersedes(kind: Kind) {
+    let store = store(kind).await;
+    let repo = Repository::new(store.store.clone(), "dev", "local");
+    let backend = TestBackend::start().await;
+    let running = start_reconciler(&repo, config(&backend.base));
+    synced_at_s1(&repo, &["a0", "a1", "a2"]).await;
+    let gate = |path: &str| serde_json::json!({"method": "get", "endpoint": format!("{}/{path}/gate/{{{{ .Rollout.Wave }}}}/{{{{ .Rollout.Synced }}}}", backend.base)});
+    let policy = RolloutPolicy {
+        waves: vec![
+            WavePolicy { size: "1".into(), bake: "1s".into(), gate: Some(gate("ok")), ..wave("canary") },
+            WavePolicy { size: "1".into(), gate: Some(gate("fail")), ..wave("early") },
+            WavePolicy { approval: Approval::Manual, ..wave("rest") },
+        ],
+        ..RolloutPolicy::default()
+    };
+    bump_with(&repo, "s2", Some(policy.clone())).await;
+    let r = reaches(&repo, "s2", RolloutState::Paused).await;
+    assert_eq!(backend.count("/ok/gate/canary/1"), 1, "the passing gate ran once: {:?}", backend.calls());
+    assert_eq!(backend.count("/fail/gate/early/1"), 1, "the failing gate ran once: {:?}", backend.calls());
+    let canary = &r.rollout.waves[0];
+    let baked = humantime::parse_rfc3339_weak(&r.rollout.waves[1].started_at)
+        .unwrap()
+        .duration_since(humantime::parse_rfc3339_weak(&canary.finished_at).unwrap())
+        .unwrap();
+    assert!(baked >= Duration::from_secs(1), "the next wave started {baked:?} after the canary finished");
+    assert_eq!(canary.gate.as_ref().map(|g| g.result.as_str()), Some("success"));
+    assert_eq!(r.rollout.waves[1].gate.as_ref().map(|g| (g.result.as_str(), g.status)), Some(("error", 500)));
+    assert!(r.rollout.reason.starts_with("wave early failed: its gate failed"), "{}", r.rollout.reason);
+    // A newer SyncID: a new rollout at the first wave, with its own assignment.
+    bump_with(&repo, "s3", Some(policy)).await;
+    eventually("a rollout to s3", || async {
+        rollout(&repo).await.is_some_and(|r| r.rollout.sync_id == "s3" && r.rollout.wave >= 1)
+    })
+    .await;
+    let r = rollout(&repo).await.unwrap();
+    assert_eq!(r.records[0].namespaces.len(), 1);
+    assert_eq!(r.rollout.waves.iter().map(|w| w.total).sum::<usize>(), 3, "every subscriber is behind s3");
+    running.stop().await;
+}
+
+both_backends!(
+    waves_run_in_order_and_a_manual_wave_waits_for_promote,
+    failures_beyond_max_failures_pause_and_resume_reruns_nothing_failed,
+    first_syncs_and_force_resyncs_are_never_held,
+    a_gate_decides_its_wave_and_a_newer_sync_id_supersedes
+);
