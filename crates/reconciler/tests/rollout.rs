@@ -227,6 +227,54 @@ async fn a_gate_decides_its_wave_and_a_newer_sync_id_supersedes(kind: Kind) {
     running.stop().await;
 }
 
+/// Three reconcilers on one etcd advance one rollout; the one whose
+/// task ends mid-bake (as a killed process would) stops nothing: the bake
+/// keeps its deadline and every subscriber runs exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_reconcilers_drive_a_rollout_and_losing_one_mid_bake_repeats_and_stalls_nothing() {
+    let store = store(Kind::Etcd).await;
+    let repo = Repository::new(store.store.clone(), "dev", "local");
+    let backend = TestBackend::start().await;
+    let names: Vec<String> = (0..12).map(|i| format!("t{i:02}")).collect();
+    let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+    let mut fleet = Vec::new();
+    for _ in 0..3 {
+        let other = Repository::new(store.connect_again().await, "dev", "local");
+        fleet.push(start_reconciler(&other, config(&backend.base)));
+    }
+    synced_at_s1(&repo, &refs).await;
+    let policy = RolloutPolicy {
+        waves: vec![
+            WavePolicy { size: "4".into(), bake: "2s".into(), ..wave("one") },
+            WavePolicy { size: "4".into(), bake: "1s".into(), ..wave("two") },
+            wave("three"),
+        ],
+        ..RolloutPolicy::default()
+    };
+    bump_with(&repo, "s2", Some(policy)).await;
+    reaches(&repo, "s2", RolloutState::Baking).await;
+    fleet.remove(0).abort();
+    let r = reaches(&repo, "s2", RolloutState::Completed).await;
+    for pair in r.rollout.waves.windows(2) {
+        let finished = humantime::parse_rfc3339_weak(&pair[0].finished_at).unwrap();
+        let started = humantime::parse_rfc3339_weak(&pair[1].started_at).unwrap();
+        let baked = started.duration_since(finished).unwrap();
+        assert!(
+            baked >= Duration::from_secs(1),
+            "wave {} started {baked:?} after {} finished",
+            pair[1].name,
+            pair[0].name
+        );
+    }
+    assert!(r.rollout.waves.iter().all(|w| w.total == 4 && w.synced == 4), "{:?}", r.rollout.waves);
+    for ns in &names {
+        assert_eq!(calls(&backend, ns, "s2"), 1, "{ns}: {:?}", backend.calls());
+    }
+    for running in fleet {
+        running.stop().await;
+    }
+}
+
 both_backends!(
     waves_run_in_order_and_a_manual_wave_waits_for_promote,
     failures_beyond_max_failures_pause_and_resume_reruns_nothing_failed,

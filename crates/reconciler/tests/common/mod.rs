@@ -125,6 +125,16 @@ impl Running {
     }
 }
 
+impl Running {
+    /// Ends the reconciler's task where it is, as a killed process ends:
+    /// no graceful shutdown, nothing in flight finishes.
+    pub fn abort(mut self) {
+        if let Some(h) = self.handle.take() {
+            h.abort();
+        }
+    }
+}
+
 impl Drop for Running {
     fn drop(&mut self) {
         self.cancel.cancel();
