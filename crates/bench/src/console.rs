@@ -49,6 +49,7 @@ async fn from_store(repo: &Repository) -> anyhow::Result<Vec<u8>> {
             active: s.value.active,
             state: s.value.state,
             current_sync_id: s.value.current_sync_id,
+            wave: String::new(),
         })
         .collect();
     let status = RegistrationStatus::new(registration, subscribers);

@@ -3,7 +3,8 @@
 //! Exit statuses are part of the contract (platform §9): 1 when the request
 //! was refused (a 4xx answer, or arguments that cannot make a request at
 //! all), 2 when the server failed or could not be reached. `--until-synced`
-//! giving up is 3, so a script can tell "not converged yet" from "broken".
+//! giving up is 3, so a script can tell "not converged yet" from "broken";
+//! `--wait` seeing the registration's rollout pause or abort is 4.
 
 use std::fmt;
 
@@ -29,6 +30,8 @@ pub enum Error {
     Unsafe(String),
     /// `--until-synced` reached `--timeout` before everything was synced.
     NotSynced(String),
+    /// `--wait`: the registration's rollout paused or aborted (§12: exit 4).
+    Halted(String),
     /// Whoever read stdout went away (`| head`). Not a failure: it ends the
     /// command quietly with status 0.
     StdoutClosed,
@@ -42,6 +45,7 @@ impl Error {
             Error::Api { status, .. } if (400..500).contains(status) => 1,
             Error::Api { .. } | Error::Transport(_) | Error::Unsafe(_) => 2,
             Error::NotSynced(_) => 3,
+            Error::Halted(_) => 4,
             Error::StdoutClosed => 0,
         }
     }
@@ -58,6 +62,7 @@ impl fmt::Display for Error {
             Error::Invalid(message)
             | Error::Transport(message)
             | Error::NotSynced(message)
+            | Error::Halted(message)
             | Error::Unsafe(message) => {
                 write!(f, "error: {message}")
             }

@@ -19,6 +19,7 @@
 //! - [`grid`]: cells and column layout, shared by every table.
 //! - [`watch`]: `--watch` (the server's watch stream) / `--until-synced`.
 //! - [`wait`]: `update ... NAME/sync --wait`, the fan-out's progress.
+//! - [`rollout`]: a registration's rollout as a table of its waves.
 //! - [`runs`]: the table of a subscription's runs.
 //! - [`error`]: the error type and its exit statuses.
 
@@ -31,6 +32,7 @@ pub mod escape;
 pub mod grid;
 pub mod output;
 pub mod request;
+pub mod rollout;
 pub mod runs;
 pub mod wait;
 pub mod watch;
@@ -188,7 +190,9 @@ impl Call<'_> {
             // A backend's own answer: shown as text, its control characters escaped.
             Body::Raw(bytes) => emit(&crate::escape::escape_raw(&bytes)),
             Body::Json(value) => {
-                let format = format.unwrap_or(if is_list(&value) { Format::Table } else { Format::Json });
+                // A rollout is read for its waves: a table unless `-o` (§12).
+                let waves = self.verb == Verb::Get && self.target.view() == request::View::Rollout;
+                let format = format.unwrap_or(if is_list(&value) || waves { Format::Table } else { Format::Json });
                 if let Some(note) = empty_list_note(&value, format, self.target) {
                     eprint!("{note}");
                     return Ok(());

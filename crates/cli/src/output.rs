@@ -95,7 +95,8 @@ pub fn table(value: &Value, view: View) -> String {
             return status_table(value);
         }
         View::Runs if is_list(value) => return crate::runs::table(value),
-        View::RegistrationStatus | View::Runs | View::Generic => return generic_table(value),
+        View::Rollout if value.get("waves").is_some_and(Value::is_array) => return crate::rollout::table(value),
+        View::RegistrationStatus | View::Runs | View::Rollout | View::Generic => return generic_table(value),
     };
     let rows = rows_of(value);
     if rows.is_empty() {

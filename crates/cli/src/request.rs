@@ -32,7 +32,7 @@ pub const CATALOG: &str = "catalog.example.com";
 pub const VERSION: &str = "v1";
 
 /// Catalog subresources: what may follow `NAME/`.
-pub const SUBRESOURCES: [&str; 4] = ["sync", "status", "tokens", "runs"];
+pub const SUBRESOURCES: [&str; 5] = ["sync", "status", "rollout", "tokens", "runs"];
 
 /// Catalog resources that live under `/namespaces/NS/`.
 const NAMESPACED: [&str; 2] = ["subscriptions", "rolebindings"];
@@ -112,7 +112,7 @@ impl ObjectRef {
             && let Some(first) = sub.first()
         {
             let allowed_len = match first.as_str() {
-                "sync" | "status" => 1,
+                "sync" | "status" | "rollout" => 1,
                 "tokens" | "runs" => 2,
                 _ => {
                     return Err(invalid(format!(
@@ -167,6 +167,8 @@ pub enum View {
     Runs,
     /// The audit trail (`audit`).
     Audit,
+    /// A registration's rollout (`apiregistrations NAME/rollout`).
+    Rollout,
     Generic,
 }
 
@@ -222,6 +224,7 @@ impl Target {
             ("subscriptions", None | Some("sync")) => View::Subscriptions,
             ("apiregistrations", None | Some("sync")) => View::Registrations,
             ("apiregistrations", Some("status")) => View::RegistrationStatus,
+            ("apiregistrations", Some("rollout")) => View::Rollout,
             ("subscriptions", Some("runs")) => View::Runs,
             ("namespaces", None) => View::Namespaces,
             ("audit", None) => View::Audit,
@@ -529,12 +532,24 @@ mod tests {
 
     #[test]
     fn unknown_or_malformed_subresources_are_refused() {
-        for name in ["a.b/bogus", "a.b/sync/x", "a.b/status/x", "alice/tokens/id/x", "a.b/", "/sync", "a//sync", ""] {
+        for name in [
+            "a.b/bogus",
+            "a.b/sync/x",
+            "a.b/status/x",
+            "a.b/rollout/x",
+            "alice/tokens/id/x",
+            "a.b/",
+            "/sync",
+            "a//sync",
+            "",
+        ] {
             let err = Target::new("catalog", None, "apiregistrations", Some(name)).unwrap_err();
             assert_eq!(err.exit_code(), 1, "{name}");
         }
         let err = Target::new("catalog", None, "apiregistrations", Some("a.b/bogus")).unwrap_err();
-        assert!(err.to_string().contains("sync, status, tokens"), "{err}");
+        assert!(err.to_string().contains("sync, status, rollout, tokens"), "{err}");
+        let rollout = Target::new("catalog", None, "apiregistrations", Some("a.b/rollout")).unwrap();
+        assert_eq!(rollout.view(), View::Rollout);
     }
 
     #[test]

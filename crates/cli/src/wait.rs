@@ -9,8 +9,12 @@
 //! `pending` has stayed 0 for [`SETTLE`]: a failure's immediate retry is
 //! still pending-to-be for a moment, and must be given the chance to land.
 //!
+//! When the registration has a rollout policy (§12), its rollout is read
+//! with each poll and its current wave's progress shown with the counts;
+//! the wait ends with exit 4 when the rollout pauses or aborts.
+//!
 //! Exit: 0 when all are synced; 1 when any failed (or the PUT itself was
-//! refused); 3 on `--timeout`.
+//! refused); 3 on `--timeout`; 4 when the rollout paused or aborted.
 
 use std::io::IsTerminal;
 use std::time::Duration;
@@ -73,7 +77,8 @@ impl Settle {
 /// How progress is shown.
 enum Display {
     Bar(ProgressBar),
-    Lines(Option<Counts>),
+    /// The counts and the rollout line last printed.
+    Lines(Option<Counts>, Option<String>),
 }
 
 impl Display {
@@ -87,7 +92,7 @@ impl Display {
             bar.enable_steady_tick(Duration::from_millis(120));
             Display::Bar(bar)
         } else {
-            Display::Lines(None)
+            Display::Lines(None, None)
         }
     }
 
@@ -99,11 +104,27 @@ impl Display {
                 bar.set_message(counts.to_string());
                 Ok(())
             }
-            Display::Lines(last) if *last != Some(counts) => {
+            Display::Lines(last, _) if *last != Some(counts) => {
                 *last = Some(counts);
                 crate::output::emit(format!("{counts}\n").as_bytes())
             }
-            Display::Lines(_) => Ok(()),
+            Display::Lines(..) => Ok(()),
+        }
+    }
+
+    /// The rollout's progress line, shown when it changes.
+    fn show_rollout(&mut self, counts: Counts, line: String) -> Result<(), Error> {
+        match self {
+            Display::Bar(bar) => {
+                bar.set_message(format!("{counts}; {line}"));
+                Ok(())
+            }
+            Display::Lines(_, last) if last.as_deref() != Some(line.as_str()) => {
+                let text = format!("{line}\n");
+                *last = Some(line);
+                crate::output::emit(text.as_bytes())
+            }
+            Display::Lines(..) => Ok(()),
         }
     }
 
@@ -118,6 +139,7 @@ impl Display {
 pub async fn run(client: &Client, name: &str, timeout: Duration) -> Result<(), Error> {
     let target = Target::new("catalog", None, "apiregistrations", Some(&format!("{name}/status")))?;
     let request = Request::build(Verb::Get, &target, None)?;
+    let rollout = rollout_request(client, name).await?;
     let mut display = Display::new();
     let mut settle = Settle::default();
     let mut warned: Option<String> = None;
@@ -133,6 +155,15 @@ pub async fn run(client: &Client, name: &str, timeout: Duration) -> Result<(), E
                 warned = None;
                 display.show(now)?;
                 counts = Some(now);
+                if let Some(request) = &rollout
+                    && let Some(rollout) = current_rollout(client, request, &answer).await?
+                {
+                    display.show_rollout(now, crate::rollout::progress(&rollout))?;
+                    if crate::rollout::halted(&rollout) {
+                        display.finish(now);
+                        return Err(Error::Halted(crate::rollout::summary(&rollout)));
+                    }
+                }
                 if settle.observe(now, Instant::now()) {
                     break (now, answer);
                 }
@@ -162,6 +193,34 @@ pub async fn run(client: &Client, name: &str, timeout: Duration) -> Result<(), E
         return Err(failure(counts, &status, &failed));
     }
     Ok(())
+}
+
+/// The request of registration `name`'s rollout when it has a rollout
+/// policy; `None` when its SyncID changes reach everyone at once.
+async fn rollout_request(client: &Client, name: &str) -> Result<Option<Request>, Error> {
+    let target = Target::new("catalog", None, "apiregistrations", Some(name))?;
+    let registration = match client.send(&Request::build(Verb::Get, &target, None)?).await? {
+        Body::Json(registration) => registration,
+        _ => return Err(Error::Transport("the registration's answer is not JSON".into())),
+    };
+    if registration.get("rollout").is_none_or(Value::is_null) {
+        return Ok(None);
+    }
+    let target = Target::new("catalog", None, "apiregistrations", Some(&format!("{name}/rollout")))?;
+    Ok(Some(Request::build(Verb::Get, &target, None)?))
+}
+
+/// The rollout toward the SyncID `status` shows; `None` while the
+/// reconcilers have not started it (404, or the previous one). A transient
+/// failure is `None` too: the next poll reads it again.
+async fn current_rollout(client: &Client, request: &Request, status: &Value) -> Result<Option<Value>, Error> {
+    match client.send(request).await {
+        Ok(Body::Json(rollout)) if rollout.get("sync_id") == status.get("sync_id") => Ok(Some(rollout)),
+        Ok(_) => Ok(None),
+        Err(Error::Api { status: 404, .. }) => Ok(None),
+        Err(e) if e.is_transient() => Ok(None),
+        Err(e) => Err(e),
+    }
 }
 
 /// At most this many failed namespaces are named in the error.

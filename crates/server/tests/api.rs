@@ -22,6 +22,7 @@ mod api {
     mod rbac;
     mod registrations;
     mod replicas;
+    mod rollouts;
     mod round_trips;
     mod runs;
     mod slow_clients;

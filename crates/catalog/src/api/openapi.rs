@@ -252,7 +252,7 @@ mod tests {
             assert!(schemas["Run"]["properties"][field].is_object(), "Run.{field}");
         }
         assert!(schemas["ApiRegistration"]["properties"]["sync_id_updated_at"].is_object());
-        for field in ["sync_id_updated_at", "total", "synced", "failed", "pending"] {
+        for field in ["sync_id_updated_at", "total", "synced", "failed", "pending", "held"] {
             assert!(schemas["RegistrationStatus"]["properties"][field].is_object(), "RegistrationStatus.{field}");
         }
         assert!(schemas["WatchEvent"]["properties"]["type"].is_object());

@@ -8,6 +8,12 @@
 //! client renders it with the same code as a poll. Changes are coalesced:
 //! during a fan-out of 10,000 subscribers each one's result is a change,
 //! and the document is sent at most four times a second, always the newest.
+//!
+//! **Rollouts.** `held` and each subscriber's `wave` (§4.2, §12) come from
+//! the registration's rollout record, read once per report (one key; the
+//! stream follows it like its registration) and judged by the same
+//! [`RolloutRecord::releases`] the reconcilers use, so a report never
+//! disagrees with the fan-out about who waits.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -18,7 +24,9 @@ use axum::body::{Body, Bytes};
 use axum::extract::State;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
+use kayra_core::rollout::RolloutRecord;
 use kayra_core::{ApiRegistration, SubscriptionState};
+use kayra_store::Revision;
 use serde::{Deserialize, Serialize};
 use tokio::sync::broadcast::error::RecvError;
 use tokio::sync::{broadcast, watch};
@@ -31,7 +39,7 @@ use super::hub::{Feed, FeedChange, Hub, KeyRange, StreamPermit};
 use super::list::{ListQuery, continue_token};
 use super::stream::{Framing, Kind, Outbox, WatchCheck, Watcher, frame, streaming};
 use super::{ApiState, long_name, registration_not_found};
-use crate::cache::subscribers::SubscriberIndex;
+use crate::cache::subscribers::{Entry, Snapshot, SubscriberIndex};
 use crate::repo::{Collection, RecordRef, Repository};
 
 /// A status stream sends its document at most this often.
@@ -60,6 +68,10 @@ pub struct RegistrationStatus {
     pub failed: usize,
     /// Not synced, and not failed: the reconciler has yet to get to them.
     pub pending: usize,
+    /// The pending ones a rollout holds back: their wave has not started,
+    /// or the rollout is paused or aborted (§12). Never more than `pending`.
+    #[serde(default)]
+    pub held: usize,
 }
 
 /// One subscriber in a [`RegistrationStatus`].
@@ -71,10 +83,15 @@ pub struct Subscriber {
     pub current_sync_id: String,
     /// `active && current_sync_id == sync_id`, as on the subscription.
     pub synced: bool,
+    /// The name of its wave in the rollout of the current SyncID; `""`
+    /// outside a rollout.
+    #[serde(default)]
+    pub wave: String,
 }
 
 impl RegistrationStatus {
-    /// The report of `registration` with these subscribers, counted.
+    /// The report of `registration` with these subscribers, counted
+    /// (outside any rollout: nothing held).
     pub fn new(registration: ApiRegistration, subscribers: Vec<Subscriber>) -> Self {
         let synced = subscribers.iter().filter(|s| s.synced).count();
         let failed = subscribers.iter().filter(|s| !s.synced && s.state == SubscriptionState::Error).count();
@@ -86,31 +103,35 @@ impl RegistrationStatus {
             synced,
             failed,
             pending: subscribers.len() - synced - failed,
+            held: 0,
             subscribers,
             continue_token: String::new(),
         }
     }
 
     /// The report of `registration` from the index as it is now: the
-    /// counts kept current by the index, and the subscribers after
-    /// namespace `after` (from the first when empty), at most `limit` (0:
-    /// all) of them.
-    fn of(registration: ApiRegistration, index: &SubscriberIndex, after: &str, limit: usize) -> Self {
+    /// counts kept current by the index, what `holds` holds back of them,
+    /// and the subscribers after namespace `after` (from the first when
+    /// empty), at most `limit` (0: all) of them.
+    fn of(registration: ApiRegistration, index: &SubscriberIndex, holds: &Holds, after: &str, limit: usize) -> Self {
         let sync_id = registration.sync_id.as_str();
         let take = if limit == 0 { usize::MAX } else { limit.saturating_add(1) };
-        let (tally, mut subscribers): (_, Vec<Subscriber>) =
-            index.page(&registration.name, after, Some(sync_id), |entries| {
-                entries
-                    .take(take)
-                    .map(|(namespace, e)| Subscriber {
-                        namespace: namespace.to_string(),
-                        active: e.active,
-                        state: e.state,
-                        current_sync_id: e.current_sync_id.to_string(),
-                        synced: e.is_synced(sync_id),
-                    })
-                    .collect()
-            });
+        // Counts, held and the page of one moment: `held ≤ pending` always.
+        let (tally, held, mut subscribers) = index.snapshot(&registration.name, |snapshot| {
+            let subscribers: Vec<Subscriber> = snapshot
+                .after(after)
+                .take(take)
+                .map(|(namespace, e)| Subscriber {
+                    namespace: namespace.to_string(),
+                    active: e.active,
+                    state: e.state,
+                    current_sync_id: e.current_sync_id.to_string(),
+                    synced: e.is_synced(sync_id),
+                    wave: holds.wave(namespace),
+                })
+                .collect();
+            (snapshot.tally(sync_id), holds.count(snapshot, sync_id), subscribers)
+        });
         let mut next = None;
         if limit > 0 && subscribers.len() > limit {
             subscribers.truncate(limit);
@@ -126,8 +147,83 @@ impl RegistrationStatus {
             synced: tally.synced,
             failed: tally.failed,
             pending: tally.pending,
+            held,
         }
     }
+}
+
+/// What a rollout holds back of one registration's fan-out (§12).
+#[derive(Debug, Default)]
+enum Holds {
+    /// No policy and no rollout of the current SyncID: nothing is held.
+    #[default]
+    Nothing,
+    /// A policy, and the rollout of the current SyncID is not recorded
+    /// yet (the reconcilers are about to start it): every subscriber the
+    /// ongoing action would move waits for it.
+    Starting,
+    /// The rollout of the current SyncID (whatever the policy says now: a
+    /// rollout keeps the policy it started with).
+    Rollout(Arc<RolloutRecord>),
+}
+
+/// Whether the ongoing action toward `sync_id` would move `entry`: pending
+/// (not synced, not failed), active (not a first sync) and at a SyncID
+/// (not a force re-sync). Only such a subscriber can be held.
+fn moving(entry: &Entry, sync_id: &str) -> bool {
+    entry.active
+        && !entry.current_sync_id.is_empty()
+        && !entry.is_synced(sync_id)
+        && entry.state != SubscriptionState::Error
+}
+
+impl Holds {
+    /// The holds on `registration`'s fan-out, given its rollout record.
+    fn new(registration: &ApiRegistration, record: Option<Arc<RolloutRecord>>) -> Self {
+        match record {
+            Some(record) if record.rollout.sync_id == registration.sync_id => Holds::Rollout(record),
+            _ if registration.rollout.is_some() => Holds::Starting,
+            _ => Holds::Nothing,
+        }
+    }
+
+    /// The name of `namespace`'s wave; `""` outside the rollout.
+    fn wave(&self, namespace: &str) -> String {
+        match self {
+            Holds::Rollout(record) => record
+                .wave_of(namespace)
+                .and_then(|w| record.rollout.waves.get(w))
+                .map(|w| w.name.clone())
+                .unwrap_or_default(),
+            Holds::Nothing | Holds::Starting => String::new(),
+        }
+    }
+
+    /// How many of the snapshot's subscribers are held.
+    fn count(&self, snapshot: &Snapshot<'_>, sync_id: &str) -> usize {
+        match self {
+            Holds::Nothing => 0,
+            Holds::Starting => snapshot.moving(sync_id),
+            Holds::Rollout(record) => record
+                .records
+                .iter()
+                // Whether a wave is released depends on the wave alone:
+                // ask for its first subscriber, then count the wave's moving ones.
+                .filter(|wave| wave.namespaces.first().is_some_and(|first| !record.releases(first)))
+                .flat_map(|wave| &wave.namespaces)
+                .filter(|namespace| snapshot.get(namespace).is_some_and(|e| moving(e, sync_id)))
+                .count(),
+        }
+    }
+}
+
+/// The rollout record of `api` in `feed` (the rollouts' feed).
+fn record_in(feed: &Feed, key: &str) -> Option<(Revision, RolloutRecord)> {
+    let record = feed.get(key)?;
+    let value = serde_json::from_slice(&record.kv.value)
+        .map_err(|e| tracing::warn!(error = %e, key, "an unreadable rollout record"))
+        .ok()?;
+    Some((record.kv.mod_revision, value))
 }
 
 /// This deployment's subscriber index (started with the serve).
@@ -167,11 +263,12 @@ pub(crate) async fn status(
         // A stream's validation: it renders (and waits) itself.
         return Ok(StatusCode::OK.into_response());
     }
+    let holds = Holds::new(&registration, state.repo.rollout(&name).await?.map(|r| Arc::new(r.value)));
     let scope = format!("{name}/");
     let after = query.after(&scope)?.map(|key| key[scope.len()..].to_string()).unwrap_or_default();
     caught_up(&index, &state.repo, revision).await?;
     // Encoded in one piece: ~1 MB for 10,000 subscribers unpaged.
-    let report = RegistrationStatus::of(registration, &index, &after, query.limit());
+    let report = RegistrationStatus::of(registration, &index, &holds, &after, query.limit());
     let body = serde_json::to_vec(&report).map_err(|e| {
         tracing::error!(error = %e, "encode a status report");
         ApiError::internal()
@@ -193,17 +290,22 @@ pub(crate) async fn open(
     let key = repo.layout().key(RecordRef::Registration(&name));
     let options = hub.options();
     let feed = hub.feed(&repo.layout().prefix(Collection::Registrations));
-    if !feed.wait_ready(options.ready_timeout).await {
+    let rollouts = hub.feed(&repo.layout().prefix(Collection::Rollouts));
+    let rollout_key = repo.layout().key(RecordRef::Rollout(&name));
+    if !feed.wait_ready(options.ready_timeout).await || !rollouts.wait_ready(options.ready_timeout).await {
         return Err(ApiError::unavailable("the watch could not list its objects in time; retry"));
     }
     let index = index_of(hub, repo);
     // Subscribed before the consistent-read check: nothing after it is missed.
     let changes = index.changes();
     let (registrations, _) = feed.subscribe(&KeyRange::Exact(key.clone()));
+    let (rollout_changes, _) = rollouts.subscribe(&KeyRange::Exact(rollout_key.clone()));
     let revision = repo.store().revision().await.map_err(crate::repo::Error::from)?;
     caught_up(&index, repo, revision).await?;
     // Read-your-writes (§17) for the registration's own record too.
-    if !feed.wait_for(revision, options.ready_timeout).await {
+    if !feed.wait_for(revision, options.ready_timeout).await
+        || !rollouts.wait_for(revision, options.ready_timeout).await
+    {
         return Err(ApiError::unavailable("the watch could not catch up with the store in time; retry"));
     }
     let now = Instant::now();
@@ -211,6 +313,10 @@ pub(crate) async fn open(
         key,
         feed,
         registrations,
+        rollouts,
+        rollout_key,
+        rollout_changes,
+        rollout: None,
         index,
         changes,
         sent: None,
@@ -233,6 +339,12 @@ struct Stream {
     key: String,
     feed: Arc<Feed>,
     registrations: broadcast::Receiver<FeedChange>,
+    /// The rollouts' feed, and the key of this registration's rollout.
+    rollouts: Arc<Feed>,
+    rollout_key: String,
+    rollout_changes: broadcast::Receiver<FeedChange>,
+    /// The rollout record last read, by its revision: decoded once per write.
+    rollout: Option<(Revision, Arc<RolloutRecord>)>,
     index: SubscriberIndex,
     changes: watch::Receiver<u64>,
     /// The document last sent: what a render is compared with, and what a
@@ -247,6 +359,16 @@ struct Stream {
 }
 
 impl Stream {
+    /// The registration's rollout record now (decoded again only when it
+    /// was written).
+    fn record(&mut self) -> Option<Arc<RolloutRecord>> {
+        let revision = self.rollouts.get(&self.rollout_key).map(|r| r.kv.mod_revision);
+        if self.rollout.as_ref().map(|(at, _)| *at) != revision {
+            self.rollout = record_in(&self.rollouts, &self.rollout_key).map(|(at, r)| (at, Arc::new(r)));
+        }
+        self.rollout.as_ref().map(|(_, r)| Arc::clone(r))
+    }
+
     /// The next bytes to send; `None` ends the stream.
     async fn next_chunk(&mut self) -> Option<Bytes> {
         loop {
@@ -259,6 +381,11 @@ impl Stream {
                 change = self.registrations.recv() => match change {
                     Ok(change) => self.dirty |= *change.key == *self.key,
                     // Missed announcements only mean "render again".
+                    Err(RecvError::Lagged(_)) => self.dirty = true,
+                    Err(RecvError::Closed) => return None,
+                },
+                change = self.rollout_changes.recv() => match change {
+                    Ok(change) => self.dirty |= *change.key == *self.rollout_key,
                     Err(RecvError::Lagged(_)) => self.dirty = true,
                     Err(RecvError::Closed) => return None,
                 },
@@ -280,8 +407,9 @@ impl Stream {
             .feed
             .get(&self.key)
             .and_then(|record| serde_json::from_slice::<ApiRegistration>(&record.kv.value).ok());
+        let holds = registration.as_ref().map(|r| Holds::new(r, self.record())).unwrap_or_default();
         let document = registration
-            .map(|r| RegistrationStatus::of(r, &self.index, "", 0))
+            .map(|r| RegistrationStatus::of(r, &self.index, &holds, "", 0))
             .and_then(|status| serde_json::to_string(&status).ok());
         let framing = self.outbox.framing();
         let event = match (document, self.sent.take()) {

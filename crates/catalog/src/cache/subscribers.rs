@@ -23,7 +23,7 @@
 //! store when the request arrived, whichever process wrote it. An index
 //! that cannot show that within the request timeout fails closed (503).
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -111,11 +111,58 @@ impl Counts {
         }
     }
 
+    /// The pending subscribers against `sync_id` that an ongoing action
+    /// would move: active, not in `state: error`, and at another non-empty
+    /// SyncID (inactive ones are first syncs, an empty `current_sync_id` a
+    /// force re-sync).
+    pub fn moving(&self, sync_id: &str) -> usize {
+        self.active_at
+            .iter()
+            .filter(|(at, _)| !at.is_empty() && &***at != sync_id)
+            .map(|(_, (active, in_error))| active - in_error)
+            .sum()
+    }
+
     /// The counts against `sync_id`.
     pub fn tally(&self, sync_id: &str) -> Tally {
         let (synced, synced_in_error) = self.active_at.get(sync_id).copied().unwrap_or_default();
         let failed = self.errors - synced_in_error;
         Tally { total: self.total, synced, failed, pending: self.total - synced - failed }
+    }
+}
+
+/// One API's subscribers and counts at one moment ([`SubscriberIndex::snapshot`]).
+pub struct Snapshot<'a> {
+    api: &'a str,
+    counts: Option<&'a Counts>,
+    map: &'a BTreeMap<String, Entry>,
+}
+
+impl Snapshot<'_> {
+    /// The §4.2 counts against `sync_id`.
+    pub fn tally(&self, sync_id: &str) -> Tally {
+        self.counts.map(|c| c.tally(sync_id)).unwrap_or_default()
+    }
+
+    /// [`Counts::moving`] of this API.
+    pub fn moving(&self, sync_id: &str) -> usize {
+        self.counts.map_or(0, |c| c.moving(sync_id))
+    }
+
+    /// The subscriber in `namespace`, if there is one.
+    pub fn get(&self, namespace: &str) -> Option<&Entry> {
+        self.map.get(&format!("{}/{namespace}", self.api))
+    }
+
+    /// The subscribers after namespace `after` (from the first when
+    /// empty), sorted by namespace.
+    pub fn after(&self, after: &str) -> impl Iterator<Item = (&str, &Entry)> {
+        let start = format!("{}/", self.api);
+        let from = if after.is_empty() { start.clone() } else { format!("{start}{after}\0") };
+        self.map.range(from..).map_while(move |(key, entry)| {
+            let namespace = key.strip_prefix(start.as_str())?;
+            Some((namespace, entry))
+        })
     }
 }
 
@@ -271,6 +318,13 @@ impl SubscriberIndex {
         (tally.unwrap_or_default(), result)
     }
 
+    /// Calls `f` with one API's subscribers and counts as they are at one
+    /// moment (both locks held: keep `f` short).
+    pub fn snapshot<R>(&self, api: &str, f: impl FnOnce(&Snapshot<'_>) -> R) -> R {
+        let counts = self.counts.lock().unwrap_or_else(PoisonError::into_inner);
+        self.reflector.read(|map| f(&Snapshot { api, counts: counts.get(api), map }))
+    }
+
     /// How many subscriptions the index holds.
     pub fn len(&self) -> usize {
         self.reflector.len()
@@ -370,7 +424,6 @@ mod tests {
     /// writes, deletes and re-lists (seeded, bounded).
     #[test]
     fn counts_always_equal_a_recount() {
-        use std::collections::BTreeMap;
         let l = layout();
         let index = index();
         let mut seed: u64 = 0x5eed;
@@ -433,6 +486,19 @@ mod tests {
                         Tally { total: all.len(), synced, failed, pending: all.len() - synced - failed }
                     });
                     assert_eq!(kept, recount, "round {round}, {api} at {sync_id:?}");
+                    let (moving, recount) = index.snapshot(api, |snapshot| {
+                        let moving = snapshot
+                            .after("")
+                            .filter(|(_, e)| {
+                                e.active
+                                    && !e.current_sync_id.is_empty()
+                                    && !e.is_synced(sync_id)
+                                    && e.state != SubscriptionState::Error
+                            })
+                            .count();
+                        (snapshot.moving(sync_id), moving)
+                    });
+                    assert_eq!(moving, recount, "moving: round {round}, {api} at {sync_id:?}");
                 }
             }
         }

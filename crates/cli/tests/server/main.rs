@@ -13,6 +13,7 @@ mod errors;
 mod escape;
 mod fanout;
 mod gateway;
+mod rollout;
 mod seed;
 mod verbs;
 mod watch;

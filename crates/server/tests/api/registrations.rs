@@ -125,10 +125,10 @@ both_backends! {
         assert_eq!(status.as_object_mut().unwrap().remove("sync_id_updated_at"), Some(reg["sync_id_updated_at"].clone()));
         assert_eq!(
             status,
-            json!({"api": "compute.example.com", "sync_id": "s2", "total": 3, "synced": 1, "failed": 0, "pending": 2, "subscribers": [
-                {"namespace": "core", "active": true, "state": "success", "current_sync_id": "s1", "synced": false},
-                {"namespace": "sre", "active": true, "state": "success", "current_sync_id": "s2", "synced": true},
-                {"namespace": "web", "active": false, "state": "init", "current_sync_id": "", "synced": false},
+            json!({"api": "compute.example.com", "sync_id": "s2", "total": 3, "synced": 1, "failed": 0, "pending": 2, "held": 0, "subscribers": [
+                {"namespace": "core", "active": true, "state": "success", "current_sync_id": "s1", "synced": false, "wave": ""},
+                {"namespace": "sre", "active": true, "state": "success", "current_sync_id": "s2", "synced": true, "wave": ""},
+                {"namespace": "web", "active": false, "state": "init", "current_sync_id": "", "synced": false, "wave": ""},
             ]})
         );
         let empty = server.registration("idle.example.com", json!({"sync_id": "z"})).await;
@@ -137,7 +137,7 @@ both_backends! {
         assert_eq!(status.as_object_mut().unwrap().remove("sync_id_updated_at"), Some(empty["sync_id_updated_at"].clone()));
         assert_eq!(
             status,
-            json!({"api": "idle.example.com", "sync_id": "z", "subscribers": [], "total": 0, "synced": 0, "failed": 0, "pending": 0})
+            json!({"api": "idle.example.com", "sync_id": "z", "subscribers": [], "total": 0, "synced": 0, "failed": 0, "pending": 0, "held": 0})
         );
         server.get("/apiregistrations/missing.example.com/status").await.error(404, &["missing.example.com"]);
     }

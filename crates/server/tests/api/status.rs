@@ -59,7 +59,7 @@ both_backends! {
         let first = &status["subscribers"][0];
         assert_eq!(
             *first,
-            json!({"namespace": "t00", "active": true, "state": "success", "current_sync_id": "s1", "synced": true})
+            json!({"namespace": "t00", "active": true, "state": "success", "current_sync_id": "s1", "synced": true, "wave": ""})
         );
         let order: Vec<&str> = status["subscribers"].as_array().unwrap().iter().map(|s| s["namespace"].as_str().unwrap()).collect();
         assert_eq!(order, names, "sorted by namespace");
