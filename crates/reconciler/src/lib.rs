@@ -38,7 +38,9 @@
 //! - [`notify`]: notifications (§14): the sinks, the deliveries an event
 //!   makes, the notifier that sends them.
 //! - [`fanout`]: `fanout.completed`, from the view, once per (api, SyncID).
+//! - [`cancels`]: stopping a run in flight: cancel requests, run deadlines (§12).
 
+pub mod cancels;
 pub mod decide;
 pub mod ensure;
 mod events;
@@ -131,6 +133,7 @@ impl Reconciler {
             running: Default::default(),
             owed_retries: Default::default(),
             sinks: Arc::default(),
+            cancels: Arc::default(),
         };
         Ok(Self {
             worker: Arc::new(worker),
@@ -200,10 +203,13 @@ impl Reconciler {
         // `kayra_limit_held_seconds` counts a 429's hold down.
         let fleet = tokio::spawn(self.worker.limits.clone().report_fleet(cancel.clone()));
         let (notifier, fanout) = self.start_notifications(&cancel);
+        let cancels =
+            tokio::spawn(cancels::watch(self.worker.repo.clone(), self.worker.cancels.clone(), cancel.clone()));
         self.watch(&cancel).await;
         self.queue.close();
         let _ = dispatcher.await;
         let _ = fleet.await;
+        let _ = cancels.await;
         for task in [notifier, fanout].into_iter().flatten() {
             let _ = task.await;
         }

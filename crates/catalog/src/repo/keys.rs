@@ -133,3 +133,9 @@ pub fn deliveries(platform: &str, region: &str) -> String {
 pub fn fanout_markers(platform: &str, region: &str) -> String {
     format!("/notifications/{platform}/{region}/fanouts/")
 }
+
+/// Every cancel request of one deployment (platform §12): one per run,
+/// `<namespace>/<api>/<run id>`, watched by every reconciler.
+pub fn cancel_requests(platform: &str, region: &str) -> String {
+    format!("/cancelrequests/{platform}/{region}/")
+}

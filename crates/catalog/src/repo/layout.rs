@@ -56,6 +56,12 @@ pub enum RecordRef<'a> {
     Delivery(&'a str),
     /// The last completed fan-out of an API (`kayra_core::notifications::FanoutMarker`).
     FanoutMarker(&'a str),
+    /// A request to cancel run `id` of a subscription ([`super::cancels`]).
+    CancelRequest {
+        namespace: &'a str,
+        api: &'a str,
+        id: &'a str,
+    },
 }
 
 /// A set of records read or watched together: one key prefix.
@@ -91,6 +97,8 @@ pub enum Collection<'a> {
     Deliveries,
     /// Every API's fan-out marker.
     FanoutMarkers,
+    /// Every cancel request of this deployment.
+    CancelRequests,
 }
 
 /// The key layout of one deployment (platform + region): the only code that
@@ -126,6 +134,9 @@ impl Layout {
             RecordRef::Audit(order) => format!("{}{order}", audit(p, r)),
             RecordRef::Delivery(id) => format!("{}{id}", deliveries(p, r)),
             RecordRef::FanoutMarker(api) => format!("{}{api}", fanout_markers(p, r)),
+            RecordRef::CancelRequest { namespace, api, id } => {
+                format!("{}{namespace}/{api}/{id}", cancel_requests(p, r))
+            }
         }
     }
 
@@ -150,6 +161,7 @@ impl Layout {
             Collection::Audit => audit(p, r),
             Collection::Deliveries => deliveries(p, r),
             Collection::FanoutMarkers => fanout_markers(p, r),
+            Collection::CancelRequests => cancel_requests(p, r),
         }
     }
 
@@ -183,6 +195,10 @@ impl Layout {
                 RecordRef::Run { namespace, api, slot: slot.parse().ok()? }
             }
             "audit" => RecordRef::Audit(one(&scoped(root))?),
+            "cancelrequests" => {
+                let [namespace, api, id] = segments::<3>(key, &scoped(root))?;
+                RecordRef::CancelRequest { namespace, api, id }
+            }
             "notifications" => match two(&scoped(root))? {
                 ["deliveries", id] => RecordRef::Delivery(id),
                 ["fanouts", api] => RecordRef::FanoutMarker(api),
@@ -251,6 +267,7 @@ mod tests {
             RecordRef::Audit("fe6c4d"),
             RecordRef::Delivery("0190.subscription.failed.ops"),
             RecordRef::FanoutMarker("compute.example.com"),
+            RecordRef::CancelRequest { namespace: "core", api: "compute.example.com", id: "0193a6c1" },
         ];
         for record in records {
             assert_eq!(layout.parse(&layout.key(record)), Some(record), "{record:?}");
@@ -308,6 +325,7 @@ mod tests {
             (RecordRef::Audit("fe6c4d"), Collection::Audit),
             (RecordRef::Delivery("e.ops"), Collection::Deliveries),
             (RecordRef::FanoutMarker(api), Collection::FanoutMarkers),
+            (RecordRef::CancelRequest { namespace, api, id: "r" }, Collection::CancelRequests),
         ];
         for (record, collection) in pairs {
             assert!(layout.key(record).starts_with(&layout.prefix(collection)), "{record:?} in {collection:?}");
