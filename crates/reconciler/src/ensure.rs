@@ -305,7 +305,11 @@ impl Worker {
                 None => Ok(Ok(None)),
             };
             if failures > 0 && !matches!(acquired, Ok(Ok(_))) {
-                let state = Attempt { subscription_revision: sub.revision, registration_revision: reg.revision };
+                let state = Attempt {
+                    subscription_revision: sub.revision,
+                    registration_revision: reg.revision,
+                    cancelled: false,
+                };
                 self.owed_retries().insert((namespace.to_string(), api.to_string()), state);
             }
             let _permit = match acquired.map_err(kayra_catalog::repo::Error::from)? {
@@ -413,9 +417,12 @@ impl Worker {
             steps,
         }
         .bounded();
+        // A user's cancel (§12): the state is recorded as cancelled under
+        // the lock, so no other process's queued trigger runs it again.
+        let user_cancelled = outcome == Outcome::Cancelled && matches!(stopped, Some(Stop::Cancel(_)));
         // Nothing follows a final result under this lock: the result's
         // transaction is also the unlock.
-        let unlock = matches!(then, Then::Done);
+        let unlock = matches!(then, Then::Done) && !user_cancelled;
         // The answer to the cancel request that stopped the run (or came
         // too late to), carried back by the result's own transaction.
         let answer = match &stopped {
@@ -442,8 +449,11 @@ impl Worker {
                             "the store refused the failed run too; giving up until the subscription or its \
                              registration is written again"
                         );
-                        let attempt =
-                            Attempt { subscription_revision: sub.revision, registration_revision: reg.revision };
+                        let attempt = Attempt {
+                            subscription_revision: sub.revision,
+                            registration_revision: reg.revision,
+                            cancelled: false,
+                        };
                         self.view_mut().put_given_up(&sub.value.namespace, &sub.value.api, attempt);
                         return Ok(Step::Done);
                     }
@@ -479,6 +489,13 @@ impl Worker {
             let what = if sub.value.active { "subscription reconciled" } else { "subscription activated" };
             tracing::info!(result = "success", "{what}");
         }
+        if user_cancelled {
+            let attempt =
+                Attempt { subscription_revision: after, registration_revision: reg.revision, cancelled: true };
+            self.record_given_up(&sub.value.namespace, &sub.value.api, &attempt).await?;
+            tracing::info!("cancelled: waiting for the next write to the subscription or its registration");
+            return Ok(Step::Done);
+        }
         match then {
             Then::Done => Ok(Step::Done),
             Then::RetryNow => {
@@ -486,7 +503,8 @@ impl Worker {
                 Ok(Step::Again { failures: failures + 1, trigger: Some(RunTrigger::Retry) })
             }
             Then::GiveUp => {
-                let attempt = Attempt { subscription_revision: after, registration_revision: reg.revision };
+                let attempt =
+                    Attempt { subscription_revision: after, registration_revision: reg.revision, cancelled: false };
                 self.record_given_up(&sub.value.namespace, &sub.value.api, &attempt).await?;
                 tracing::warn!("giving up until the subscription or its registration is written again");
                 Ok(Step::Done)

@@ -20,6 +20,7 @@ use kayra_config::ReconcilerConfig;
 use kayra_core::{Run, RunResult, RunTrigger, Subscription, SubscriptionState};
 
 const API: &str = "compute.example.com";
+const WARM: &str = "warm.example.com";
 const POLL: Duration = Duration::from_millis(100);
 const PATIENCE: Duration = Duration::from_secs(5);
 
@@ -119,7 +120,9 @@ async fn a_waiting_run_is_cancelled_and_only_the_next_trigger_runs_it_again(kind
     let calls = backend.count("/ok/");
     tokio::time::sleep(POLL * 3).await;
     assert_eq!(backend.count("/ok/"), calls, "no call after the cancel: {:?}", backend.calls());
-    assert!(repo.get::<serde_json::Value>(RecordRef::Attempt { namespace: "core", api: API }).await.unwrap().is_none());
+    // The state is marked cancelled (not given up: any next write runs it).
+    let marker = repo.get::<serde_json::Value>(RecordRef::Attempt { namespace: "core", api: API }).await.unwrap();
+    assert_eq!(marker.map(|m| m.value["cancelled"].clone()), Some(serde_json::json!(true)));
 
     // The next trigger runs it again, as a new run.
     seed.force_resync("core", API).await;
@@ -127,6 +130,46 @@ async fn a_waiting_run_is_cancelled_and_only_the_next_trigger_runs_it_again(kind
     let (_, next) = run_ids(&backend, "/ok").remove(1);
     let (outcome, took) = cancel(&repo, &next).await;
     assert_eq!(assert_cancelled_in_time(&outcome, took, &next).trigger, RunTrigger::Resync);
+
+    running.stop().await;
+}
+
+/// An active subscription's cancelled run toward a new SyncID runs again
+/// when the SyncID moves again, and not before.
+async fn a_sync_id_move_runs_a_cancelled_subscription_again(kind: Kind) {
+    let store = store(kind).await;
+    let repo = Repository::new(store.store.clone(), "dev", "local");
+    let backend = TestBackend::start().await;
+    let seed = seed_api(&repo).await;
+    let synced = Subscription {
+        active: true,
+        current_sync_id: "s1".into(),
+        state: SubscriptionState::Success,
+        ..Subscription::new("core", API)
+    };
+    repo.create(RecordRef::Subscription { namespace: "core", api: API }, &synced, "subscription").await.unwrap();
+    // Listed before the SyncID moves: the move is one trigger, not also
+    // a startup's (which would run a cancelled state again, as a restart).
+    seed.registration(WARM, "placeholder", "w1").await;
+    seed.subscription("core", WARM).await;
+    let running = start_reconciler(&repo, config(&format!("{}/ok", backend.base), None));
+    eventually("the reconciler listed", || async { seed.get("core", WARM).await.is_synced("w1") }).await;
+    seed.bump(API, "s2").await;
+    backend.wait_for("/ok/", 1).await;
+    let (_, id) = run_ids(&backend, "/ok").remove(0);
+    let (outcome, took) = cancel(&repo, &id).await;
+    assert_eq!(assert_cancelled_in_time(&outcome, took, &id).sync_id, "s2");
+    let after = seed.get("core", API).await;
+    assert_eq!((after.state, after.current_sync_id.as_str()), (SubscriptionState::Success, "s1"));
+    let calls = backend.count("/ok/");
+    tokio::time::sleep(POLL * 3).await;
+    assert_eq!(backend.count("/ok/"), calls, "no call after the cancel");
+    seed.bump(API, "s3").await;
+    eventually("a new run after the SyncID move", || async { run_ids(&backend, "/ok").len() == 2 }).await;
+    let (_, next) = run_ids(&backend, "/ok").remove(1);
+    let (outcome, took) = cancel(&repo, &next).await;
+    let run = assert_cancelled_in_time(&outcome, took, &next);
+    assert_eq!((run.sync_id.as_str(), run.trigger), ("s3", RunTrigger::Ongoing));
     running.stop().await;
 }
 
@@ -226,13 +269,21 @@ async fn the_holder_stops_the_run_whichever_process_asked(kind: Kind) {
         assert!(took < Duration::from_secs(1), "the cancel of run {id} took {took:?}, over the contract's 1 s");
         assert_eq!((run.result, run.error.as_str()), (RunResult::Cancelled, "cancelled by alice: bad canary"));
     }
+    // Neither reconciler runs a cancelled job again (the other one's
+    // queued trigger included) until its next trigger.
+    let calls = backend.count("/ok/");
+    tokio::time::sleep(POLL * 3).await;
+    assert_eq!(backend.count("/ok/"), calls, "a cancelled job ran again: {:?}", backend.calls());
+    let stopping = Instant::now();
     first.stop().await;
     second.stop().await;
+    assert!(stopping.elapsed() < Duration::from_secs(10), "nothing was left running: {:?}", stopping.elapsed());
 }
 
 both_backends!(
     a_waiting_run_is_cancelled_and_only_the_next_trigger_runs_it_again,
     a_call_in_flight_is_dropped_by_the_cancel,
+    a_sync_id_move_runs_a_cancelled_subscription_again,
     a_finished_run_is_refused_and_an_unknown_one_is_not_found,
     a_run_over_its_deadline_fails_and_is_retried_once,
 );
