@@ -44,6 +44,9 @@ Examples:
   kayra-cli get catalog -n core subscriptions compute.example.com/runs
   kayra-cli get catalog -n core subscriptions compute.example.com/runs/ID -o yaml
 
+  # Stop a run in flight (recorded cancelled; the next trigger runs the job again)
+  kayra-cli update catalog -n core subscriptions compute.example.com/runs/ID/cancel -d '{\"reason\": \"bad canary\"}'
+
   # Call a registered API through the gateway (short or long name)
   kayra-cli get compute -n core vms
 

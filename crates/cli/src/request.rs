@@ -113,6 +113,8 @@ impl ObjectRef {
         {
             let allowed_len = match first.as_str() {
                 "sync" | "status" | "rollout" => 1,
+                // `runs/ID/cancel` stops a run in flight (§12).
+                "runs" if sub.get(2).is_some_and(|s| s == "cancel") => 3,
                 "tokens" | "runs" => 2,
                 _ => {
                     return Err(invalid(format!(
@@ -317,7 +319,8 @@ impl Request {
         }
         let sub = target.object.as_ref().and_then(ObjectRef::subresource);
         let mut path = target.path();
-        let empty_body_ok = matches!(sub, Some("sync" | "tokens"));
+        let cancel = target.object.as_ref().is_some_and(|o| o.sub.len() == 3 && o.sub[2] == "cancel");
+        let empty_body_ok = matches!(sub, Some("sync" | "tokens")) || cancel;
         let body = match verb {
             Verb::Get | Verb::Delete => None,
             Verb::Create => match (&target.object, data) {
@@ -466,6 +469,22 @@ mod tests {
         assert!(Request::build(Verb::Patch, &one, None).is_err());
         let all = target("catalog", None, "namespaces", None);
         assert!(Request::build(Verb::Create, &all, None).is_err());
+    }
+
+    #[test]
+    fn a_run_is_cancelled_with_an_update_of_its_cancel() {
+        let id = "0193a6c1-0000-7000-8000-000000000001";
+        let t = target("catalog", Some("sre"), "subscriptions", Some(&format!("dev.example.com/runs/{id}/cancel")));
+        let r = build(Verb::Update, &t, None);
+        assert_eq!(r.method, Method::PUT);
+        assert_eq!(url(&r), format!("{BASE}/namespaces/sre/subscriptions/dev.example.com/runs/{id}/cancel"));
+        assert_eq!(r.body, Some(json!({})), "the reason is optional");
+        let r = build(Verb::Update, &t, Some(json!({"reason": "bad canary"})));
+        assert_eq!(r.body, Some(json!({"reason": "bad canary"})));
+        for bad in [format!("dev.example.com/runs/{id}/other"), format!("dev.example.com/runs/{id}/cancel/x")] {
+            let err = Target::new("catalog", Some("sre"), "subscriptions", Some(&bad)).unwrap_err();
+            assert!(err.to_string().contains("too many segments"), "{bad}: {err}");
+        }
     }
 
     #[test]

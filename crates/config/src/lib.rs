@@ -37,6 +37,8 @@ pub const ASYNC_STEP_ACK_TIMEOUT: std::time::Duration = std::time::Duration::fro
 pub const DEFAULT_MAX_RETRY_AFTER: std::time::Duration = std::time::Duration::from_secs(5 * 60);
 /// Upper bound of `reconciler.limits.<mode>.max_retry_after`.
 pub const MAX_RETRY_AFTER_LIMIT: std::time::Duration = std::time::Duration::from_secs(3600);
+/// Upper bound of `reconciler.limits.<mode>.run_timeout`.
+pub const MAX_RUN_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(24 * 3600);
 /// Default for `reconciler.wait_poll_interval` (seed: `catalog.WaitPollInterval`).
 pub const WAIT_POLL_INTERVAL: std::time::Duration = std::time::Duration::from_secs(5);
 /// A step without `timeout` gets this.
@@ -310,12 +312,22 @@ pub struct ModeLimits {
     /// [`DEFAULT_MAX_RETRY_AFTER`] (see [`ModeLimits::max_retry_after`]).
     #[serde(default)]
     pub max_retry_after: Option<Duration>,
+    /// The longest a run of the mode may take (platform §12, "Run
+    /// deadline"): one still going is stopped and recorded as failed with
+    /// `run timeout of <this> exceeded`. Unset: no deadline.
+    #[serde(default)]
+    pub run_timeout: Option<Duration>,
 }
 
 impl ModeLimits {
     /// The cap on one `429`'s hold of the mode.
     pub fn max_retry_after(&self) -> std::time::Duration {
         self.max_retry_after.map_or(DEFAULT_MAX_RETRY_AFTER, |d| d.0)
+    }
+
+    /// The deadline of one run of the mode, if any.
+    pub fn run_timeout(&self) -> Option<std::time::Duration> {
+        self.run_timeout.map(|d| d.0)
     }
 }
 
@@ -569,6 +581,14 @@ impl Config {
                 return Err(Error::Invalid {
                     key: format!("reconciler.limits.{mode}.max_retry_after"),
                     message: "must be greater than zero and at most 1h".into(),
+                });
+            }
+            if let Some(Duration(deadline)) = limits.run_timeout
+                && (deadline.is_zero() || deadline > MAX_RUN_TIMEOUT)
+            {
+                return Err(Error::Invalid {
+                    key: format!("reconciler.limits.{mode}.run_timeout"),
+                    message: "must be greater than zero and at most 24h".into(),
                 });
             }
         }
@@ -845,6 +865,27 @@ reconciler:
         }
         let c = Config::parse("reconciler:\n  limits:\n    trigger: {per_minute: 3}\n", "t").unwrap();
         assert_eq!(c.reconciler.limits["trigger"].max_retry_after(), std::time::Duration::from_secs(300));
+    }
+
+    #[test]
+    fn run_timeout_is_above_zero_and_at_most_a_day() {
+        let limits = |v: &str| format!("reconciler:\n  limits:\n    trigger: {{run_timeout: \"{v}\"}}\n");
+        for bad in ["0s", "0ms", "24h 1s", "25h", "300000000000y"] {
+            let e = err(&limits(bad));
+            assert!(
+                e.contains("reconciler.limits.trigger.run_timeout: must be greater than zero and at most 24h"),
+                "{bad}: {e}"
+            );
+        }
+        let e = err(&limits("soon"));
+        assert!(e.contains("reconciler.limits.trigger.run_timeout") && e.contains("invalid duration"), "{e}");
+        for (good, want) in [("1s", 1), ("30m", 1800), ("24h", 86400)] {
+            let c = Config::parse(&limits(good), "t").unwrap();
+            c.validate().unwrap();
+            assert_eq!(c.reconciler.limits["trigger"].run_timeout(), Some(std::time::Duration::from_secs(want)));
+        }
+        let c = Config::parse("reconciler:\n  limits:\n    trigger: {per_minute: 3}\n", "t").unwrap();
+        assert_eq!(c.reconciler.limits["trigger"].run_timeout(), None, "no deadline unless configured");
     }
 
     #[test]

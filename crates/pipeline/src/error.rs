@@ -76,11 +76,17 @@ pub enum PipelineError {
     /// toward; it stopped at a step boundary or between two `wait` polls.
     #[error("pipeline superseded by a newer SyncID")]
     Superseded,
+    /// The run was stopped ([`crate::RunControl::stop`]: a cancel, its
+    /// deadline), at a step boundary or in the middle of a step; the
+    /// caller knows why and says so in the run's record.
+    #[error("run stopped")]
+    Stopped,
 }
 
 impl PipelineError {
     /// The 0-based index of the failed step; `None` for [`Self::Cancelled`],
-    /// [`Self::Secret`] and a [`Self::Superseded`] between steps.
+    /// [`Self::Secret`], [`Self::Stopped`] and a [`Self::Superseded`]
+    /// between steps.
     pub fn step(&self) -> Option<usize> {
         match self {
             Self::Render { step, .. }
@@ -93,7 +99,7 @@ impl PipelineError {
             | Self::WaitFailed { step, .. }
             | Self::WaitTimeout { step, .. }
             | Self::OutputTooLarge { step, .. } => Some(*step),
-            Self::Secret { .. } | Self::Cancelled | Self::Superseded => None,
+            Self::Secret { .. } | Self::Cancelled | Self::Superseded | Self::Stopped => None,
         }
     }
 }

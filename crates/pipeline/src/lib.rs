@@ -35,8 +35,13 @@
 //!
 //! A run checks its [`RunControl`] before each step: shutdown stops it with
 //! [`PipelineError::Cancelled`], a newer SyncID with
-//! [`PipelineError::Superseded`]. A newer SyncID also ends a `wait` step's
-//! pause between two polls at once. The call in flight is never interrupted
+//! [`PipelineError::Superseded`], a stop of the run itself (a cancel, the
+//! run's deadline: platform §12) with [`PipelineError::Stopped`]. A newer
+//! SyncID also ends a `wait` step's pause between two polls at once. A stop
+//! ends whatever the run is doing at once: the call in flight is dropped,
+//! a `wait` polls no more, an async step stops waiting for its
+//! acknowledgement; the step still gets its record and log line. Otherwise
+//! the call in flight is never interrupted
 //! (platform §7: in-flight reconciles finish), so a step's outcome and log
 //! line are always complete; for the same reason shutdown does not cut a
 //! `wait` short, and a step still polling holds shutdown until it resolves
@@ -154,12 +159,16 @@ pub struct RunControl {
     /// The subscription's expected SyncID moved past this run's: checked
     /// between steps and during every pause between `wait` polls.
     pub superseded: CancellationToken,
+    /// The run itself is stopped (a cancel, its deadline: platform §12):
+    /// checked between steps, and it ends at once the call in flight
+    /// (dropped), a `wait`'s pause and an async step's acknowledgement wait.
+    pub stop: CancellationToken,
 }
 
 impl RunControl {
     /// A control that only shutdown can stop.
     pub fn new(shutdown: CancellationToken) -> Self {
-        Self { shutdown, superseded: CancellationToken::new() }
+        Self { shutdown, superseded: CancellationToken::new(), stop: CancellationToken::new() }
     }
 }
 
@@ -317,6 +326,8 @@ impl Pipeline {
         for step in &self.steps {
             let stop = if control.shutdown.is_cancelled() {
                 Some((PipelineError::Cancelled, "shutdown: pipeline stops before this step"))
+            } else if control.stop.is_cancelled() {
+                Some((PipelineError::Stopped, "run stopped: pipeline stops before this step"))
             } else if control.superseded.is_cancelled() {
                 Some((PipelineError::Superseded, "superseded by a newer SyncID: pipeline stops before this step"))
             } else {

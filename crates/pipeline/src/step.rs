@@ -377,7 +377,17 @@ impl CompiledStep {
         let mut last_seen: Option<String> = None;
         loop {
             attempts += 1;
-            let answer = match tokio::time::timeout_at(deadline, prepared.send(env.client)).await {
+            // A stop drops the call in flight (platform §12).
+            let sent = tokio::select! {
+                biased;
+                () = env.control.stop.cancelled() => None,
+                sent = tokio::time::timeout_at(deadline, prepared.send(env.client)) => Some(sent),
+            };
+            let Some(sent) = sent else {
+                let status = None;
+                return self.timed(started, endpoint, attempts, status, BTreeMap::new(), Err(PipelineError::Stopped));
+            };
+            let answer = match sent {
                 Err(_) => {
                     // Cut off mid-poll, the step failed for want of a
                     // resolved condition, and that is what to report.
@@ -420,6 +430,9 @@ impl CompiledStep {
             last_seen = Some(last);
             tokio::select! {
                 biased;
+                () = env.control.stop.cancelled() => {
+                    return self.timed(started, endpoint, attempts, status, outputs, Err(PipelineError::Stopped));
+                }
                 () = env.control.superseded.cancelled() => {
                     return self.timed(started, endpoint, attempts, status, outputs, Err(PipelineError::Superseded));
                 }
@@ -449,7 +462,18 @@ impl CompiledStep {
         // module docs); bounded by the step's own timeout.
         let mut registered =
             env.detached.spawn(owner, async move { tokio::time::timeout(timeout, prepared.send(&client)).await });
-        let (status, outputs, result, retry_after) = match tokio::time::timeout(ack, &mut registered.task).await {
+        let acked = tokio::select! {
+            biased;
+            () = env.control.stop.cancelled() => None,
+            acked = tokio::time::timeout(ack, &mut registered.task) => Some(acked),
+        };
+        let Some(acked) = acked else {
+            // Stopped while waiting for the acknowledgement: the request is
+            // dropped, not detached (platform §12).
+            registered.task.abort();
+            return self.timed(started, endpoint, 1, None, BTreeMap::new(), Err(PipelineError::Stopped));
+        };
+        let (status, outputs, result, retry_after) = match acked {
             Err(_) => {
                 env.detached.detach(registered);
                 (None, BTreeMap::new(), Err(PipelineError::NoAck { step, ack }), None)

@@ -168,13 +168,14 @@ mod tests {
     }
 
     /// Every resource value the catalog routes use.
-    const RESOURCES: [&str; 12] = [
+    const RESOURCES: [&str; 13] = [
         "namespaces",
         "apiregistrations",
         "apiregistrations/sync",
         "apiregistrations/status",
         "subscriptions",
         "subscriptions/sync",
+        "subscriptions/cancel",
         "users",
         "users/tokens",
         "roles",
@@ -246,6 +247,17 @@ mod tests {
         let star = [role("all", vec![rule(&[CATALOG], &["*"], &["update", "patch"])])];
         assert!(allowed(&star, "subscriptions", "update"));
         assert!(allowed(&star, "subscriptions/sync", "patch"));
+        assert!(allowed(&star, "subscriptions/cancel", "patch"));
+    }
+
+    #[test]
+    fn cancelling_a_run_is_its_own_resource() {
+        let sync = [role("syncer", vec![rule(&[CATALOG], &["subscriptions", "subscriptions/sync"], &["*"])])];
+        assert!(!allowed(&sync, "subscriptions/cancel", "patch"), "re-syncing grants no cancel");
+        let cancel = [role("canceller", vec![rule(&[CATALOG], &["subscriptions/cancel"], &["patch"])])];
+        assert!(allowed(&cancel, "subscriptions/cancel", "patch"));
+        assert!(!allowed(&cancel, "subscriptions/cancel", "update"));
+        assert!(!allowed(&cancel, "subscriptions/sync", "patch"));
     }
 
     #[test]

@@ -24,11 +24,17 @@ use kayra_store::Revision;
 use serde::{Deserialize, Serialize};
 
 /// The record of a given-up decision (stored under `/reconcileattempts/…`):
-/// the (subscription, registration) revisions whose reconcile failed twice.
+/// the (subscription, registration) revisions whose reconcile failed twice,
+/// or (`cancelled`) whose run a user cancelled (§12).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Attempt {
     pub subscription_revision: Revision,
     pub registration_revision: Revision,
+    /// A cancelled run's state: it waits for the next trigger, a write to
+    /// the subscription or to its registration alike, whether or not the
+    /// subscription ever activated.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub cancelled: bool,
 }
 
 /// What a decision is made on: records with the revisions they were read at.
@@ -109,6 +115,9 @@ pub fn holds(reg: &ApiRegistration, sub: &Subscription, rollout: Option<&Rollout
 /// action "never retries one that failed to activate" on a registration
 /// write (docs/decisions.md, "Where the seed reads two ways").
 pub(crate) fn gave_up_on(attempt: &Attempt, sub: &Subscription, sub_rev: Revision, reg_rev: Revision) -> bool {
+    if attempt.cancelled {
+        return attempt.subscription_revision == sub_rev && attempt.registration_revision == reg_rev;
+    }
     attempt.subscription_revision == sub_rev && (!sub.active || attempt.registration_revision == reg_rev)
 }
 
@@ -194,9 +203,9 @@ mod tests {
         decide(&observed, startup)
     }
 
-    const SAME: Attempt = Attempt { subscription_revision: 10, registration_revision: 20 };
-    const REG_MOVED: Attempt = Attempt { subscription_revision: 10, registration_revision: 19 };
-    const SUB_MOVED: Attempt = Attempt { subscription_revision: 9, registration_revision: 20 };
+    const SAME: Attempt = Attempt { subscription_revision: 10, registration_revision: 20, cancelled: false };
+    const REG_MOVED: Attempt = Attempt { subscription_revision: 10, registration_revision: 19, cancelled: false };
+    const SUB_MOVED: Attempt = Attempt { subscription_revision: 9, registration_revision: 20, cancelled: false };
 
     fn reconcile(sync_id: &str, activate: bool) -> Decision {
         Decision::Reconcile { sync_id: sync_id.into(), activate }
@@ -260,6 +269,19 @@ mod tests {
         let r = reg("s2");
         assert_eq!(decide_on(Some(&s), Some(&r), Some(REG_MOVED), false), Decision::Nothing(Idle::GivenUp));
         assert_eq!(decide_on(Some(&s), Some(&r), Some(SUB_MOVED), false), reconcile("s2", true));
+    }
+
+    #[test]
+    fn a_cancelled_run_waits_for_any_next_write_or_a_restart() {
+        let cancelled = |a: Attempt| Some(Attempt { cancelled: true, ..a });
+        for s in [sub(false, "", SubscriptionState::Init), sub(true, "s1", SubscriptionState::Success)] {
+            let r = reg("s2");
+            assert_eq!(decide_on(Some(&s), Some(&r), cancelled(SAME), false), Decision::Nothing(Idle::GivenUp));
+            let again = reconcile("s2", !s.active);
+            assert_eq!(decide_on(Some(&s), Some(&r), cancelled(SUB_MOVED), false), again, "a write to it");
+            assert_eq!(decide_on(Some(&s), Some(&r), cancelled(REG_MOVED), false), again, "a SyncID move");
+            assert_eq!(decide_on(Some(&s), Some(&r), cancelled(SAME), true), again, "a restart");
+        }
     }
 
     #[test]

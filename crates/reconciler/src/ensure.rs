@@ -22,6 +22,7 @@ use serde_json::json;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
+use kayra_catalog::repo::cancels::CancelRequest;
 use kayra_catalog::repo::{JobRead, RecordRef, Repository, ResultCommit, ResultWrite, Rider, Versioned};
 use kayra_config::ReconcilerConfig;
 use kayra_core::runs::shown;
@@ -29,6 +30,7 @@ use kayra_core::{ApiRegistration, Run, RunResult, RunStep, RunTrigger, Subscript
 use kayra_pipeline::{HoldCause, Limits};
 use kayra_pipeline::{PipelineError, Pipelines, RunControl, SubscriptionContext};
 
+use crate::cancels::{Cancels, Stop};
 use crate::decide::{self, Attempt, Decision, Observed, Outcome, Then, Write};
 use crate::locks::{Acquired, JobGuard, JobLocks};
 use crate::queue::{Cause, JobKey};
@@ -64,6 +66,8 @@ pub struct Worker {
     pub owed_retries: Mutex<HashMap<(String, String), Attempt>>,
     /// `notifications`: the deliveries a result's events make ride on its write.
     pub sinks: Arc<crate::notify::Sinks>,
+    /// Running pipelines by run id, for §12 cancels and run deadlines.
+    pub cancels: Arc<Cancels>,
 }
 
 /// How a job ended, for the dispatcher.
@@ -312,7 +316,11 @@ impl Worker {
                 None => Ok(Ok(None)),
             };
             if failures > 0 && !matches!(acquired, Ok(Ok(_))) {
-                let state = Attempt { subscription_revision: sub.revision, registration_revision: reg.revision };
+                let state = Attempt {
+                    subscription_revision: sub.revision,
+                    registration_revision: reg.revision,
+                    cancelled: false,
+                };
                 self.owed_retries().insert((namespace.to_string(), api.to_string()), state);
             }
             let _permit = match acquired.map_err(kayra_catalog::repo::Error::from)? {
@@ -354,14 +362,24 @@ impl Worker {
         let sync_id = &reg.value.sync_id;
         let started = Instant::now();
         let in_flight = InFlight::enter();
-        let (result, mode, steps) = self.reconcile(&reg.value, &sub.value, run, &begun.id).await;
+        let (result, mode, steps, stopped) = self.reconcile(&reg.value, &sub.value, run, &begun.id).await;
         drop(in_flight);
         metrics::histogram!(super::METRIC_DURATION).record(started.elapsed().as_secs_f64());
-        let outcome = match &result {
-            Ok(()) => Outcome::Succeeded,
-            Err(ReconcileError::Pipeline(PipelineError::Cancelled)) => Outcome::Cancelled,
-            Err(ReconcileError::Pipeline(PipelineError::Superseded)) => Outcome::Superseded,
-            Err(_) => Outcome::Failed,
+        let outcome = match (&result, &stopped) {
+            (Ok(()), _) => Outcome::Succeeded,
+            // §12: a cancel leaves the subscription as it was and waits for
+            // the next trigger; a deadline is an ordinary failure.
+            (Err(ReconcileError::Pipeline(PipelineError::Stopped)), Some(Stop::Cancel(_))) => Outcome::Cancelled,
+            (Err(ReconcileError::Pipeline(PipelineError::Stopped)), _) => Outcome::Failed,
+            (Err(ReconcileError::Pipeline(PipelineError::Cancelled)), _) => Outcome::Cancelled,
+            (Err(ReconcileError::Pipeline(PipelineError::Superseded)), _) => Outcome::Superseded,
+            (Err(_), _) => Outcome::Failed,
+        };
+        // What the run's `error` says: the stop's cause, when it stopped the run.
+        let error = match (&result, &stopped) {
+            (Ok(()), _) => String::new(),
+            (Err(ReconcileError::Pipeline(PipelineError::Stopped)), Some(why)) => why.message(),
+            (Err(e), _) => e.to_string(),
         };
         let label = match outcome {
             Outcome::Succeeded => "success",
@@ -371,6 +389,9 @@ impl Worker {
         };
         metrics::counter!(super::METRIC_RECONCILES, "result" => label).increment(1);
         match &result {
+            Err(ReconcileError::Pipeline(PipelineError::Stopped)) if outcome == Outcome::Cancelled => {
+                tracing::info!(result = "cancelled", error = %shown(&error), "run cancelled");
+            }
             Err(ReconcileError::Pipeline(PipelineError::Cancelled)) => {
                 tracing::info!("reconcile stopped between steps: shutting down");
             }
@@ -380,8 +401,8 @@ impl Worker {
                     "reconcile superseded by a newer SyncID; running again toward it"
                 );
             }
-            Err(e) => {
-                tracing::warn!(result = "error", attempt = failures + 1, error = %shown(&e.to_string()), "reconcile failed")
+            Err(_) => {
+                tracing::warn!(result = "error", attempt = failures + 1, error = %shown(&error), "reconcile failed")
             }
             Ok(()) => {}
         }
@@ -399,7 +420,7 @@ impl Worker {
                 Outcome::Cancelled => RunResult::Cancelled,
                 Outcome::Superseded => RunResult::Superseded,
             },
-            error: result.as_ref().err().map(|e| shown(&e.to_string()).into_owned()).unwrap_or_default(),
+            error: shown(&error).into_owned(),
             started_at: begun.started_at.clone(),
             finished_at: runs::now(),
             lock_id: run.lock_id,
@@ -407,10 +428,20 @@ impl Worker {
             steps,
         }
         .bounded();
+        // A user's cancel (§12): the state is recorded as cancelled under
+        // the lock, so no other process's queued trigger runs it again.
+        let user_cancelled = outcome == Outcome::Cancelled && matches!(stopped, Some(Stop::Cancel(_)));
         // Nothing follows a final result under this lock: the result's
         // transaction is also the unlock.
-        let unlock = matches!(then, Then::Done);
-        let recorded = match self.record_patiently(sub, (&write, then), (&record, seq), run, unlock).await {
+        let unlock = matches!(then, Then::Done) && !user_cancelled;
+        // The answer to the cancel request that stopped the run (or came
+        // too late to), carried back by the result's own transaction.
+        let answer = match &stopped {
+            Some(Stop::Cancel(request)) => Some(request.answered(&record)),
+            _ => None,
+        };
+        let result = (&record, seq, answer.as_ref());
+        let recorded = match self.record_patiently(sub, (&write, then), result, run, unlock).await {
             // §17: a result the store refuses (too large, out of space) is
             // recorded once as a failed run without its outputs, and the
             // ordinary failure path follows; it never loops.
@@ -418,8 +449,8 @@ impl Worker {
                 tracing::warn!(error = %shown(&why), "the store refused the result; recording the run as failed");
                 (write, then) = decide::after(&sub.value, sync_id, Outcome::Failed, failures);
                 let failed = runs::refused(&record, &why);
-                match self.record_patiently(sub, (&write, then), (&failed, seq), run, matches!(then, Then::Done)).await
-                {
+                let result = (&failed, seq, None);
+                match self.record_patiently(sub, (&write, then), result, run, matches!(then, Then::Done)).await {
                     Err(kayra_catalog::repo::Error::Store(kayra_store::Error::Refused(why))) => {
                         // Not even that fits: the store is full. Running
                         // the pipeline again would only repeat this, so the
@@ -429,8 +460,11 @@ impl Worker {
                             "the store refused the failed run too; giving up until the subscription or its \
                              registration is written again"
                         );
-                        let attempt =
-                            Attempt { subscription_revision: sub.revision, registration_revision: reg.revision };
+                        let attempt = Attempt {
+                            subscription_revision: sub.revision,
+                            registration_revision: reg.revision,
+                            cancelled: false,
+                        };
                         self.view_mut().put_given_up(&sub.value.namespace, &sub.value.api, attempt);
                         return Ok(Step::Done);
                     }
@@ -466,6 +500,13 @@ impl Worker {
             let what = if sub.value.active { "subscription reconciled" } else { "subscription activated" };
             tracing::info!(result = "success", "{what}");
         }
+        if user_cancelled {
+            let attempt =
+                Attempt { subscription_revision: after, registration_revision: reg.revision, cancelled: true };
+            self.record_given_up(&sub.value.namespace, &sub.value.api, &attempt).await?;
+            tracing::info!("cancelled: waiting for the next write to the subscription or its registration");
+            return Ok(Step::Done);
+        }
         match then {
             Then::Done => Ok(Step::Done),
             Then::RetryNow => {
@@ -473,7 +514,8 @@ impl Worker {
                 Ok(Step::Again { failures: failures + 1, trigger: Some(RunTrigger::Retry) })
             }
             Then::GiveUp => {
-                let attempt = Attempt { subscription_revision: after, registration_revision: reg.revision };
+                let attempt =
+                    Attempt { subscription_revision: after, registration_revision: reg.revision, cancelled: false };
                 self.record_given_up(&sub.value.namespace, &sub.value.api, &attempt).await?;
                 tracing::warn!("giving up until the subscription or its registration is written again");
                 Ok(Step::Done)
@@ -495,7 +537,7 @@ impl Worker {
         &self,
         seen: &Versioned<Subscription>,
         write: (&Write, Then),
-        result: (&Run, u64),
+        result: (&Run, u64, Option<&CancelRequest>),
         run: RunIds<'_>,
         unlock: bool,
     ) -> kayra_catalog::repo::Result<Recorded> {
@@ -536,7 +578,7 @@ impl Worker {
         &self,
         seen: &Versioned<Subscription>,
         (write, then): (&Write, Then),
-        (record, seq): (&Run, u64),
+        (record, seq, answer): (&Run, u64, Option<&CancelRequest>),
         run: RunIds<'_>,
         unlock: bool,
     ) -> kayra_catalog::repo::Result<Recorded> {
@@ -551,6 +593,7 @@ impl Worker {
         let mut riders = runs::riders(history, seq, record, next.is_none());
         let deliveries = self.deliveries(&seen.value, write, then, record);
         riders.extend(deliveries.iter().map(Rider::Delivery));
+        riders.extend(answer.map(Rider::CancelAnswer));
         if next.is_none() && riders.is_empty() {
             return Ok(Recorded::Unchanged);
         }
@@ -625,20 +668,21 @@ impl Worker {
         deliveries
     }
 
-    /// reconcile(reg): run the mode's pipeline, or the placeholder.
+    /// reconcile(reg): run the mode's pipeline, or the placeholder; with
+    /// why the run was stopped, if it was (§12: a cancel, its deadline).
     async fn reconcile(
         &self,
         reg: &ApiRegistration,
         sub: &Subscription,
         run: RunIds<'_>,
         run_id: &str,
-    ) -> (Result<(), ReconcileError>, String, Vec<RunStep>) {
+    ) -> (Result<(), ReconcileError>, String, Vec<RunStep>, Option<Stop>) {
         let Some(mode) = self.config.resolve_mode(&reg.mode) else {
-            return (Err(ReconcileError::NoMode(reg.name.clone())), String::new(), Vec::new());
+            return (Err(ReconcileError::NoMode(reg.name.clone())), String::new(), Vec::new(), None);
         };
         let Some(pipeline) = self.pipelines.get(mode) else {
             tracing::info!(mode, "mode has no steps configured: placeholder reconcile succeeds");
-            return (Ok(()), mode.to_string(), Vec::new());
+            return (Ok(()), mode.to_string(), Vec::new(), None);
         };
         tracing::info!(mode, "running step pipeline");
         let ctx = SubscriptionContext {
@@ -653,19 +697,36 @@ impl Worker {
             run_id: run_id.to_string(),
             fencing_token: run.fencing_token.unwrap_or_default(),
         };
-        let control = RunControl::new(self.cancel.clone());
+        let stop = self.cancels.enter(run_id, &sub.namespace, &sub.api);
+        let control = RunControl { stop: stop.token.clone(), ..RunControl::new(self.cancel.clone()) };
         let job = (sub.namespace.clone(), sub.api.clone());
         let running =
             self.config.supersede.then(|| Running::enter(&self.running, job, &reg.sync_id, &control.superseded));
-        let report = pipeline.run(&self.client, &ctx, &self.pipelines.settings(), &control).await;
+        let settings = self.pipelines.settings();
+        let pipeline_run = pipeline.run(&self.client, &ctx, &settings, &control);
+        let report = match self.config.limits.get(mode).and_then(kayra_config::ModeLimits::run_timeout) {
+            None => pipeline_run.await,
+            Some(limit) => {
+                let mut pipeline_run = std::pin::pin!(pipeline_run);
+                tokio::select! {
+                    report = &mut pipeline_run => report,
+                    () = tokio::time::sleep(limit) => {
+                        stop.stop(Stop::Deadline(limit));
+                        pipeline_run.await
+                    }
+                }
+            }
+        };
         drop(running);
+        let stopped = stop.cause();
+        drop(stop);
         if let Some(retry_after) = report.retry_after
             && let Err(e) =
                 self.limits.backoff(mode, retry_after, HoldCause { api: &reg.name, namespace: &sub.namespace }).await
         {
             tracing::warn!(mode, error = %e, "could not record the backend's Retry-After");
         }
-        (report.result.map_err(ReconcileError::from), mode.to_string(), report.steps)
+        (report.result.map_err(ReconcileError::from), mode.to_string(), report.steps, stopped)
     }
 
     async fn record_given_up(&self, namespace: &str, api: &str, attempt: &Attempt) -> kayra_catalog::repo::Result<()> {

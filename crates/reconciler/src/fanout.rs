@@ -174,9 +174,17 @@ mod tests {
         view.put_subscription(sub("a", "s2", SubscriptionState::Success), 11);
         view.put_subscription(sub("b", "s1", SubscriptionState::Error), 12);
         assert_eq!(completed(&view, "x.io"), None, "b failed but was not given up on yet");
-        view.put_given_up("b", "x.io", Attempt { subscription_revision: 12, registration_revision: 9 });
+        view.put_given_up(
+            "b",
+            "x.io",
+            Attempt { subscription_revision: 12, registration_revision: 9, cancelled: false },
+        );
         assert_eq!(completed(&view, "x.io"), None, "given up on an older registration");
-        view.put_given_up("b", "x.io", Attempt { subscription_revision: 12, registration_revision: 10 });
+        view.put_given_up(
+            "b",
+            "x.io",
+            Attempt { subscription_revision: 12, registration_revision: 10, cancelled: false },
+        );
         let done = completed(&view, "x.io").unwrap();
         assert_eq!((done.total, done.synced, done.failed.clone()), (2, 1, vec!["b".to_string()]));
         let event = event(&reg("s2"), &done);

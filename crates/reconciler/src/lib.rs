@@ -38,7 +38,9 @@
 //! - [`notify`]: notifications (§14): the sinks, the deliveries an event
 //!   makes, the notifier that sends them.
 //! - [`fanout`]: `fanout.completed`, from the view, once per (api, SyncID).
+//! - [`cancels`]: stopping a run in flight: cancel requests, run deadlines (§12).
 
+pub mod cancels;
 pub mod decide;
 pub mod ensure;
 mod events;
@@ -132,6 +134,7 @@ impl Reconciler {
             running: Default::default(),
             owed_retries: Default::default(),
             sinks: Arc::default(),
+            cancels: Arc::default(),
         };
         Ok(Self {
             worker: Arc::new(worker),
@@ -204,10 +207,13 @@ impl Reconciler {
         let gates = TaskTracker::new();
         let driver = rollout::Driver { worker: self.worker.clone(), ready: self.ready.clone(), tasks: gates.clone() };
         let driver = tokio::spawn(driver.run(cancel.clone()));
+        let cancels =
+            tokio::spawn(cancels::watch(self.worker.repo.clone(), self.worker.cancels.clone(), cancel.clone()));
         self.watch(&cancel).await;
         self.queue.close();
         let _ = dispatcher.await;
         let _ = fleet.await;
+        let _ = cancels.await;
         for task in [notifier, fanout].into_iter().flatten() {
             let _ = task.await;
         }

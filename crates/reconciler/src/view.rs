@@ -372,7 +372,11 @@ mod tests {
         assert_eq!(view.decide("a", "x.io", false), Decision::Nothing(Idle::Synced));
         view.put_registration(reg("x.io", "2"), 5);
         assert_eq!(view.decide("a", "x.io", false), Decision::Reconcile { sync_id: "2".into(), activate: false });
-        view.put_given_up("a", "x.io", Attempt { subscription_revision: 3, registration_revision: 5 });
+        view.put_given_up(
+            "a",
+            "x.io",
+            Attempt { subscription_revision: 3, registration_revision: 5, cancelled: false },
+        );
         assert_eq!(view.decide("a", "x.io", false), Decision::Nothing(Idle::GivenUp));
         view.delete_subscription("a", "x.io");
         assert_eq!(view.orphaned_given_up(), vec![("a".to_string(), "x.io".to_string())]);
@@ -383,7 +387,11 @@ mod tests {
         let mut view = View::default();
         view.put_subscription(sub("a", "x.io", true, "1"), 3);
         view.put_subscription(sub("b", "x.io", true, "1"), 4);
-        view.put_given_up("a", "x.io", Attempt { subscription_revision: 3, registration_revision: 1 });
+        view.put_given_up(
+            "a",
+            "x.io",
+            Attempt { subscription_revision: 3, registration_revision: 1, cancelled: false },
+        );
         view.replace_subscriptions(vec![(sub("b", "x.io", true, "1"), 4)]);
         assert!(view.subscription("a", "x.io").is_none());
         assert_eq!(view.behind("x.io", "2"), vec!["b"]);

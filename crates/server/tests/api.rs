@@ -10,6 +10,7 @@ mod api {
     mod atomicity;
     mod audit;
     mod auth;
+    mod cancel;
     mod concurrency;
     mod deployments;
     mod fuzz;

@@ -99,7 +99,7 @@ pub(crate) fn context(
     let param = |name: &str| params.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone()).unwrap_or_default();
     let (namespace, name) = match resource {
         "namespaces" => (String::new(), param("namespace")),
-        "subscriptions" | "subscriptions/sync" => (param("namespace"), param("api")),
+        "subscriptions" | "subscriptions/sync" | "subscriptions/cancel" => (param("namespace"), param("api")),
         _ => (param("namespace"), param("name")),
     };
     Ok(AuditContext {

@@ -200,6 +200,10 @@ fn declarations() -> Vec<(&'static str, Vec<Endpoint>)> {
             vec![Endpoint::get(cluster("subscriptions/runs", Get), runs::get).watch(W::Runs)],
         ),
         (
+            "/namespaces/{namespace}/subscriptions/{api}/runs/{id}/cancel",
+            vec![Endpoint::put(cluster("subscriptions/cancel", Patch), runs::cancel)],
+        ),
+        (
             "/users",
             vec![
                 Endpoint::get(cluster("users", List), u::list).watch(W::Users),
@@ -453,7 +457,7 @@ mod tests {
         for route in routes() {
             let Access::Cluster { resource, verb } = route.access else { continue };
             // The action subresources: a PUT that changes part of a record.
-            if let Some(action) = ["/sync", "/retry"].into_iter().find(|a| route.path.ends_with(a)) {
+            if let Some(action) = ["/sync", "/retry", "/cancel"].into_iter().find(|a| route.path.ends_with(a)) {
                 assert_eq!((route.method.as_str(), verb), ("PUT", Patch), "{}", route.path);
                 assert!(resource.ends_with(action), "{}", route.path);
                 continue;

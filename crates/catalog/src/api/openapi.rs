@@ -57,6 +57,7 @@ use super::{
         subscriptions::delete,
         runs::list,
         runs::get,
+        runs::cancel,
         users::list,
         users::create,
         users::get,

@@ -138,3 +138,9 @@ pub fn fanout_markers(platform: &str, region: &str) -> String {
 pub fn rollouts(platform: &str, region: &str) -> String {
     format!("/rollouts/{platform}/{region}/")
 }
+
+/// Every cancel request of one deployment (platform §12): one per run,
+/// `<namespace>/<api>/<run id>`, watched by every reconciler.
+pub fn cancel_requests(platform: &str, region: &str) -> String {
+    format!("/cancelrequests/{platform}/{region}/")
+}

@@ -58,6 +58,12 @@ pub enum RecordRef<'a> {
     FanoutMarker(&'a str),
     /// The rollout of an API's latest SyncID change (`kayra_core::rollout::RolloutRecord`).
     Rollout(&'a str),
+    /// A request to cancel run `id` of a subscription ([`super::cancels`]).
+    CancelRequest {
+        namespace: &'a str,
+        api: &'a str,
+        id: &'a str,
+    },
 }
 
 /// A set of records read or watched together: one key prefix.
@@ -95,6 +101,8 @@ pub enum Collection<'a> {
     FanoutMarkers,
     /// Every API's rollout record.
     Rollouts,
+    /// Every cancel request of this deployment.
+    CancelRequests,
 }
 
 /// The key layout of one deployment (platform + region): the only code that
@@ -131,6 +139,9 @@ impl Layout {
             RecordRef::Delivery(id) => format!("{}{id}", deliveries(p, r)),
             RecordRef::FanoutMarker(api) => format!("{}{api}", fanout_markers(p, r)),
             RecordRef::Rollout(api) => format!("{}{api}", rollouts(p, r)),
+            RecordRef::CancelRequest { namespace, api, id } => {
+                format!("{}{namespace}/{api}/{id}", cancel_requests(p, r))
+            }
         }
     }
 
@@ -156,6 +167,7 @@ impl Layout {
             Collection::Deliveries => deliveries(p, r),
             Collection::FanoutMarkers => fanout_markers(p, r),
             Collection::Rollouts => rollouts(p, r),
+            Collection::CancelRequests => cancel_requests(p, r),
         }
     }
 
@@ -190,6 +202,10 @@ impl Layout {
             }
             "audit" => RecordRef::Audit(one(&scoped(root))?),
             "rollouts" => RecordRef::Rollout(one(&scoped(root))?),
+            "cancelrequests" => {
+                let [namespace, api, id] = segments::<3>(key, &scoped(root))?;
+                RecordRef::CancelRequest { namespace, api, id }
+            }
             "notifications" => match two(&scoped(root))? {
                 ["deliveries", id] => RecordRef::Delivery(id),
                 ["fanouts", api] => RecordRef::FanoutMarker(api),
@@ -258,6 +274,7 @@ mod tests {
             RecordRef::Audit("fe6c4d"),
             RecordRef::Delivery("0190.subscription.failed.ops"),
             RecordRef::FanoutMarker("compute.example.com"),
+            RecordRef::CancelRequest { namespace: "core", api: "compute.example.com", id: "0193a6c1" },
         ];
         for record in records {
             assert_eq!(layout.parse(&layout.key(record)), Some(record), "{record:?}");
@@ -315,6 +332,7 @@ mod tests {
             (RecordRef::Audit("fe6c4d"), Collection::Audit),
             (RecordRef::Delivery("e.ops"), Collection::Deliveries),
             (RecordRef::FanoutMarker(api), Collection::FanoutMarkers),
+            (RecordRef::CancelRequest { namespace, api, id: "r" }, Collection::CancelRequests),
         ];
         for (record, collection) in pairs {
             assert!(layout.key(record).starts_with(&layout.prefix(collection)), "{record:?} in {collection:?}");

@@ -39,10 +39,12 @@
 //! - [`audit`]: audit records: the request's context, the rider, listing
 //!   and retention.
 //! - [`notifications`]: notification deliveries and fan-out markers (§14).
+//! - [`cancels`]: requests to cancel a run in flight and their answers (§12).
 
 pub mod audit;
 pub mod auth;
 pub mod backup;
+pub mod cancels;
 mod keys;
 pub mod layout;
 pub mod notifications;
@@ -166,6 +168,7 @@ impl Repository {
             }
             Rider::Audit(record) => return self.audit_ops(record),
             Rider::Delivery(delivery) => (self.layout.key(RecordRef::Delivery(&delivery.id)), encode(delivery)),
+            Rider::CancelAnswer(answer) => (self.layout.key(answer.record()), encode(answer)),
         };
         vec![Op::Put { key, value }]
     }
@@ -505,6 +508,10 @@ pub enum Rider<'a> {
     /// the change that caused its event. Its key is its id, which is
     /// deterministic, so a write retried writes the same record again.
     Delivery(&'a kayra_core::notifications::Delivery),
+    /// A cancel request answered by the reconciler that held its run
+    /// (§12): the request with the run as recorded, written with the run's
+    /// result so the request's waiter reads both at once.
+    CancelAnswer(&'a cancels::CancelRequest),
 }
 
 /// The reconciler's run counter of one subscription: which ring slot of its

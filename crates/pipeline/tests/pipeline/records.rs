@@ -176,6 +176,82 @@ async fn supersede_stops_at_the_next_step_boundary() {
     assert_eq!(report.steps[0].error, "");
 }
 
+// ---------------------------------------------------------------- stop
+
+#[tokio::test]
+async fn a_stop_ends_a_wait_step_at_once() {
+    let control = RunControl::default();
+    let stop = control.stop.clone();
+    let server = TestServer::start(move |r, _| {
+        if r.path == "/status" {
+            stop.cancel();
+        }
+        ok(json!({"status": "running"}))
+    })
+    .await;
+    let pipelines = compile(
+        "- {method: get, endpoint: \"BASE/status\", timeout: 1h, wait: [{key: .status, successes: [done]}]}\n\
+         - {method: get, endpoint: \"BASE/next\"}",
+        &server.base,
+    );
+    let settings = PipelineSettings { wait_poll_interval: Duration::from_secs(60), ..SETTINGS };
+    let started = Instant::now();
+    let report = pipelines.get("m").unwrap().run(&http_client(), &ctx(), &settings, &control).await;
+    assert!(started.elapsed() < Duration::from_secs(10), "stopped within the poll interval: {:?}", started.elapsed());
+    assert!(matches!(report.result, Err(PipelineError::Stopped)), "{:?}", report.result);
+    assert_eq!((server.calls("/status"), server.calls("/next")), (1, 0));
+    assert_eq!(report.steps.len(), 1, "the stopped step is recorded");
+    // Stopped while the poll was answered: the call was dropped.
+    assert_eq!((report.steps[0].attempts, report.steps[0].status), (1, 0));
+    assert_eq!(report.steps[0].error, "run stopped");
+}
+
+#[tokio::test]
+async fn a_stop_drops_the_call_in_flight() {
+    let server = TestServer::start(|_, _| hang()).await;
+    for step in [
+        "{method: post, endpoint: \"BASE/slow\", timeout: 1h}",
+        "{method: post, endpoint: \"BASE/slow\", async: true, timeout: 1h}",
+    ] {
+        let control = RunControl::default();
+        let stop = control.stop.clone();
+        let pipelines = compile(&format!("- {step}\n- {{method: get, endpoint: \"BASE/next\"}}"), &server.base);
+        // The ack window is longer than the test may take: only the stop ends the step.
+        let settings = PipelineSettings { async_ack_timeout: Duration::from_secs(3600), ..SETTINGS };
+        let calls = server.calls("/slow");
+        let run = async { pipelines.get("m").unwrap().run(&http_client(), &ctx(), &settings, &control).await };
+        let stopper = async {
+            eventually("the slow call to arrive", || async { server.calls("/slow") > calls }).await;
+            stop.cancel();
+            Instant::now()
+        };
+        let (report, stopped_at) = tokio::join!(run, stopper);
+        let took = stopped_at.elapsed();
+        assert!(took < Duration::from_secs(1), "{step}: the call was dropped {took:?} after the stop");
+        assert!(matches!(report.result, Err(PipelineError::Stopped)), "{step}: {:?}", report.result);
+        assert_eq!(server.calls("/next"), 0);
+        assert_eq!(report.steps.len(), 1);
+        assert_eq!((report.steps[0].status, report.steps[0].error.as_str()), (0, "run stopped"));
+    }
+}
+
+#[tokio::test]
+async fn a_stop_before_a_step_stops_the_run_there() {
+    let control = RunControl::default();
+    let stop = control.stop.clone();
+    let server = TestServer::start(move |_, _| {
+        stop.cancel();
+        ok(json!({}))
+    })
+    .await;
+    let pipelines =
+        compile("- {method: get, endpoint: \"BASE/zero\"}\n- {method: get, endpoint: \"BASE/one\"}", &server.base);
+    let report = report_with(&pipelines, &control).await;
+    assert!(matches!(report.result, Err(PipelineError::Stopped)), "{:?}", report.result);
+    assert_eq!((server.calls("/zero"), server.calls("/one")), (1, 0));
+    assert_eq!(report.steps.len(), 1);
+}
+
 // ---------------------------------------------------------------- 429
 
 #[tokio::test]
