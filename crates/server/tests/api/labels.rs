@@ -294,9 +294,13 @@ fn generated_labels_and_selectors(backend: Backend, seed: u8) {
     let config = Config { cases: CASES, failure_persistence: None, max_shrink_iters: 50, ..Config::default() };
     let mut runner = TestRunner::new_with_rng(config, TestRng::from_seed(RngAlgorithm::ChaCha, &[seed; 32]));
     let n = std::sync::atomic::AtomicUsize::new(0);
+    let valid_cases = std::sync::atomic::AtomicUsize::new(0);
     let result = runner.run(&(labels(), selector()), |(labels, selector)| {
         let name = format!("p{}", n.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
         let valid = validate_labels(&labels).is_ok();
+        if valid && !labels.is_empty() {
+            valid_cases.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
         let (status, body) = runtime.block_on(async {
             let reply = server.post("/namespaces", json!({"name": name, "labels": labels})).await;
             (reply.status, reply.json)
@@ -334,6 +338,8 @@ fn generated_labels_and_selectors(backend: Backend, seed: u8) {
     if let Err(failure) = result {
         panic!("{failure}");
     }
+    let valid_cases = valid_cases.into_inner();
+    assert!(valid_cases >= CASES as usize / 10, "only {valid_cases} cases had valid, non-empty labels");
     runtime.block_on(async { server.get("/namespaces").await.expect(200) });
     drop(server);
     runtime.shutdown_timeout(std::time::Duration::from_secs(5));
