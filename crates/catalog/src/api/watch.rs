@@ -169,6 +169,7 @@ impl Target {
                 private: false,
                 range: KeyRange::Exact(layout.key(RecordRef::Rollout(&p("name")))),
                 view: View::Rollout,
+                selector: None,
             },
             Watched::Users => Target {
                 feed: layout.prefix(Collection::Users),
