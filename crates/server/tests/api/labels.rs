@@ -272,13 +272,32 @@ fn piece() -> impl Strategy<Value = String> {
     ]
 }
 
+/// A valid key: a name, or a DNS-subdomain prefix and a name.
+fn valid_key() -> impl Strategy<Value = String> {
+    prop_oneof![
+        "[a-zA-Z0-9]([a-zA-Z0-9_.-]{0,8}[a-zA-Z0-9])?",
+        "[a-z0-9]{1,6}(\\.[a-z0-9]{1,4}){0,2}/[a-zA-Z0-9]([a-zA-Z0-9_.-]{0,5}[a-zA-Z0-9])?",
+    ]
+}
+
+/// A valid value: empty or a name.
+fn valid_value() -> impl Strategy<Value = String> {
+    prop_oneof![1 => Just(String::new()), 3 => "[a-zA-Z0-9]([a-zA-Z0-9_.-]{0,8}[a-zA-Z0-9])?"]
+}
+
+/// Label maps: mostly valid ones, the rest with generated pieces.
 fn labels() -> impl Strategy<Value = BTreeMap<String, String>> {
-    prop::collection::btree_map(piece(), piece(), 0..6)
+    prop_oneof![
+        3 => prop::collection::btree_map(valid_key(), valid_value(), 1..6),
+        2 => prop::collection::btree_map(piece(), piece(), 0..6),
+    ]
 }
 
 fn selector() -> impl Strategy<Value = String> {
+    let key = prop_oneof![2 => valid_key(), 1 => piece()];
+    let value = prop_oneof![2 => valid_value(), 1 => piece()];
     prop::collection::vec(
-        (prop::sample::select(vec!["", "!", "="]), piece(), piece()).prop_map(|(kind, key, value)| match kind {
+        (prop::sample::select(vec!["", "!", "="]), key, value).prop_map(|(kind, key, value)| match kind {
             "!" => format!("!{key}"),
             "=" => format!("{key}={value}"),
             _ => key,
