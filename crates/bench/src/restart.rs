@@ -51,7 +51,7 @@ pub async fn run(
         (layout.key(RecordRef::Registration(&reg.name)), serde_json::to_vec(&reg))
     });
     let namespaces = (0..NAMESPACES.min(n)).map(|i| {
-        let ns = Namespace { name: namespace(i), description: String::new(), active: true };
+        let ns = Namespace { name: namespace(i), active: true, ..Namespace::default() };
         (layout.key(RecordRef::Namespace(&ns.name)), serde_json::to_vec(&ns))
     });
     let subscriptions = (0..n).map(|i| {

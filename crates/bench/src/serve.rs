@@ -143,7 +143,7 @@ pub async fn run(
     let namespaces = futures::stream::iter((0..ops).flat_map(|i| [format!("b{i}"), format!("r{i}")])).map(|name| {
         let repo = repo.clone();
         async move {
-            let ns = Namespace { name, description: String::new(), active: true };
+            let ns = Namespace { name, active: true, ..Namespace::default() };
             repo.create(RecordRef::Namespace(&ns.name), &ns, "namespace").await
         }
     });
@@ -325,7 +325,7 @@ pub async fn memory(database: &kayra_config::DatabaseConfig, binary: &std::path:
         .map(|i| {
             (
                 repo.store_key_of(RecordRef::Namespace(&format!("m{i}"))),
-                serde_json::to_vec(&Namespace { name: format!("m{i}"), description: String::new(), active: true }),
+                serde_json::to_vec(&Namespace { name: format!("m{i}"), active: true, ..Namespace::default() }),
             )
         })
         .chain((0..1_000usize).flat_map(|i| {

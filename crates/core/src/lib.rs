@@ -9,11 +9,13 @@
 //!   subscriptions, users, tokens, roles, bindings) and their wire forms.
 //! - [`audit`]: audit records (platform §13) and the reason header's rules.
 //! - [`notifications`]: events and their delivery records (§14).
+//! - [`labels`]: namespace labels and label selectors (§4.1).
 //! - [`names`]: DNS label / subdomain validation of resource names.
 //! - [`validation`]: path segments, `sync_id`, endpoints, reserved names,
 //!   URL user info: values that reach backends, URLs and log lines.
 
 pub mod audit;
+pub mod labels;
 pub mod names;
 pub mod notifications;
 pub mod resources;

@@ -3,6 +3,8 @@
 //! Every field is always serialized (never omitted): the contract says a
 //! caller never has to tell "absent" from "empty" apart.
 
+use std::collections::BTreeMap;
+
 use serde::{Deserialize, Serialize};
 
 /// A tenant. Cluster-scoped, shared by every deployment on one store.
@@ -12,6 +14,10 @@ pub struct Namespace {
     pub name: String,
     #[serde(default)]
     pub description: String,
+    /// At most 64 entries ([`crate::labels::validate_labels`]); always
+    /// serialized, `{}` when empty.
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
     /// Computed: false until the reconciler activates it.
     #[serde(default)]
     pub active: bool,
@@ -254,6 +260,14 @@ mod tests {
         assert_eq!(serde_json::from_value::<Subscription>(stored).unwrap(), sub);
         let wire = serde_json::to_value(sub.view("")).unwrap();
         assert!(wire.get("resync_requested").is_none(), "the API never shows it: {wire}");
+    }
+
+    #[test]
+    fn namespace_labels_are_always_serialized_and_default_to_empty() {
+        let old: Namespace = serde_json::from_str(r#"{"name":"core","description":"","active":true}"#).unwrap();
+        assert!(old.labels.is_empty());
+        let json = serde_json::to_value(&old).unwrap();
+        assert_eq!(json, serde_json::json!({"name": "core", "description": "", "labels": {}, "active": true}));
     }
 
     #[test]

@@ -158,10 +158,8 @@ impl RolloutPolicy {
             if self.waves[..i].iter().any(|w| w.name == wave.name) {
                 return err(field("name"), format!("{:?} is used by an earlier wave", wave.name));
             }
-            for (key, value) in &wave.selector {
-                if let Err(message) = selector_pair(key, value) {
-                    return err(field("selector"), message);
-                }
+            if let Err(invalid) = crate::labels::validate_labels(&wave.selector) {
+                return err(field("selector"), invalid.to_string());
             }
             if !wave.size.is_empty() {
                 Amount::parse(&wave.size, 1).map_err(|m| PolicyError { field: field("size"), message: m })?;
@@ -183,19 +181,6 @@ impl RolloutPolicy {
     fn deadline(&self) -> Option<Duration> {
         parse_duration(&self.progress_deadline).ok().filter(|d| !d.is_zero())
     }
-}
-
-/// A selector term's key and value: non-empty, without control characters,
-/// at most 317 (a label key's longest) and 63 characters.
-fn selector_pair(key: &str, value: &str) -> Result<(), String> {
-    let bad = |s: &str| s.chars().any(|c| c.is_control() || c.is_whitespace());
-    if key.is_empty() || key.len() > 317 || bad(key) {
-        return Err(format!("key {:?} is not a label key", cut(key)));
-    }
-    if value.len() > 63 || bad(value) {
-        return Err(format!("value {:?} of {:?} is not a label value", cut(value), cut(key)));
-    }
-    Ok(())
 }
 
 impl WavePolicy {

@@ -266,6 +266,7 @@ fn check(value: Value, platform: &str, region: &str) -> anyhow::Result<Vec<Recor
         "Namespace" => {
             let v: Namespace = typed(fields)?;
             names::validate_label("namespace", &v.name).map_err(|e| field_error("name", e))?;
+            kayra_core::labels::validate_labels(&v.labels).map_err(|e| field_error("labels", e))?;
             vec![Record::Namespace(v)]
         }
         "User" => {
@@ -453,7 +454,13 @@ mod tests {
 
     fn sample() -> Vec<Record> {
         vec![
-            Record::Namespace(Namespace { name: "core".into(), description: "d".into(), active: true }),
+            Record::Namespace(Namespace {
+                name: "core".into(),
+                description: "d".into(),
+                labels: [("tier".to_string(), "canary".to_string()), ("example.com/env".to_string(), String::new())]
+                    .into(),
+                active: true,
+            }),
             Record::User(User { name: "admin".into(), description: String::new() }),
             Record::Token(TokenRecord {
                 id: token_id(&"a".repeat(64)).into(),
@@ -495,7 +502,12 @@ mod tests {
     fn a_rendered_file_parses_back_to_its_records() {
         let records = sample();
         let text = file(&records);
-        assert!(text.contains("kind: Namespace\nname: core\ndescription: d\nstatus:\n  active: true\n"), "{text}");
+        assert!(
+            text.contains(
+                "kind: Namespace\nname: core\ndescription: d\nlabels:\n  example.com/env: ''\n  tier: canary\nstatus:\n  active: true\n"
+            ),
+            "{text}"
+        );
         let mut parsed = parse(text.as_bytes(), "dev", "local").unwrap();
         let mut want = records;
         parsed.sort_by_key(|r| (r.rank(), r.describe()));
@@ -509,6 +521,7 @@ mod tests {
         let cases = [
             (text.replace("state: success", "state: sucess"), "document 4: field \"state\""),
             (text.replace("description: d", "descripton: d"), "document 1: field \"descripton\""),
+            (text.replace("  tier: canary", "  tier: -canary"), "document 1: field \"labels\""),
             (text.replace("sync_id: s1\n", "sync_id: s/1\n"), "document 3: field \"sync_id\""),
             (text.replace("  region: local", "  region: eu"), "document 3: field \"status.platform\""),
             (text.replace("kind: Subscription", "kind: Subscriptoin"), "document 4: field \"kind\""),

@@ -141,8 +141,10 @@ reconciler:
     /// a reconciler (stopped again). Returns alice's token.
     async fn build_catalog(&self, config: &Path, port: u16) -> String {
         let serve = self.serve(config, port, true).await;
-        for (name, description) in [("core", "the core team"), ("edge", "")] {
-            self.post(port, "/namespaces", json!({"name": name, "description": description})).await;
+        for (name, description, labels) in
+            [("core", "the core team", json!({"tier": "canary", "example.com/env": ""})), ("edge", "", json!({}))]
+        {
+            self.post(port, "/namespaces", json!({"name": name, "description": description, "labels": labels})).await;
         }
         self.post(port, "/users", json!({"name": "alice", "description": "a person"})).await;
         self.post(port, "/users", json!({"name": "robot"})).await;

@@ -27,6 +27,8 @@ use crate::{METRIC_WATCH_EVENTS, Reconciler, ensure};
 pub(crate) struct NamespaceState {
     pub name: String,
     pub active: bool,
+    /// For the rollouts' wave selectors.
+    pub labels: std::collections::BTreeMap<String, String>,
 }
 
 /// A given-up attempt record, with the subscription it is about.
@@ -110,6 +112,11 @@ impl Update {
     }
 }
 
+/// What the view keeps of a namespace's record.
+fn namespace_state(kv: &KeyValue) -> Result<NamespaceState, String> {
+    json::<Namespace>(kv).map(|ns| NamespaceState { name: ns.name, active: ns.active, labels: ns.labels })
+}
+
 fn json<T: serde::de::DeserializeOwned>(kv: &KeyValue) -> Result<T, String> {
     serde_json::from_slice(&kv.value).map_err(|e| e.to_string())
 }
@@ -119,9 +126,7 @@ pub(crate) fn updates(repo: &Repository) -> BoxStream<'static, Update> {
     let store = repo.store();
     let layout = repo.layout().clone();
     let watch = |collection| store.watcher(&layout.prefix(collection));
-    let namespaces = reflect(watch(Collection::Namespaces), |kv| {
-        json::<Namespace>(kv).map(|ns| NamespaceState { name: ns.name, active: ns.active })
-    });
+    let namespaces = reflect(watch(Collection::Namespaces), namespace_state);
     let registrations = reflect(watch(Collection::Registrations), json::<ApiRegistration>);
     let subscriptions = reflect(watch(Collection::Subscriptions), json::<Subscription>);
     let given_up = {
@@ -161,11 +166,11 @@ impl Reconciler {
 
     fn on_namespace(&mut self, event: Reflected<NamespaceState>) {
         match event {
-            Reflected::Listed { items, .. } => self
-                .view()
-                .replace_namespaces(items.into_iter().map(|i| (i.value.name, i.value.active, i.revision)).collect()),
+            Reflected::Listed { items, .. } => self.view().replace_namespaces(
+                items.into_iter().map(|i| (i.value.name, i.value.active, i.value.labels, i.revision)).collect(),
+            ),
             Reflected::Applied { value: Some(ns), revision, .. } => {
-                self.view().put_namespace(&ns.name, ns.active, revision);
+                self.view().put_namespace_record(&ns.name, ns.active, ns.labels.clone(), revision);
                 // The initial action: an inactive namespace is activated.
                 if !ns.active {
                     self.queue.add(JobKey::Namespace(ns.name), Cause::new(RunTrigger::Initial), Class::Activation);
@@ -399,6 +404,16 @@ mod tests {
         let listed: Vec<_> = reflect(events, json::<Subscription>).collect().await;
         let [Reflected::Listed { items, revision: 8 }] = listed.as_slice() else { panic!("one list: {listed:?}") };
         assert_eq!(items.iter().map(|i| (&i.value, i.revision)).collect::<Vec<_>>(), [(&sub, 7)]);
+    }
+
+    #[test]
+    fn a_namespace_is_kept_with_its_labels() {
+        let record = br#"{"name":"core","description":"","labels":{"tier":"canary"},"active":true}"#;
+        let state = namespace_state(&kv("/namespaces/core", record, 3)).unwrap();
+        let labels = [("tier".to_string(), "canary".to_string())].into();
+        assert_eq!(state, NamespaceState { name: "core".into(), active: true, labels });
+        let old = namespace_state(&kv("/namespaces/old", br#"{"name":"old","active":false}"#, 4)).unwrap();
+        assert!(old.labels.is_empty(), "a record from before labels has none");
     }
 
     #[test]

@@ -105,7 +105,7 @@ pub fn counts(view: &View, record: &RolloutRecord) -> Vec<Counts> {
 fn behind(view: &View, reg: &ApiRegistration) -> Vec<(String, BTreeMap<String, String>)> {
     view.subscribers_of(&reg.name)
         .filter(|(_, (sub, _))| sub.active && sub.current_sync_id != reg.sync_id)
-        .map(|(ns, _)| (ns.clone(), view.namespace_labels(ns)))
+        .map(|(ns, _)| (ns.clone(), view.namespace_labels(ns).cloned().unwrap_or_default()))
         .collect()
 }
 

@@ -9,13 +9,21 @@
 //! right after its own write does not wait for the watch to echo it.
 //! Updates are revision-monotonic: an older record never replaces a newer.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use kayra_core::rollout::RolloutRecord;
 use kayra_core::{ApiRegistration, Subscription};
 use kayra_store::Revision;
 
 use crate::decide::{Attempt, Decision, Observed, decide, holds};
+
+/// What the view keeps of a namespace.
+#[derive(Debug, Default)]
+struct NamespaceEntry {
+    active: bool,
+    labels: BTreeMap<String, String>,
+    revision: Revision,
+}
 
 #[derive(Debug, Default)]
 pub struct View {
@@ -25,8 +33,8 @@ pub struct View {
     registrations: HashMap<String, (ApiRegistration, Revision)>,
     /// (namespace, api) → the given-up attempt.
     given_up: HashMap<(String, String), Attempt>,
-    /// namespace → (active, revision).
-    namespaces: HashMap<String, (bool, Revision)>,
+    /// namespace → what is kept of it.
+    namespaces: HashMap<String, NamespaceEntry>,
     /// APIs whose subscriptions, registration or given-up records changed
     /// since [`View::take_dirty`] (the fan-out checks, [`crate::fanout`]).
     dirty: BTreeSet<String>,
@@ -37,18 +45,49 @@ pub struct View {
 }
 
 impl View {
+    /// A namespace's `active` as of `revision` (a job's own write): its
+    /// labels stay as last seen, until the watch brings that revision's
+    /// record ([`View::put_namespace_record`]).
     pub fn put_namespace(&mut self, name: &str, active: bool, revision: Revision) {
-        match self.namespaces.get(name) {
-            Some((_, seen)) if *seen >= revision => {}
-            _ => {
-                self.namespaces.insert(name.to_string(), (active, revision));
+        match self.namespaces.get_mut(name) {
+            Some(entry) if entry.revision >= revision => {}
+            Some(entry) => {
+                entry.active = active;
+                entry.revision = revision;
+            }
+            None => {
+                self.namespaces.insert(name.to_string(), NamespaceEntry { active, labels: BTreeMap::new(), revision });
             }
         }
     }
 
-    /// Replaces every namespace (a complete list).
-    pub fn replace_namespaces(&mut self, namespaces: Vec<(String, bool, Revision)>) {
-        self.namespaces = namespaces.into_iter().map(|(n, active, rev)| (n, (active, rev))).collect();
+    /// A namespace's record as of `revision` (from the watch): it also
+    /// replaces an entry a job wrote at that same revision, whose labels
+    /// were not known.
+    pub fn put_namespace_record(
+        &mut self,
+        name: &str,
+        active: bool,
+        labels: BTreeMap<String, String>,
+        revision: Revision,
+    ) {
+        if self.namespaces.get(name).is_none_or(|entry| entry.revision <= revision) {
+            self.namespaces.insert(name.to_string(), NamespaceEntry { active, labels, revision });
+        }
+    }
+
+    /// Replaces every namespace (a complete list of name, active, labels
+    /// and revision).
+    pub fn replace_namespaces(&mut self, namespaces: Vec<(String, bool, BTreeMap<String, String>, Revision)>) {
+        self.namespaces = namespaces
+            .into_iter()
+            .map(|(name, active, labels, revision)| (name, NamespaceEntry { active, labels, revision }))
+            .collect();
+    }
+
+    /// A known namespace's labels.
+    pub fn namespace_labels(&self, name: &str) -> Option<&BTreeMap<String, String>> {
+        self.namespaces.get(name).map(|entry| &entry.labels)
     }
 
     /// Replaces every registration (a complete list).
@@ -78,12 +117,12 @@ impl View {
 
     /// Whether `name` exists and still needs activating.
     pub fn namespace_inactive(&self, name: &str) -> bool {
-        self.namespaces.get(name).is_some_and(|(active, _)| !active)
+        self.namespaces.get(name).is_some_and(|entry| !entry.active)
     }
 
     /// Namespaces still `active: false`.
     pub fn inactive_namespaces(&self) -> Vec<String> {
-        let mut out: Vec<_> = self.namespaces.iter().filter(|(_, (a, _))| !a).map(|(n, _)| n.clone()).collect();
+        let mut out: Vec<_> = self.namespaces.iter().filter(|(_, e)| !e.active).map(|(n, _)| n.clone()).collect();
         out.sort();
         out
     }
@@ -177,11 +216,6 @@ impl View {
         out.sort();
         out.dedup();
         out
-    }
-
-    /// `namespace`'s labels (a rollout's selectors match them).
-    pub fn namespace_labels(&self, _namespace: &str) -> std::collections::BTreeMap<String, String> {
-        std::collections::BTreeMap::new()
     }
 
     /// Whether a rollout holds `namespace`'s subscription to `api` back (§12).
@@ -313,6 +347,34 @@ mod tests {
 
     fn reg(name: &str, sync_id: &str) -> ApiRegistration {
         ApiRegistration { name: name.into(), sync_id: sync_id.into(), ..Default::default() }
+    }
+
+    fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+    }
+
+    #[test]
+    fn namespaces_keep_their_labels_through_activation_and_watch_echoes() {
+        let mut view = View::default();
+        assert_eq!(view.namespace_labels("core"), None);
+        view.replace_namespaces(vec![("core".into(), false, labels(&[("tier", "canary")]), 5)]);
+        assert_eq!(view.namespace_labels("core"), Some(&labels(&[("tier", "canary")])));
+        // A job's own activation keeps the labels it does not know.
+        view.put_namespace("core", true, 7);
+        assert!(!view.namespace_inactive("core"));
+        assert_eq!(view.namespace_labels("core"), Some(&labels(&[("tier", "canary")])));
+        // A relabel written before the activation, echoed late, is older: ignored...
+        view.put_namespace_record("core", false, labels(&[("tier", "stable")]), 6);
+        assert_eq!(view.namespace_labels("core"), Some(&labels(&[("tier", "canary")])));
+        // ...and the activation's own echo, at the same revision, brings its record's labels.
+        view.put_namespace_record("core", true, labels(&[("tier", "stable")]), 7);
+        assert_eq!(view.namespace_labels("core"), Some(&labels(&[("tier", "stable")])));
+        view.put_namespace_record("core", true, labels(&[]), 9);
+        assert_eq!(view.namespace_labels("core"), Some(&labels(&[])));
+        view.put_namespace_record("core", true, labels(&[("x", "")]), 8);
+        assert_eq!(view.namespace_labels("core"), Some(&labels(&[])), "never an older record");
+        view.delete_namespace("core");
+        assert_eq!(view.namespace_labels("core"), None);
     }
 
     #[test]

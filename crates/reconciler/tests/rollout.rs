@@ -227,6 +227,39 @@ async fn a_gate_decides_its_wave_and_a_newer_sync_id_supersedes(kind: Kind) {
     running.stop().await;
 }
 
+async fn a_selector_puts_labelled_namespaces_in_their_wave(kind: Kind) {
+    let store = store(kind).await;
+    let repo = Repository::new(store.store.clone(), "dev", "local");
+    let backend = TestBackend::start().await;
+    let running = start_reconciler(&repo, config(&backend.base));
+    let seed = Seed(&repo);
+    seed.registration(API, "api", "s1").await;
+    for (ns, tier) in [("a0", "prod"), ("a1", "canary"), ("a2", "prod"), ("a3", "canary")] {
+        let labels = [("tier".to_string(), tier.to_string())].into();
+        let namespace = kayra_core::Namespace { name: ns.into(), labels, ..Default::default() };
+        repo.create(kayra_catalog::repo::RecordRef::Namespace(ns), &namespace, "namespace").await.unwrap();
+        seed.subscription(ns, API).await;
+    }
+    for ns in ["a0", "a1", "a2", "a3"] {
+        eventually("at s1", || async { seed.get(ns, API).await.is_synced("s1") }).await;
+    }
+    let policy = RolloutPolicy {
+        waves: vec![
+            WavePolicy { selector: [("tier".to_string(), "canary".to_string())].into(), ..wave("canary") },
+            WavePolicy { approval: Approval::Manual, ..wave("rest") },
+        ],
+        ..RolloutPolicy::default()
+    };
+    bump_with(&repo, "s2", Some(policy)).await;
+    let r = reaches(&repo, "s2", RolloutState::Waiting).await;
+    assert_eq!(r.records[0].namespaces, ["a1", "a3"], "the canaries, by their label");
+    assert_eq!(r.records[1].namespaces, ["a0", "a2"]);
+    for (ns, calls_at_s2) in [("a0", 0), ("a1", 1), ("a2", 0), ("a3", 1)] {
+        assert_eq!(calls(&backend, ns, "s2"), calls_at_s2, "{ns}");
+    }
+    running.stop().await;
+}
+
 /// Three reconcilers on one etcd advance one rollout; the one whose
 /// task ends mid-bake (as a killed process would) stops nothing: the bake
 /// keeps its deadline and every subscriber runs exactly once.
@@ -276,6 +309,7 @@ async fn three_reconcilers_drive_a_rollout_and_losing_one_mid_bake_repeats_and_s
 }
 
 both_backends!(
+    a_selector_puts_labelled_namespaces_in_their_wave,
     waves_run_in_order_and_a_manual_wave_waits_for_promote,
     failures_beyond_max_failures_pause_and_resume_reruns_nothing_failed,
     first_syncs_and_force_resyncs_are_never_held,

@@ -16,6 +16,7 @@ mod api {
     mod fuzz;
     mod hardening;
     mod hostile;
+    mod labels;
     mod namespaces;
     mod notifications;
     mod operations;

@@ -30,6 +30,7 @@ use super::error::ApiError;
 use super::extract::Query;
 use super::hub::Refused;
 use super::list::ListQuery;
+use super::namespaces::SelectorQuery;
 use super::status;
 use super::stream::{Framing, WatchCheck, Watcher};
 use super::watch::{self, Watched};
@@ -211,6 +212,17 @@ async fn serve_watch(
     if verb == Verb::List && kind != Watched::Audit {
         Query::<ListQuery>::from_request_parts(&mut parts, &()).await.map_err(IntoResponse::into_response)?;
     }
+    // A namespaces stream shows only what its label selector matches; a
+    // malformed one is the same 400 as the list's.
+    let selector = match kind {
+        Watched::Namespaces => Query::<SelectorQuery>::from_request_parts(&mut parts, &())
+            .await
+            .map_err(IntoResponse::into_response)?
+            .0
+            .selector()
+            .map_err(IntoResponse::into_response)?,
+        _ => None,
+    };
     // The audit trail's filters apply to its stream.
     let audit_query = match kind {
         Watched::Audit => Some(
@@ -243,7 +255,7 @@ async fn serve_watch(
             let filter = audit_query.unwrap_or_default().filter().map_err(IntoResponse::into_response)?;
             audit::open(hub, repo, filter, watcher, framing, permit).await
         }
-        kind => watch::open(hub, repo, kind, &params, watcher, event_stream, permit).await,
+        kind => watch::open(hub, repo, kind, &params, watcher, watch::Asked { event_stream, selector }, permit).await,
     };
     opened.map_err(IntoResponse::into_response)
 }

@@ -253,6 +253,11 @@ mod tests {
             assert!(schemas["Run"]["properties"][field].is_object(), "Run.{field}");
         }
         assert!(schemas["ApiRegistration"]["properties"]["sync_id_updated_at"].is_object());
+        for schema in ["Namespace", "NamespaceCreate", "NamespaceUpdate"] {
+            assert_eq!(schemas[schema]["properties"]["labels"]["type"], "object", "{schema}.labels");
+        }
+        let list = &paths[format!("{BASE_PATH}/namespaces")]["get"]["parameters"];
+        assert!(list.as_array().unwrap().iter().any(|p| p["name"] == "labelSelector"), "{list}");
         for field in ["sync_id_updated_at", "total", "synced", "failed", "pending", "held"] {
             assert!(schemas["RegistrationStatus"]["properties"][field].is_object(), "RegistrationStatus.{field}");
         }

@@ -68,13 +68,21 @@ pub(crate) struct Rendered {
     pub(crate) id: Option<String>,
     /// A token's user.
     pub(crate) owner: Option<String>,
+    /// A namespace's labels, for the streams of a label selector.
+    pub(crate) labels: Option<std::collections::BTreeMap<String, String>>,
     /// By [`Kind`] and [`Framing`].
     frames: [OnceLock<Bytes>; 6],
 }
 
 impl Rendered {
     pub(crate) fn new(object: String, id: Option<String>, owner: Option<String>) -> Self {
-        Self { object: object.into_boxed_str(), id, owner, frames: Default::default() }
+        Self { object: object.into_boxed_str(), id, owner, labels: None, frames: Default::default() }
+    }
+
+    /// The same, carrying the object's labels.
+    pub(crate) fn with_labels(mut self, labels: std::collections::BTreeMap<String, String>) -> Self {
+        self.labels = Some(labels);
+        self
     }
 
     pub(crate) fn frame(&self, kind: Kind, framing: Framing) -> Bytes {

@@ -22,6 +22,12 @@
 //! from the record the stream showed last, when its registration's change
 //! comes from the registrations feed.
 //!
+//! A namespaces stream may have a label selector (`?labelSelector=`): it
+//! shows only the namespaces that match, so a namespace that stops
+//! matching is a `DELETED` event of that stream (carrying the object as
+//! last sent) and one that starts matching is an `ADDED` (as Kubernetes
+//! does).
+//!
 //! Authorization is checked when the stream opens (the route's resource
 //! with verb `watch`) and again every [`WatchOptions::recheck`]: a revoked
 //! token, a deleted user or a lost right closes the stream.
@@ -31,6 +37,7 @@ use std::sync::Arc;
 
 use axum::body::{Body, Bytes};
 use axum::response::Response;
+use kayra_core::labels::Selector;
 use kayra_core::{
     ApiRegistration, ClusterRoleBinding, Namespace, Role, RoleBinding, Run, Subscription, TokenRecord, User,
 };
@@ -98,12 +105,19 @@ struct Target {
     private: bool,
     range: KeyRange,
     view: View,
+    /// Only the namespaces it matches (a namespaces stream's selector).
+    selector: Option<Selector>,
 }
 
 impl Target {
     /// The target of `kind` at the route's path parameters; `collection`
     /// when the route names a collection rather than one object.
-    fn new(kind: Watched, params: &HashMap<String, String>, repo: &Repository) -> Target {
+    fn new(kind: Watched, params: &HashMap<String, String>, repo: &Repository, selector: Option<Selector>) -> Target {
+        let target = Self::unselected(kind, params, repo);
+        Target { selector: selector.filter(|_| target.view == View::Namespace), ..target }
+    }
+
+    fn unselected(kind: Watched, params: &HashMap<String, String>, repo: &Repository) -> Target {
         let p = |name: &str| params.get(name).cloned().unwrap_or_default();
         let (layout, name) = (repo.layout(), |param: &str| params.get(param).map(String::as_str));
         let namespace = p("namespace");
@@ -117,6 +131,7 @@ impl Target {
                 private: false,
                 range: one(Collection::Namespaces, name("namespace").map(RecordRef::Namespace)),
                 view: View::Namespace,
+                selector: None,
             },
             // A status stream follows its registration's record too; the
             // audit trail's stream has no target (it never reaches here).
@@ -125,6 +140,7 @@ impl Target {
                 private: false,
                 range: one(Collection::Registrations, name("name").map(RecordRef::Registration)),
                 view: View::Registration,
+                selector: None,
             },
             Watched::Subscriptions => Target {
                 feed: layout.prefix(Collection::Subscriptions),
@@ -134,6 +150,7 @@ impl Target {
                     name("api").map(|api| RecordRef::Subscription { namespace: &namespace, api }),
                 ),
                 view: View::Subscription { registrations: layout.prefix(Collection::Registrations) },
+                selector: None,
             },
             // One subscription's runs, in a feed of their own (§17): a feed
             // of every run record, kept for the process's life, would hold
@@ -145,36 +162,42 @@ impl Target {
                     layout.prefix(Collection::SubscriptionRuns { namespace: &namespace, api: &p("api") }),
                 ),
                 view: View::Run { id: params.get("id").cloned() },
+                selector: None,
             },
             Watched::Rollout => Target {
                 feed: layout.prefix(Collection::Rollouts),
                 private: false,
                 range: KeyRange::Exact(layout.key(RecordRef::Rollout(&p("name")))),
                 view: View::Rollout,
+                selector: None,
             },
             Watched::Users => Target {
                 feed: layout.prefix(Collection::Users),
                 private: false,
                 range: one(Collection::Users, name("name").map(RecordRef::User)),
                 view: View::User,
+                selector: None,
             },
             Watched::Tokens => Target {
                 feed: layout.prefix(Collection::Tokens),
                 private: false,
                 range: KeyRange::Prefix(layout.prefix(Collection::Tokens)),
                 view: View::Token { user: p("name"), id: params.get("id").cloned() },
+                selector: None,
             },
             Watched::Roles => Target {
                 feed: layout.prefix(Collection::Roles),
                 private: false,
                 range: one(Collection::Roles, name("name").map(RecordRef::Role)),
                 view: View::Role,
+                selector: None,
             },
             Watched::ClusterRoleBindings => Target {
                 feed: layout.prefix(Collection::ClusterRoleBindings),
                 private: false,
                 range: one(Collection::ClusterRoleBindings, name("name").map(RecordRef::ClusterRoleBinding)),
                 view: View::ClusterRoleBinding,
+                selector: None,
             },
             Watched::RoleBindings => Target {
                 feed: layout.prefix(Collection::RoleBindings),
@@ -184,6 +207,7 @@ impl Target {
                     name("name").map(|name| RecordRef::RoleBinding { namespace: &namespace, name }),
                 ),
                 view: View::RoleBinding,
+                selector: None,
             },
         }
     }
@@ -204,7 +228,10 @@ impl Target {
             to_text(&serde_json::from_slice::<T>(&kv.value).ok()?)
         }
         let (object, id, owner) = match &self.view {
-            View::Namespace => (plain::<Namespace>(kv)?, None, None),
+            View::Namespace => {
+                let namespace: Namespace = serde_json::from_slice(&kv.value).ok()?;
+                return Some(Rendered::new(to_text(&namespace)?, None, None).with_labels(namespace.labels));
+            }
             View::Registration => (plain::<ApiRegistration>(kv)?, None, None),
             View::User => (plain::<User>(kv)?, None, None),
             View::Role => (plain::<Role>(kv)?, None, None),
@@ -242,6 +269,10 @@ impl Target {
         match &self.view {
             View::Run { id } => is(id, &rendered.id),
             View::Token { user, id } => rendered.owner.as_deref() == Some(user.as_str()) && is(id, &rendered.id),
+            View::Namespace => self
+                .selector
+                .as_ref()
+                .is_none_or(|selector| rendered.labels.as_ref().is_some_and(|labels| selector.matches(labels))),
             _ => true,
         }
     }
@@ -273,6 +304,15 @@ fn to_text<T: Serialize>(value: &T) -> Option<String> {
     serde_json::to_string(value).ok()
 }
 
+/// What a request asks of its stream beyond the route.
+#[derive(Debug, Default)]
+pub(crate) struct Asked {
+    /// Server-sent events rather than NDJSON.
+    pub event_stream: bool,
+    /// A namespaces stream's `?labelSelector=` (other streams ignore it).
+    pub selector: Option<Selector>,
+}
+
 /// Opens a watch stream of `kind` at the route's `params` for `watcher`.
 pub(crate) async fn open(
     hub: &Hub,
@@ -280,11 +320,11 @@ pub(crate) async fn open(
     kind: Watched,
     params: &HashMap<String, String>,
     watcher: Watcher,
-    event_stream: bool,
+    asked: Asked,
     permit: StreamPermit,
 ) -> Result<Response, ApiError> {
-    let framing = if event_stream { Framing::Sse } else { Framing::Ndjson };
-    let target = Target::new(kind, params, repo);
+    let framing = if asked.event_stream { Framing::Sse } else { Framing::Ndjson };
+    let target = Target::new(kind, params, repo, asked.selector);
     let options = hub.options();
     let (primary, own) = if target.private {
         let (feed, guard) = hub.private_feed(&target.feed);
@@ -475,7 +515,8 @@ mod tests {
     async fn watch_namespaces(hub: &Hub, repo: &Repository) -> axum::body::BodyDataStream {
         let watcher = Watcher { user: "admin".into(), token: String::new(), resource: "namespaces" };
         let permit = hub.admit("admin").unwrap_or_else(|_| panic!("under the stream caps"));
-        let response = open(hub, repo, Watched::Namespaces, &HashMap::new(), watcher, false, permit).await.unwrap();
+        let response =
+            open(hub, repo, Watched::Namespaces, &HashMap::new(), watcher, Asked::default(), permit).await.unwrap();
         response.into_body().into_data_stream()
     }
 

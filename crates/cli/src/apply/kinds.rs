@@ -118,13 +118,16 @@ fn typed<T: DeserializeOwned + Serialize>(fields: Map<String, Value>) -> Result<
     }
 }
 
-/// A tenant (§4.1): `name`, `description`.
+/// A tenant (§4.1): `name`, `description`, `labels` (the whole map: a
+/// label the document leaves out is removed).
 #[derive(Debug, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct NamespaceDoc {
     name: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     description: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    labels: Option<std::collections::BTreeMap<String, String>>,
 }
 
 /// A user (§5.2): the object only. Tokens are issued by `POST
@@ -252,6 +255,7 @@ mod tests {
         match key {
             "rules" => json!([]),
             "active" => json!(true),
+            "labels" => json!({"tier": "canary"}),
             _ => json!("v"),
         }
     }

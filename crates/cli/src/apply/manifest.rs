@@ -72,9 +72,24 @@ impl Object {
 
     /// The fields the document sets whose value differs from `current`
     /// (the server's object): the merge patch to send, empty when the
-    /// object is as the document says.
+    /// object is as the document says. A map field (a namespace's
+    /// `labels`) is the document's whole map: the patch also removes
+    /// (`null`) the entries it leaves out.
     pub fn changes(&self, current: &Value) -> Map<String, Value> {
-        self.fields.iter().filter(|(key, value)| current.get(key.as_str()) != Some(value)).map(clone_pair).collect()
+        self.fields
+            .iter()
+            .filter(|(key, value)| current.get(key.as_str()) != Some(value))
+            .map(|(key, value)| match (value, current.get(key.as_str())) {
+                (Value::Object(wanted), Some(Value::Object(had))) => {
+                    let mut patch = wanted.clone();
+                    for gone in had.keys().filter(|k| !wanted.contains_key(*k)) {
+                        patch.insert(gone.clone(), Value::Null);
+                    }
+                    (key.clone(), Value::Object(patch))
+                }
+                _ => clone_pair((key, value)),
+            })
+            .collect()
     }
 }
 
@@ -262,6 +277,11 @@ fn validate(object: &Object) -> Result<(), String> {
                 _ => "binding",
             };
             names::validate_label(what, &object.name).map_err(|e| at("name", e))?;
+            if let Some(labels) = object.fields.get("labels") {
+                let labels: std::collections::BTreeMap<String, String> =
+                    serde_json::from_value(labels.clone()).map_err(|e| at("labels", e))?;
+                kayra_core::labels::validate_labels(&labels).map_err(|e| at("labels", e))?;
+            }
         }
     }
     Ok(())
@@ -378,6 +398,17 @@ name: alice
         assert_eq!(Value::Object(objects[0].changes(&current)), json!({"sync_id": "s1"}));
         let same = json!({"name": "a.example.com", "mode": "api", "sync_id": "s1", "description": "kept"});
         assert!(objects[0].changes(&same).is_empty());
+    }
+
+    #[test]
+    fn a_label_map_is_whole_and_left_out_labels_are_removed() {
+        let objects = check_one("kind: Namespace\nname: core\nlabels:\n  tier: canary\n").unwrap();
+        let current = json!({"name": "core", "labels": {"tier": "stable", "legacy": ""}});
+        assert_eq!(Value::Object(objects[0].changes(&current)), json!({"labels": {"tier": "canary", "legacy": null}}));
+        let same = json!({"name": "core", "labels": {"tier": "canary"}});
+        assert!(objects[0].changes(&same).is_empty());
+        let err = check_one("kind: Namespace\nname: core\nlabels:\n  a/b/c: x\n").unwrap_err();
+        assert!(err[0].contains("field `labels`") && err[0].contains("\"a/b/c\""), "{err:?}");
     }
 
     #[test]

@@ -136,6 +136,33 @@ async fn create_then_unchanged_then_only_the_changed_object_is_written() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_namespace_s_labels_are_the_document_s_whole_map() {
+    let kayra = Kayra::start().await;
+    let cli = &kayra.cli;
+    let dir = tempfile::tempdir().unwrap();
+    let labelled = "kind: Namespace\nname: core\nlabels:\n  tier: canary\n  example.com/env: prod\n";
+    let file = write(dir.path(), "core.yaml", labelled);
+    assert_eq!(cli.run(&["apply", "-f", &file]).await.ok().stdout, "Namespace/core created\n");
+    let core = cli.run(&["get", "catalog", "namespaces", "core"]).await.ok().json();
+    assert_eq!(core["labels"], json!({"tier": "canary", "example.com/env": "prod"}));
+    assert_eq!(cli.run(&["apply", "-f", &file]).await.ok().stdout, "Namespace/core unchanged\n");
+
+    // One label changed, one left out: the server ends with exactly the document's.
+    write(dir.path(), "core.yaml", "kind: Namespace\nname: core\nlabels:\n  tier: stable\n");
+    assert_eq!(cli.run(&["apply", "-f", &file]).await.ok().stdout, "Namespace/core configured\n");
+    let core = cli.run(&["get", "catalog", "namespaces", "core"]).await.ok().json();
+    assert_eq!(core["labels"], json!({"tier": "stable"}));
+    assert_eq!(cli.run(&["apply", "-f", &file]).await.ok().stdout, "Namespace/core unchanged\n");
+
+    // A bad label stops the apply before any request.
+    let before = revision(&kayra).await;
+    write(dir.path(), "core.yaml", "kind: Namespace\nname: core\nlabels:\n  a/b/c: x\n");
+    let refused = cli.run(&["apply", "-f", &file]).await.expect_code(1);
+    assert!(refused.stderr.contains("labels") && refused.stderr.contains("a/b/c"), "{refused:#?}");
+    assert_eq!(revision(&kayra).await, before);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_directory_in_name_order_kinds_first() {
     let kayra = Kayra::start().await;
     let dir = tempfile::tempdir().unwrap();

@@ -11,7 +11,7 @@ async fn every_verb_on_a_namespace() {
 
     // create, with NAME and with -d
     let core = cli.run(&["create", "catalog", "namespaces", "core", "-d", "description: the core team"]).await.ok();
-    assert_eq!(core.json(), json!({"name": "core", "description": "the core team", "active": false}));
+    assert_eq!(core.json(), json!({"name": "core", "description": "the core team", "labels": {}, "active": false}));
     cli.run(&["create", "catalog", "namespaces", "-d", r#"{"name": "sre"}"#]).await.ok();
 
     // get one: JSON by default
@@ -28,7 +28,7 @@ async fn every_verb_on_a_namespace() {
 
     // patch (merge patch)
     let patched = cli.run(&["patch", "catalog", "namespaces", "sre", "-d", "description: patched"]).await.ok();
-    assert_eq!(patched.json(), json!({"name": "sre", "description": "patched", "active": false}));
+    assert_eq!(patched.json(), json!({"name": "sre", "description": "patched", "labels": {}, "active": false}));
 
     // delete: nothing on stdout, a confirmation on stderr
     let deleted = cli.run(&["delete", "catalog", "namespaces", "sre"]).await.ok();
@@ -94,7 +94,7 @@ async fn output_formats_parse_back() {
     let kayra = Kayra::start().await;
     let cli = &kayra.cli;
     cli.run(&["create", "catalog", "namespaces", "core"]).await.ok();
-    let expected_one = json!({"name": "core", "description": "", "active": false});
+    let expected_one = json!({"name": "core", "description": "", "labels": {}, "active": false});
     let expected_list = json!({"items": [expected_one], "continue": ""});
 
     let json_list = cli.run(&["get", "catalog", "namespaces", "-o", "json"]).await.ok();

@@ -7,10 +7,10 @@ use crate::both_backends;
 both_backends! {
     async fn crud(server: Server) {
         let created = server.post("/namespaces", json!({"name": "core", "description": "the core team"})).await.expect(201);
-        assert_eq!(created, json!({"name": "core", "description": "the core team", "active": false}));
+        assert_eq!(created, json!({"name": "core", "description": "the core team", "labels": {}, "active": false}));
         assert_eq!(server.get("/namespaces/core").await.expect(200), created);
         let bare = server.post("/namespaces", json!({"name": "sre"})).await.expect(201);
-        assert_eq!(bare, json!({"name": "sre", "description": "", "active": false}));
+        assert_eq!(bare, json!({"name": "sre", "description": "", "labels": {}, "active": false}));
 
         let updated = server.put("/namespaces/core", json!({"description": "renamed"})).await.expect(200);
         assert_eq!(updated["description"], "renamed");
