@@ -11,19 +11,8 @@ use kayra_core::RunStep;
 use crate::detached::DetachedRequests;
 use crate::secrets::{Redactor, SecretSources};
 use crate::step::CompiledStep;
-use crate::template::{Schema, Scope, with_schema};
+use crate::template::{RolloutContext, Schema, Scope, with_schema};
 use crate::{PipelineError, PipelineSettings, RunControl, SubscriptionContext};
-
-/// What a gate's templates see as `.Rollout`.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct RolloutContext {
-    pub api: String,
-    pub sync_id: String,
-    /// The wave's name.
-    pub wave: String,
-    pub synced: usize,
-    pub failed: usize,
-}
 
 /// A compiled gate step.
 pub struct Gate {

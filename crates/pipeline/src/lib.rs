@@ -84,11 +84,12 @@ use kayra_core::runs::shown;
 use tokio_util::sync::CancellationToken;
 
 pub use error::{PipelineError, ValidationError};
-pub use gate::{Gate, RolloutContext};
+pub use gate::Gate;
 pub use http::{MAX_RETRY_AFTER, http_client};
 pub use limits::{HoldCause, LimitKey, LimitKeys, LimitPermit, Limits};
 pub use render::{RenderedStep, format_rendered};
 pub use secrets::{REDACTED, read_source as read_secret};
+pub use template::RolloutContext;
 
 use detached::DetachedRequests;
 use secrets::{Redactor, SecretSources};

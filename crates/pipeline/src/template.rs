@@ -105,6 +105,17 @@ impl OutputUse {
     }
 }
 
+/// What a gate's templates see as `.Rollout`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RolloutContext {
+    pub api: String,
+    pub sync_id: String,
+    /// The wave's name.
+    pub wave: String,
+    pub synced: usize,
+    pub failed: usize,
+}
+
 /// The data every template is executed against: `.Subscription`, `.Run`
 /// and `.Previous.Outputs`, plus the run's secret values for `secret`.
 /// Built once per step.
@@ -146,7 +157,7 @@ impl Scope {
     }
 
     /// A rollout gate's scope (§12): `.Rollout` and the secrets.
-    pub(crate) fn for_rollout(rollout: &crate::gate::RolloutContext, secrets: Arc<SecretValues>) -> Self {
+    pub(crate) fn for_rollout(rollout: &RolloutContext, secrets: Arc<SecretValues>) -> Self {
         let string = |s: &str| gotmpl::Value::from(s);
         let count = |n: usize| gotmpl::Value::Int(i64::try_from(n).unwrap_or(i64::MAX));
         let fields = [
