@@ -82,3 +82,25 @@ impl std::fmt::Debug for Gate {
         f.debug_struct("Gate").field("step", &self.step).finish()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_gate_reads_rollout_fields_and_nothing_of_a_subscription() {
+        let gate = |endpoint: &str| Gate::compile(&serde_json::json!({"method": "get", "endpoint": endpoint}));
+        gate("https://m.example.com/ok?api={{ .Rollout.Api }}&w={{ .Rollout.Wave }}&s={{ .Rollout.Synced }}")
+            .expect("the .Rollout fields");
+        let (field, message) = gate("https://m.example.com/{{ .Subscription.Namespace }}").unwrap_err();
+        assert_eq!(field, "endpoint");
+        assert!(message.contains(".Rollout.{Api, SyncID, Wave, Synced, Failed}"), "{message}");
+        // A step's templates are checked as before, on the same thread.
+        let step: Step =
+            serde_json::from_value(serde_json::json!({"method": "get", "endpoint": "http://x/{{ .Rollout.Api }}"}))
+                .unwrap();
+        assert!(CompiledStep::compile(0, &step).is_err(), "a pipeline step sees no .Rollout");
+        let (field, _) = Gate::compile(&serde_json::json!({"method": "get"})).unwrap_err();
+        assert_eq!(field, "", "a gate without an endpoint is refused as a whole");
+    }
+}
