@@ -37,9 +37,8 @@ use std::sync::{Arc, PoisonError};
 use std::time::{Duration, SystemTime};
 
 use kayra_catalog::repo::Repository;
-use kayra_core::notifications::{
-    Delivery, Event, ROLLOUT_ABORTED, ROLLOUT_COMPLETED, ROLLOUT_HALTED, ROLLOUT_WAVE_COMPLETED,
-};
+use kayra_catalog::repo::rollouts::rollout_event;
+use kayra_core::notifications::Delivery;
 use kayra_core::rollout::{Counts, GateResult, RolloutRecord, RolloutState, Transition, Work, assign};
 use kayra_core::{ApiRegistration, SubscriptionState};
 use kayra_store::Revision;
@@ -157,52 +156,8 @@ fn supersede(record: &RolloutRecord, seen: Option<Revision>, now: SystemTime) ->
     Next::Write { seen, record: Box::new(next), transitions: Vec::new(), gates: Vec::new() }
 }
 
-/// The `rollout.*` event of `transition`.
-pub fn event(record: &RolloutRecord, transition: &Transition) -> Event {
-    let r = &record.rollout;
-    let (kind, message, data) = match transition {
-        Transition::WaveCompleted { wave } => {
-            let w = r.waves.iter().find(|w| &w.name == wave);
-            let counts = w.map(|w| serde_json::json!({"total": w.total, "synced": w.synced, "failed": w.failed}));
-            (ROLLOUT_WAVE_COMPLETED, format!("rollout of {} to {}: wave {wave} completed", r.api, r.sync_id), {
-                let mut data = serde_json::json!({"wave": wave});
-                if let (Some(obj), Some(serde_json::Value::Object(c))) = (data.as_object_mut(), counts) {
-                    obj.extend(c);
-                }
-                data
-            })
-        }
-        Transition::Halted { wave, reason } => (
-            ROLLOUT_HALTED,
-            format!("rollout of {} to {} paused: {reason}", r.api, r.sync_id),
-            serde_json::json!({"wave": wave, "reason": reason}),
-        ),
-        Transition::Completed => (
-            ROLLOUT_COMPLETED,
-            format!("rollout of {} to {} completed", r.api, r.sync_id),
-            serde_json::json!({"waves": r.waves.len()}),
-        ),
-        Transition::Aborted { reason } => (
-            ROLLOUT_ABORTED,
-            format!("rollout of {} to {} aborted: {reason}", r.api, r.sync_id),
-            serde_json::json!({"reason": reason}),
-        ),
-    };
-    Event {
-        id: uuid::Uuid::now_v7().to_string(),
-        kind: kind.into(),
-        time: crate::runs::now(),
-        api: r.api.clone(),
-        namespace: String::new(),
-        sync_id: r.sync_id.clone(),
-        run_id: String::new(),
-        message,
-        data,
-    }
-}
-
 fn deliveries(sinks: &Sinks, record: &RolloutRecord, transitions: &[Transition]) -> Vec<Delivery> {
-    transitions.iter().flat_map(|t| sinks.deliveries(&event(record, t))).collect()
+    transitions.iter().flat_map(|t| sinks.deliveries(&rollout_event(record, t))).collect()
 }
 
 /// Everything a driver needs: the worker's store, view, sinks, HTTP

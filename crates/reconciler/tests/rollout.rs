@@ -102,7 +102,8 @@ async fn waves_run_in_order_and_a_manual_wave_waits_for_promote(kind: Kind) {
         assert_eq!(calls(&backend, ns, "s2"), 0, "{ns} was called before its wave: {:?}", backend.calls());
         assert!(seed.get(ns, API).await.is_synced("s1"));
     }
-    let Acted::Done(promoted) = repo.act_on_rollout(API, Action::Promote, "alice").await.unwrap() else {
+    let Acted::Done(promoted) = repo.act_on_rollout(API, Action::Promote, "alice", &Default::default()).await.unwrap()
+    else {
         panic!("promote refused")
     };
     assert_eq!(promoted.value.rollout.state, RolloutState::Progressing);
@@ -152,7 +153,9 @@ async fn failures_beyond_max_failures_pause_and_resume_reruns_nothing_failed(kin
     for ns in ["bad1", "bad2"] {
         assert_eq!(calls(&backend, ns, "s2"), 2, "the run and its immediate retry");
     }
-    let Acted::Done(_) = repo.act_on_rollout(API, Action::Resume, "alice").await.unwrap() else { panic!() };
+    let Acted::Done(_) = repo.act_on_rollout(API, Action::Resume, "alice", &Default::default()).await.unwrap() else {
+        panic!()
+    };
     let r = reaches(&repo, "s2", RolloutState::Completed).await;
     assert_eq!((r.rollout.waves[0].synced, r.rollout.waves[0].failed), (3, 2));
     tokio::time::sleep(Duration::from_millis(600)).await;
@@ -260,6 +263,60 @@ async fn a_selector_puts_labelled_namespaces_in_their_wave(kind: Kind) {
     running.stop().await;
 }
 
+/// The driver's transitions are events (§14) written with the record:
+/// one `rollout.wave_completed` per wave passed, one `rollout.halted` when a
+/// wave fails, each once however many ticks see the state.
+async fn the_drivers_transitions_are_told_to_sinks_once_each(kind: Kind) {
+    let store = store(kind).await;
+    let repo = Repository::new(store.store.clone(), "dev", "local");
+    let backend = TestBackend::start().await;
+    let sinks: kayra_config::NotificationsConfig = serde_json::from_value(serde_json::json!({
+        "sinks": {"ops": {"url": format!("{}/ok/sink", backend.base),
+                          "events": ["rollout.wave_completed", "rollout.halted", "rollout.completed"]}}
+    }))
+    .unwrap();
+    let cancel = tokio_util::sync::CancellationToken::new();
+    let mut cfg = config(&backend.base);
+    let plain = format!("- method: post\n  endpoint: '{}/ok/{{{{ .Subscription.Namespace }}}}/s1'\n", backend.base);
+    cfg.mode.insert("first".into(), serde_norway::from_str(&plain).unwrap());
+    let reconciler = kayra_reconciler::Reconciler::new(repo.clone(), cfg, cancel.clone())
+        .unwrap()
+        .with_notifications(&sinks)
+        .unwrap();
+    let running = common::Running::spawn(reconciler, cancel);
+    // Everyone syncs at s1 in mode `first`; at s2 (mode `api`) `bad1` fails.
+    let seed = Seed(&repo);
+    seed.registration(API, "first", "s1").await;
+    for ns in ["a0", "a1", "bad1"] {
+        seed.namespace(ns).await;
+        seed.subscription(ns, API).await;
+    }
+    for ns in ["a0", "a1", "bad1"] {
+        eventually("at s1", || async { seed.get(ns, API).await.is_synced("s1") }).await;
+    }
+    let policy = RolloutPolicy {
+        waves: vec![WavePolicy { size: "1".into(), ..wave("canary") }, wave("rest")],
+        ..RolloutPolicy::default()
+    };
+    repo.modify::<ApiRegistration, _>(kayra_catalog::repo::RecordRef::Registration(API), "registration", |r| {
+        r.sync_id = "s2".into();
+        r.mode = "api".into();
+        r.rollout = Some(policy.clone());
+        kayra_catalog::repo::Change::Write
+    })
+    .await
+    .unwrap();
+    reaches(&repo, "s2", RolloutState::Paused).await;
+    eventually("both events delivered", || async { backend.count("/ok/sink") >= 2 }).await;
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let kinds: Vec<String> =
+        repo.deliveries_page(None, None, None, 0).await.unwrap().items.into_iter().map(|d| d.event.kind).collect();
+    let mut sorted = kinds.clone();
+    sorted.sort();
+    assert_eq!(sorted, ["rollout.halted", "rollout.wave_completed"], "{kinds:?}");
+    running.stop().await;
+}
+
 /// Three reconcilers on one etcd advance one rollout; the one whose
 /// task ends mid-bake (as a killed process would) stops nothing: the bake
 /// keeps its deadline and every subscriber runs exactly once.
@@ -309,6 +366,7 @@ async fn three_reconcilers_drive_a_rollout_and_losing_one_mid_bake_repeats_and_s
 }
 
 both_backends!(
+    the_drivers_transitions_are_told_to_sinks_once_each,
     a_selector_puts_labelled_namespaces_in_their_wave,
     waves_run_in_order_and_a_manual_wave_waits_for_promote,
     failures_beyond_max_failures_pause_and_resume_reruns_nothing_failed,

@@ -92,7 +92,9 @@ impl AppState {
         metrics::describe(metrics::SERVE);
         Self {
             gateway: gateway::Gateway::new(repo.clone()),
-            api: ApiState::new(repo, config.server.max_body_bytes).with_required_reasons(&config.audit.require_reason),
+            api: ApiState::new(repo, config.server.max_body_bytes)
+                .with_required_reasons(&config.audit.require_reason)
+                .with_notifications(&config.notifications),
             metrics: metrics::handle(),
             openapi: Bytes::from(openapi),
             body_stall_timeout: config.server.request_header_timeout.0,

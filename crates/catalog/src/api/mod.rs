@@ -89,6 +89,9 @@ pub struct ApiState {
     pub hub: Hub,
     /// `audit.require_reason` (§13).
     pub audit: audit::AuditSettings,
+    /// The sinks (§14) a change made here tells of its events (a rollout
+    /// aborted or promoted by an operator).
+    pub notifications: std::sync::Arc<kayra_config::NotificationsConfig>,
 }
 
 impl ApiState {
@@ -100,7 +103,20 @@ impl ApiState {
     /// State whose watch streams use `options` (tests shorten them).
     pub fn with_watch_options(repo: Repository, max_body_bytes: usize, options: WatchOptions) -> Self {
         let hub = Hub::new(repo.store().clone(), options);
-        Self { repo, max_body_bytes, hub, audit: audit::AuditSettings::default() }
+        Self {
+            repo,
+            max_body_bytes,
+            hub,
+            audit: audit::AuditSettings::default(),
+            notifications: std::sync::Arc::default(),
+        }
+    }
+
+    /// The same state, telling `notifications`' sinks of the events its
+    /// changes make.
+    pub fn with_notifications(mut self, notifications: &kayra_config::NotificationsConfig) -> Self {
+        self.notifications = std::sync::Arc::new(notifications.clone());
+        self
     }
 
     /// The same state, refusing changes to these RBAC resources without a

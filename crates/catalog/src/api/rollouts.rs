@@ -63,7 +63,7 @@ pub(crate) async fn act(
     let user = state.repo.audit_context().map(|c| c.user.clone()).unwrap_or_default();
     let reason = kayra_core::runs::cut(body.reason.trim(), 512).into_owned();
     let by = if reason.is_empty() { user } else { format!("{user}: {reason}") };
-    match state.repo.act_on_rollout(&name, body.action, &by).await {
+    match state.repo.act_on_rollout(&name, body.action, &by, &state.notifications).await {
         Ok(Acted::Done(record)) => Ok(Json(record.value.rollout)),
         Ok(Acted::NotAllowed(refused)) => Err(ApiError::conflict(refused.to_string())),
         Err(crate::repo::Error::NotFound(_)) => Err(no_rollout(&name)),
