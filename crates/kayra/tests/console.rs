@@ -560,6 +560,8 @@ async fn console_follows_a_rollout_through_its_waves() {
     submit_token(&b, ADMIN).await;
     b.until_text("no rollout yet", "#rollout-message", "No rollout has started.").await;
     assert_eq!(b.js("return document.getElementById('rollout-details').hidden").await, true);
+    // No rollout is not a broken stream: the page stays "live".
+    b.until("the page live", "return document.getElementById('live').textContent === 'live'").await;
     b.until_text("no wave outside a rollout", "#subscribers tr[data-key=ns-c] td.wave", "—").await;
 
     // The bump starts a rollout; the page shows it without a reload.

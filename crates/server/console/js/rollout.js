@@ -2,11 +2,11 @@
 // reason, its current wave, and a table of its waves, followed live from
 // `GET /apiregistrations/NAME/rollout?watch=true`.
 //
-// Before any rollout the GET answers 404 and the stream sends nothing; the
-// section then says so. A rollout starts when the SyncID moves, so the page
-// hands every /status it receives to `status()`: a SyncID that the shown
-// rollout is not for re-opens the stream at once (besides the follower's
-// own reconnecting after a 404), so a new rollout appears without a reload.
+// Before any rollout the GET and its stream answer 404; the section then
+// says so, and the stream is asked for again every few seconds. A rollout
+// starts when the SyncID moves, so the page also hands every /status it
+// receives to `status()`: a SyncID that the shown rollout is not for
+// re-opens the stream at once, so a new rollout appears without a reload.
 
 import { seg } from './api.js';
 import { el, fields, fill, keyed, notice, setText, table, time } from './dom.js';
@@ -72,6 +72,9 @@ export function rolloutSection(name, signal) {
     row.bar_.setAttribute('max', wave.total);
     row.bar_.setAttribute('value', wave.synced);
     setText(counts.querySelector('.counts'), countsText(wave));
+    const shown = counts.firstChild;
+    shown.classList.toggle('done', wave.total > 0 && wave.synced === wave.total);
+    shown.classList.toggle('failed', wave.failed > 0);
     if (from.textContent !== (wave.started_at || '—')) fill(from, time(wave.started_at));
     if (finished.textContent !== (wave.finished_at || '—')) fill(finished, time(wave.finished_at));
     setText(gate, gateText(wave.gate));
@@ -114,7 +117,7 @@ export function rolloutSection(name, signal) {
       rollout = e && e.status === 404 ? null : r;
       error = e;
       draw();
-    }, { signal: mine.signal });
+    }, { signal: mine.signal, absent: true });
   }
 
   draw();
