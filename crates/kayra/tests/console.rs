@@ -538,6 +538,74 @@ async fn console_shows_who_last_changed_a_sync_id_and_why() {
     b.assert_no_script_errors().await;
 }
 
+/// An API's page follows its rollout (platform §12) live: nothing before
+/// one starts, then its state, reason, current wave and every wave's
+/// counts, each subscriber's wave and how many are held, through a manual
+/// approval, a pause whose reason is shown as text, and a promote.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn console_follows_a_rollout_through_its_waves() {
+    let w = World::start(true).await;
+    let policy = json!({"waves": [{"name": "first", "size": "2"}, {"name": "second", "approval": "manual"}]});
+    w.registration(STORAGE, json!({"mode": "ok", "sync_id": "s1", "rollout": policy})).await;
+    for ns in ["ns-a", "ns-b", "ns-c"] {
+        w.namespace(ns, "").await;
+        w.subscribe(ns, STORAGE).await;
+    }
+    w.wait_synced(STORAGE, 3).await; // first syncs: outside every wave
+    let rollout_path = format!("/apiregistrations/{STORAGE}/rollout");
+    w.call(Method::GET, &rollout_path, None, 404).await;
+
+    let b = Browser::start().await;
+    b.client.goto(&w.ui(&format!("#/apis/{STORAGE}"))).await.unwrap();
+    submit_token(&b, ADMIN).await;
+    b.until_text("no rollout yet", "#rollout-message", "No rollout has started.").await;
+    assert_eq!(b.js("return document.getElementById('rollout-details').hidden").await, true);
+    // No rollout is not a broken stream: the page stays "live".
+    b.until("the page live", "return document.getElementById('live').textContent === 'live'").await;
+    b.until_text("no wave outside a rollout", "#subscribers tr[data-key=ns-c] td.wave", "—").await;
+
+    // The bump starts a rollout; the page shows it without a reload.
+    b.js("window.__samePage = 'yes'; return true").await;
+    w.call(Method::PUT, &format!("/apiregistrations/{STORAGE}/sync"), Some(json!({})), 200).await;
+    let wave_state = |wave: &str| format!("#waves tr[data-key={wave}] .wave-state");
+    b.until_text("the first wave completed", &wave_state("first"), "completed").await;
+    b.until_text("the second wave waiting", &wave_state("second"), "waiting").await;
+    b.until_text("the rollout waiting", "#rollout-state", "waiting").await;
+    assert_eq!(b.text("#rollout-wave").await, "second (2 of 2)");
+    assert_eq!(b.text("#waves tr[data-key=first] .counts").await, "2/2 synced, 0 failed, 0 pending");
+    assert_eq!(b.text("#waves tr[data-key=second] .counts").await, "0/1 synced, 0 failed, 1 pending");
+    assert_eq!(b.text("#waves tr[data-key=first] .gate").await, "—");
+    assert_eq!(b.js("return document.querySelector('#waves tr.current').dataset.key").await, "second");
+    assert_eq!(b.text("#rollout-message").await, "");
+    let sync_id = w.call(Method::GET, &rollout_path, None, 200).await["sync_id"].as_str().unwrap().to_string();
+    assert_eq!(b.text("#rollout-sync-id").await, sync_id);
+    b.until_text("the held subscriber", "#fan-out .held", "1 held by the rollout").await;
+    b.until_text("ns-a's wave", "#subscribers tr[data-key=ns-a] td.wave", "first").await;
+    assert_eq!(b.text("#subscribers tr[data-key=ns-b] td.wave").await, "first");
+    assert_eq!(b.text("#subscribers tr[data-key=ns-c] td.wave").await, "second");
+    shot(&b, "rollout-waiting").await;
+
+    // A pause's reason is text, not markup.
+    let act = |action: &str, reason: &str| json!({"action": action, "reason": reason});
+    w.call(Method::PUT, &rollout_path, Some(act("pause", "<b>hold</b> on")), 200).await;
+    b.until_text("the rollout paused", "#rollout-state", "paused").await;
+    b.until_text("the pause's reason", "#rollout-reason", "paused by admin: <b>hold</b> on").await;
+    assert_eq!(b.js("return document.querySelectorAll('#rollout b').length").await, 0, "text, not markup");
+    w.call(Method::PUT, &rollout_path, Some(act("resume", "")), 200).await;
+    b.until_text("the rollout waiting again", "#rollout-state", "waiting").await;
+
+    // A promote through the API completes the second wave, live.
+    w.call(Method::PUT, &rollout_path, Some(act("promote", "looks good")), 200).await;
+    b.until_text("the second wave completed", &wave_state("second"), "completed").await;
+    b.until_text("the rollout completed", "#rollout-state", "completed").await;
+    b.until_text("every wave synced", "#waves tr[data-key=second] .counts", "1/1 synced, 0 failed, 0 pending").await;
+    b.until("nothing held", "return document.querySelector('#fan-out .held').hidden").await;
+    b.until_text("all synced", "#fan-out .counts", "3/3 synced, 0 failed, 0 pending").await;
+    assert_eq!(b.js("return window.__samePage").await, "yes", "the page was reloaded");
+    shot(&b, "rollout-completed").await;
+    b.assert_no_script_errors().await;
+}
+
 /// A subscription's page shows its run history, newest first, with every
 /// step of a pipeline that ran against the recording backend, and a new
 /// run appears without a reload.

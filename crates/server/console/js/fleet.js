@@ -37,20 +37,26 @@ export function category(subscriber) {
   return subscriber.state === 'error' ? 'failed' : 'pending';
 }
 
-/** The columns of a subscription row, the first one labelled `first`. */
-export function subscriptionColumns(first) {
-  return [first, 'Active', 'State', 'Current sync ID', 'Expected sync ID', 'Synced'].map((label) => ({ label }));
+/**
+ * The columns of a subscription row, the first one labelled `first`; with
+ * `wave`, the subscriber's rollout wave (§12) last.
+ */
+export function subscriptionColumns(first, { wave = false } = {}) {
+  return [first, 'Active', 'State', 'Current sync ID', 'Expected sync ID', 'Synced', ...(wave ? ['Wave'] : [])]
+    .map((label) => ({ label }));
 }
 
 /**
  * Rows of subscriptions, as an API's subscribers and a namespace's
  * subscriptions show them: `{create, update}` for `keyed`. The first cell
  * links to `href(s)` with the text `label(s)`; `expected(s)` is the SyncID
- * the row is measured against.
+ * the row is measured against. With `wave`, a cell shows the subscriber's
+ * wave in the rollout of the current SyncID (`—` outside one).
  */
-export function subscriptionRows({ href, label, expected }) {
+export function subscriptionRows({ href, label, expected, wave = false }) {
   function update(row, s) {
-    const [, active, state, current, want, synced] = row.cells_;
+    const { wave: inWave, active, state, current, want, synced } = row.cells_;
+    if (inWave) setText(inWave, s.wave || '—');
     setText(active, yesNo(s.active));
     setText(state, s.state);
     setText(current, s.current_sync_id);
@@ -59,9 +65,12 @@ export function subscriptionRows({ href, label, expected }) {
     row.className = category(s);
   }
   function create(s) {
-    const cells = [el('td', {}, link(href(s), label(s))), el('td'), el('td'),
-      el('td', { class: 'mono' }), el('td', { class: 'mono' }), el('td')];
-    const row = el('tr', {}, cells);
+    const cells = {
+      first: el('td', {}, link(href(s), label(s))), active: el('td'), state: el('td'),
+      current: el('td', { class: 'mono' }), want: el('td', { class: 'mono' }), synced: el('td', { class: 'synced' }),
+      wave: wave ? el('td', { class: 'wave' }) : null,
+    };
+    const row = el('tr', {}, Object.values(cells));
     row.cells_ = cells;
     update(row, s);
     return row;

@@ -15,6 +15,8 @@ import { ApiError, getJSON, request, withParam } from './api.js';
 
 const MIN_BACKOFF = 250;
 const MAX_BACKOFF = 10_000;
+/** How often an object that does not exist yet is asked for again. */
+const ABSENT_RETRY = 3000;
 
 let showMode = () => {};
 const modes = new Map(); // follower → its mode
@@ -84,9 +86,12 @@ export function poker() {
  * Follows `path`, feeding `sink`: {reset(), event(e), snapshot(json),
  * changed(), error(e)}. Options: `signal` stops it; `stream: false` polls
  * without trying a stream; `interval(sink)` is the polling period in ms;
- * `wake` (a poker) makes a poller fetch at once.
+ * `wake` (a poker) makes a poller fetch at once; `absent: true` takes a 404
+ * as an object that does not exist yet (a rollout before the first one):
+ * reported to the sink, asked for again every ABSENT_RETRY ms, and not a
+ * dropped stream (the page is not "reconnecting").
  */
-async function follow(path, sink, { signal, stream = true, interval = () => 2000, wake = poker() }) {
+async function follow(path, sink, { signal, stream = true, interval = () => 2000, wake = poker(), absent = false }) {
   const reportMode = reporter(signal);
   let backoff = MIN_BACKOFF;
   while (stream && !signal.aborted) {
@@ -124,6 +129,12 @@ async function follow(path, sink, { signal, stream = true, interval = () => 2000
         // (400/405): try reading it plainly instead.
         if ([400, 403, 405].includes(error.status)) break;
         sink.error(error); // 404 and friends: shown where the data would be
+        if (absent && error.status === 404) {
+          reportMode('absent'); // neither live nor reconnecting
+          backoff = MIN_BACKOFF;
+          await sleep(ABSENT_RETRY, signal);
+          continue;
+        }
       }
     }
     if (signal.aborted) return;

@@ -30,6 +30,7 @@ assets! {
     "js/dom.js" => "text/javascript; charset=utf-8",
     "js/fleet.js" => "text/javascript; charset=utf-8",
     "js/live.js" => "text/javascript; charset=utf-8",
+    "js/rollout.js" => "text/javascript; charset=utf-8",
     "js/signin.js" => "text/javascript; charset=utf-8",
     "js/pages/apis.js" => "text/javascript; charset=utf-8",
     "js/pages/api.js" => "text/javascript; charset=utf-8",

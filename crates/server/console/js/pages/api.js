@@ -2,12 +2,14 @@
 // filterable by state and paged (10,000 subscribers render as 100 rows).
 // The status document is streamed (`/status?watch=true`, coalesced by the
 // server), and polled only where the server or the caller's rights allow
-// no stream.
+// no stream. The rollout of the latest SyncID change (§12) is followed
+// beside it (`../rollout.js`), with each subscriber's wave in the list.
 
 import { getJSON, seg } from '../api.js';
 import { el, fields, fill, keyed, notice, pager, table, throttle, time } from '../dom.js';
 import { category, subscriptionColumns, subscriptionRows } from '../fleet.js';
 import { followObject, poker } from '../live.js';
+import { rolloutSection } from '../rollout.js';
 import { progress } from './apis.js';
 
 const PAGE = 100;
@@ -59,11 +61,13 @@ export function render(view, { name }, signal) {
   const t = table({
     caption: 'Subscribers',
     id: 'subscribers',
-    columns: subscriptionColumns('Namespace'),
+    columns: subscriptionColumns('Namespace', { wave: true }),
   });
+  const rollout = rolloutSection(name, signal);
   fill(view,
     el('h1', {}, name), head, changedBy,
-    el('p', {}, bar.node),
+    el('p', { id: 'fan-out' }, bar.node),
+    rollout.node,
     el('h2', {}, 'Subscribers'),
     el('p', { class: 'filter' }, el('label', { for: 'state-filter' }, 'State'), ' ', select),
     errors, empty, pages.nav, t.region);
@@ -72,6 +76,7 @@ export function render(view, { name }, signal) {
     href: (s) => `#/namespaces/${seg(s.namespace)}/subscriptions/${seg(name)}`,
     label: (s) => s.namespace,
     expected: () => status?.sync_id ?? registration?.sync_id ?? '',
+    wave: true,
   });
 
   const draw = throttle(() => {
@@ -125,6 +130,7 @@ export function render(view, { name }, signal) {
   followObject(`/apiregistrations/${seg(name)}/status`, (s, error) => {
     const first = s && !status;
     status = s;
+    rollout.status(s);
     errorOf = { ...errorOf, status: error };
     if (first) draw.now(); // the counts and first rows at once, then throttled
     else draw();

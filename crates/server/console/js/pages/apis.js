@@ -18,12 +18,17 @@ const COLUMNS = [
 export function progress(label) {
   const bar = el('progress', { value: 0, max: 0, 'aria-label': `${label} fan-out` });
   const text = el('span', { class: 'counts' });
-  const node = el('span', { class: 'progress' }, bar, text);
+  // The pending ones a rollout holds back (§12), shown only while there are any.
+  const held = el('span', { class: 'held' });
+  held.hidden = true;
+  const node = el('span', { class: 'progress' }, bar, text, held);
   return {
     node,
     update(status, error) {
       const c = counts(status);
       node.classList.toggle('refused', !!error);
+      held.hidden = !(status?.held > 0) || !!error;
+      if (!held.hidden) setText(held, `${status.held} held by the rollout`);
       if (error) {
         setText(text, error.message); // e.g. a 403: where the counts would be
         return;
