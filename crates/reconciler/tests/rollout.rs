@@ -263,6 +263,38 @@ async fn a_selector_puts_labelled_namespaces_in_their_wave(kind: Kind) {
     running.stop().await;
 }
 
+async fn a_wave_not_done_within_progress_deadline_fails(kind: Kind) {
+    let store = store(kind).await;
+    let repo = Repository::new(store.store.clone(), "dev", "local");
+    let backend = TestBackend::start().await;
+    let mut cfg = config(&backend.base);
+    // Runs at s2 take 4 s: longer than the deadline.
+    let slow = format!("- method: post\n  endpoint: '{}/sleep/4000/{{{{ .Subscription.Namespace }}}}'\n", backend.base);
+    cfg.mode.insert("slow".into(), serde_norway::from_str(&slow).unwrap());
+    let running = start_reconciler(&repo, cfg);
+    synced_at_s1(&repo, &["a0", "a1"]).await;
+    let policy = RolloutPolicy {
+        waves: vec![wave("all")],
+        progress_deadline: "1s".into(),
+        on_failure: kayra_core::rollout::OnFailure::Abort,
+    };
+    repo.modify::<ApiRegistration, _>(kayra_catalog::repo::RecordRef::Registration(API), "registration", |r| {
+        r.sync_id = "s2".into();
+        r.mode = "slow".into();
+        r.rollout = Some(policy.clone());
+        kayra_catalog::repo::Change::Write
+    })
+    .await
+    .unwrap();
+    let r = reaches(&repo, "s2", RolloutState::Aborted).await;
+    assert_eq!(r.rollout.reason, "wave all failed: not done within progress_deadline 1s");
+    assert_eq!(r.rollout.waves[0].state, WaveState::Failed);
+    let started = humantime::parse_rfc3339_weak(&r.rollout.waves[0].started_at).unwrap();
+    let failed = humantime::parse_rfc3339_weak(&r.rollout.updated_at).unwrap();
+    assert!(failed.duration_since(started).unwrap() >= Duration::from_secs(1), "not before its deadline");
+    running.stop().await;
+}
+
 /// The driver's transitions are events (§14) written with the record:
 /// one `rollout.wave_completed` per wave passed, one `rollout.halted` when a
 /// wave fails, each once however many ticks see the state.
@@ -366,6 +398,7 @@ async fn three_reconcilers_drive_a_rollout_and_losing_one_mid_bake_repeats_and_s
 }
 
 both_backends!(
+    a_wave_not_done_within_progress_deadline_fails,
     the_drivers_transitions_are_told_to_sinks_once_each,
     a_selector_puts_labelled_namespaces_in_their_wave,
     waves_run_in_order_and_a_manual_wave_waits_for_promote,
