@@ -4,7 +4,8 @@
 //! exits 0, JSON log lines carry `lock_id` and `sync_id`, a bad step
 //! stops the process with a message naming mode, step and field, and a
 //! notification whose sender is killed (-9) mid-delivery is delivered by
-//! another process (§14).
+//! another process (§14), and a rollout outlives a reconciler killed
+//! mid-bake (§12).
 
 mod common;
 
@@ -107,6 +108,69 @@ async fn three_processes_run_each_job_once_per_sync_id() {
         assert_eq!(world.backend.count(&format!("/slow/{ns}")), 2, "{ns}: one run per SyncID across three processes");
     }
     assert_json_lines_carry_ids(procs.iter().flat_map(Proc::lines));
+}
+
+/// §12: three processes drive one rollout; the one killed (-9) mid-bake
+/// neither stalls it nor repeats a wave, and the bakes keep their
+/// deadlines (timestamps in the record, not timers in a process).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rollout_outlives_a_killed_reconciler_process() {
+    use kayra_core::rollout::{RolloutPolicy, RolloutState, WavePolicy};
+    let world = World::new().await;
+    let namespaces: Vec<String> = (0..12).map(|i| format!("t{i:02}")).collect();
+    let namespaces: Vec<&str> = namespaces.iter().map(String::as_str).collect();
+    world.seed(&namespaces, "s1").await;
+    let mut procs: Vec<Proc> = (0..3).map(|i| Proc::reconciler(&world.config(&format!("r{i}"), "slow"))).collect();
+    eventually("all synced to s1", || world.all_synced(&namespaces, "s1")).await;
+    let wave = |name: &str, size: &str, bake: &str| WavePolicy {
+        name: name.into(),
+        size: size.into(),
+        bake: bake.into(),
+        ..WavePolicy::default()
+    };
+    let policy = RolloutPolicy {
+        waves: vec![wave("one", "4", "2s"), wave("two", "4", "2s"), wave("three", "", "")],
+        ..RolloutPolicy::default()
+    };
+    let repo = &world.catalog.repo;
+    repo.modify::<kayra_core::ApiRegistration, _>(
+        kayra_catalog::repo::RecordRef::Registration(common::API),
+        "registration",
+        |r| {
+            r.sync_id = "s2".into();
+            r.rollout = Some(policy.clone());
+            kayra_catalog::repo::Change::Write
+        },
+    )
+    .await
+    .unwrap();
+    let state = || async { repo.rollout(common::API).await.unwrap().map(|r| r.value) };
+    eventually("the first wave bakes", || async {
+        state().await.is_some_and(|r| r.rollout.sync_id == "s2" && r.rollout.state == RolloutState::Baking)
+    })
+    .await;
+    let mut killed = procs.remove(0);
+    killed.signal(Signal::SIGKILL);
+    killed.wait(Duration::from_secs(10));
+    eventually("the rollout completes", || async {
+        state().await.is_some_and(|r| r.rollout.state == RolloutState::Completed)
+    })
+    .await;
+    let r = state().await.unwrap();
+    for pair in r.rollout.waves.windows(2) {
+        let finished = humantime::parse_rfc3339_weak(&pair[0].finished_at).unwrap();
+        let started = humantime::parse_rfc3339_weak(&pair[1].started_at).unwrap();
+        let baked = started.duration_since(finished).unwrap();
+        assert!(baked >= Duration::from_secs(2), "{} started {baked:?} after {}", pair[1].name, pair[0].name);
+    }
+    assert!(world.all_synced(&namespaces, "s2").await);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    for ns in &namespaces {
+        assert_eq!(world.backend.count(&format!("/slow/{ns}")), 2, "{ns}: one run per SyncID");
+    }
+    for proc in &mut procs {
+        proc.assert_running();
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
