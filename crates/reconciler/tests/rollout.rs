@@ -295,6 +295,41 @@ async fn a_wave_not_done_within_progress_deadline_fails(kind: Kind) {
     running.stop().await;
 }
 
+/// A gate's templates see `.Rollout` and the secrets; its secret's value
+/// is sent, and shown nowhere.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gate_sends_its_secret_and_rollout_fields() {
+    let store = store(Kind::Local).await;
+    let repo = Repository::new(store.store.clone(), "dev", "local");
+    let backend = TestBackend::start().await;
+    let echo = common::echo::EchoBackend::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let secret = dir.path().join("gate-token");
+    std::fs::write(&secret, "g4te-s3cret").unwrap();
+    let mut cfg = config(&backend.base);
+    let source = format!("{{file: {}}}", secret.display());
+    cfg.secrets.insert("gate".into(), serde_norway::from_str(&source).unwrap());
+    let running = start_reconciler(&repo, cfg);
+    synced_at_s1(&repo, &["a0"]).await;
+    let gate = serde_json::json!({
+        "method": "get",
+        "endpoint": format!("{}/ok/{{{{ .Rollout.Api }}}}/{{{{ .Rollout.SyncID }}}}/{{{{ .Rollout.Wave }}}}/{{{{ .Rollout.Synced }}}}/{{{{ .Rollout.Failed }}}}", echo.base),
+        "headers": {"Authorization": {"type": "Bearer", "secret": "gate"}}
+    });
+    let policy =
+        RolloutPolicy { waves: vec![WavePolicy { gate: Some(gate), ..wave("only") }], ..RolloutPolicy::default() };
+    bump_with(&repo, "s2", Some(policy)).await;
+    let r = reaches(&repo, "s2", RolloutState::Completed).await;
+    assert_eq!(r.rollout.waves[0].gate.as_ref().map(|g| (g.result.as_str(), g.status)), Some(("success", 200)));
+    let requests = echo.requests();
+    assert_eq!(requests.len(), 1, "{requests:?}");
+    assert_eq!(requests[0].path, format!("/ok/{API}/s2/only/1/0"));
+    assert_eq!(requests[0].headers.get("authorization").map(String::as_str), Some("Bearer g4te-s3cret"));
+    let stored = serde_json::to_string(&r).unwrap();
+    assert!(!stored.contains("g4te-s3cret"));
+    running.stop().await;
+}
+
 /// The driver's transitions are events (§14) written with the record:
 /// one `rollout.wave_completed` per wave passed, one `rollout.halted` when a
 /// wave fails, each once however many ticks see the state.
