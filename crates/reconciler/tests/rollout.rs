@@ -34,13 +34,30 @@ fn wave(name: &str) -> WavePolicy {
 
 /// Writes `policy` on the registration and moves its SyncID, in one write.
 async fn bump_with(repo: &Repository, sync_id: &str, policy: Option<RolloutPolicy>) {
+    change_registration(repo, sync_id, None, policy).await;
+}
+
+/// Moves the registration to `sync_id` with `policy`, and to `mode` when given.
+async fn change_registration(repo: &Repository, sync_id: &str, mode: Option<&str>, policy: Option<RolloutPolicy>) {
     repo.modify::<ApiRegistration, _>(kayra_catalog::repo::RecordRef::Registration(API), "registration", |r| {
         r.sync_id = sync_id.into();
+        if let Some(mode) = mode {
+            r.mode = mode.into();
+        }
         r.rollout = policy.clone();
         kayra_catalog::repo::Change::Write
     })
     .await
     .unwrap();
+}
+
+/// [`config`] plus mode `first`, in which every call succeeds (so `bad`
+/// namespaces can sync before the registration moves to mode `api`).
+fn config_with_first(base: &str) -> ReconcilerConfig {
+    let mut cfg = config(base);
+    let plain = format!("- method: post\n  endpoint: '{base}/ok/{{{{ .Subscription.Namespace }}}}/s1'\n");
+    cfg.mode.insert("first".into(), serde_norway::from_str(&plain).unwrap());
+    cfg
 }
 
 async fn rollout(repo: &Repository) -> Option<RolloutRecord> {
@@ -58,8 +75,13 @@ async fn reaches(repo: &Repository, sync_id: &str, state: RolloutState) -> Rollo
 
 /// Registration at `s1`, `namespaces` subscribed and synced to it.
 async fn synced_at_s1(repo: &Repository, namespaces: &[&str]) {
+    synced_at_s1_in(repo, "api", namespaces).await;
+}
+
+/// [`synced_at_s1`] with the registration in `mode`.
+async fn synced_at_s1_in(repo: &Repository, mode: &str, namespaces: &[&str]) {
     let seed = Seed(repo);
-    seed.registration(API, "api", "s1").await;
+    seed.registration(API, mode, "s1").await;
     for ns in namespaces {
         seed.namespace(ns).await;
         seed.subscription(ns, API).await;
@@ -120,33 +142,14 @@ async fn failures_beyond_max_failures_pause_and_resume_reruns_nothing_failed(kin
     let store = store(kind).await;
     let repo = Repository::new(store.store.clone(), "dev", "local");
     let backend = TestBackend::start().await;
-    // The `bad` ones succeed at s1: the test backend fails them only at s2.
-    let mut cfg = config(&backend.base);
-    let names = ["a0", "a1", "a2", "bad1", "bad2"];
-    let plain = format!("- method: post\n  endpoint: '{}/ok/{{{{ .Subscription.Namespace }}}}/s1'\n", backend.base);
-    cfg.mode.insert("first".into(), serde_norway::from_str(&plain).unwrap());
-    let running = start_reconciler(&repo, cfg);
-    let seed = Seed(&repo);
-    seed.registration(API, "first", "s1").await;
-    for ns in names {
-        seed.namespace(ns).await;
-        seed.subscription(ns, API).await;
-    }
-    for ns in names {
-        eventually("at s1", || async { seed.get(ns, API).await.is_synced("s1") }).await;
-    }
+    // The `bad` ones succeed at s1 (mode `first`); at s2 (mode `api`) they fail.
+    let running = start_reconciler(&repo, config_with_first(&backend.base));
+    synced_at_s1_in(&repo, "first", &["a0", "a1", "a2", "bad1", "bad2"]).await;
     let policy = RolloutPolicy {
         waves: vec![WavePolicy { max_failures: "1".into(), ..wave("early") }, wave("rest")],
         ..RolloutPolicy::default()
     };
-    repo.modify::<ApiRegistration, _>(kayra_catalog::repo::RecordRef::Registration(API), "registration", |r| {
-        r.sync_id = "s2".into();
-        r.mode = "api".into();
-        r.rollout = Some(policy.clone());
-        kayra_catalog::repo::Change::Write
-    })
-    .await
-    .unwrap();
+    change_registration(&repo, "s2", Some("api"), Some(policy)).await;
     let r = reaches(&repo, "s2", RolloutState::Paused).await;
     assert_eq!(r.rollout.waves[0].state, WaveState::Failed);
     assert!(r.rollout.reason.starts_with("wave early failed: 2 of 5 subscribers failed"), "{}", r.rollout.reason);
@@ -278,14 +281,7 @@ async fn a_wave_not_done_within_progress_deadline_fails(kind: Kind) {
         progress_deadline: "1s".into(),
         on_failure: kayra_core::rollout::OnFailure::Abort,
     };
-    repo.modify::<ApiRegistration, _>(kayra_catalog::repo::RecordRef::Registration(API), "registration", |r| {
-        r.sync_id = "s2".into();
-        r.mode = "slow".into();
-        r.rollout = Some(policy.clone());
-        kayra_catalog::repo::Change::Write
-    })
-    .await
-    .unwrap();
+    change_registration(&repo, "s2", Some("slow"), Some(policy)).await;
     let r = reaches(&repo, "s2", RolloutState::Aborted).await;
     assert_eq!(r.rollout.reason, "wave all failed: not done within progress_deadline 1s");
     assert_eq!(r.rollout.waves[0].state, WaveState::Failed);
@@ -343,36 +339,18 @@ async fn the_drivers_transitions_are_told_to_sinks_once_each(kind: Kind) {
     }))
     .unwrap();
     let cancel = tokio_util::sync::CancellationToken::new();
-    let mut cfg = config(&backend.base);
-    let plain = format!("- method: post\n  endpoint: '{}/ok/{{{{ .Subscription.Namespace }}}}/s1'\n", backend.base);
-    cfg.mode.insert("first".into(), serde_norway::from_str(&plain).unwrap());
-    let reconciler = kayra_reconciler::Reconciler::new(repo.clone(), cfg, cancel.clone())
+    let reconciler = kayra_reconciler::Reconciler::new(repo.clone(), config_with_first(&backend.base), cancel.clone())
         .unwrap()
         .with_notifications(&sinks)
         .unwrap();
     let running = common::Running::spawn(reconciler, cancel);
     // Everyone syncs at s1 in mode `first`; at s2 (mode `api`) `bad1` fails.
-    let seed = Seed(&repo);
-    seed.registration(API, "first", "s1").await;
-    for ns in ["a0", "a1", "bad1"] {
-        seed.namespace(ns).await;
-        seed.subscription(ns, API).await;
-    }
-    for ns in ["a0", "a1", "bad1"] {
-        eventually("at s1", || async { seed.get(ns, API).await.is_synced("s1") }).await;
-    }
+    synced_at_s1_in(&repo, "first", &["a0", "a1", "bad1"]).await;
     let policy = RolloutPolicy {
         waves: vec![WavePolicy { size: "1".into(), ..wave("canary") }, wave("rest")],
         ..RolloutPolicy::default()
     };
-    repo.modify::<ApiRegistration, _>(kayra_catalog::repo::RecordRef::Registration(API), "registration", |r| {
-        r.sync_id = "s2".into();
-        r.mode = "api".into();
-        r.rollout = Some(policy.clone());
-        kayra_catalog::repo::Change::Write
-    })
-    .await
-    .unwrap();
+    change_registration(&repo, "s2", Some("api"), Some(policy)).await;
     reaches(&repo, "s2", RolloutState::Paused).await;
     eventually("both events delivered", || async { backend.count("/ok/sink") >= 2 }).await;
     tokio::time::sleep(Duration::from_millis(600)).await;
