@@ -13,7 +13,8 @@
 //!   axum): `POST /namespaces` and `GET /namespaces/{name}`, 32 in flight,
 //!   against raw creates and gets at the same concurrency;
 //! - the reconciler (`reconcile.rs`): fan-out, run recording, a 20 ms
-//!   step, scale-out, round trips per reconcile;
+//!   step, scale-out, round trips per reconcile, a staged rollout's fan-out
+//!   (`--rollout-only` for that figure alone);
 //! - a real `kayra reconciler`'s restart over 100,000 synced
 //!   subscriptions (`restart.rs`, `--restart`): time to ready, RSS, idle.
 
@@ -56,7 +57,11 @@ struct Args {
     /// this `kayra` binary (default: in this process).
     #[arg(long)]
     reconciler_processes: Option<std::path::PathBuf>,
-    /// With `--reconciler-only`: only this backend's figures (`local` or `etcd`).
+    /// Only the staged rollout's figures (`reconcile.rs`, issue 31), at
+    /// `--subscribers`.
+    #[arg(long)]
+    rollout_only: bool,
+    /// With `--reconciler-only` or `--rollout-only`: only this backend's figures (`local` or `etcd`).
     #[arg(long, value_parser = ["local", "etcd"])]
     backend: Option<String>,
     /// Only the `kayra serve` figures (`serve.rs`).
@@ -102,11 +107,14 @@ async fn main() -> anyhow::Result<()> {
     if let Some(binary) = &args.restart {
         return restart_only(binary, &args).await;
     }
-    println!("| backend | measurement | ops/s | ratio to raw |");
-    println!("|---|---|---:|---:|");
     let dir = tempfile::tempdir()?;
     let local = kayra_testkit::local_config(dir.path());
     let etcd = kayra_testkit::Etcd::start().await;
+    if args.rollout_only {
+        return rollout_only(&args, &local, &etcd).await;
+    }
+    println!("| backend | measurement | ops/s | ratio to raw |");
+    println!("|---|---|---:|---:|");
     if args.reconciler_only {
         return reconciler(&args, &local, &etcd).await;
     }
@@ -204,22 +212,13 @@ async fn reconciler(args: &Args, local: &kayra_config::LocalConfig, etcd: &kayra
         scale: args.scale_subscribers,
         scale_out: None,
     };
-    let (path, poll) = (local.path.clone(), local.poll_interval.0);
-    let connect: reconcile::Connect = Arc::new(move || {
-        let path = path.clone();
-        Box::pin(async move { Ok(Store::new(kayra_store::local::LocalStore::open(&path, poll)?)) })
-    });
     if args.backend.as_deref() != Some("etcd") {
-        reconcile::run("local", connect, None, &sizes).await?;
+        reconcile::run("local", local_connect(local), None, &sizes).await?;
     }
     if args.backend.as_deref() == Some("local") {
         return Ok(());
     }
-    let config = etcd.config("/reconcile");
-    let connect: reconcile::Connect = Arc::new(move || {
-        let config = config.clone();
-        Box::pin(async move { Ok(Store::new(kayra_store::etcd::EtcdStore::connect(&config).await?)) })
-    });
+    let connect = etcd_connect(etcd, "/reconcile");
     sizes.scale_out = Some(match &args.reconciler_processes {
         Some(binary) => reconcile::ScaleOut::Processes {
             binary: binary.clone(),
@@ -228,16 +227,63 @@ async fn reconciler(args: &Args, local: &kayra_config::LocalConfig, etcd: &kayra
         },
         None => reconcile::ScaleOut::InProcess,
     });
+    reconcile::run("etcd", connect, Some(etcd_compact(etcd).await), &sizes).await
+}
+
+/// The staged rollout's figures alone (`--rollout-only`), both backends.
+async fn rollout_only(
+    args: &Args,
+    local: &kayra_config::LocalConfig,
+    etcd: &kayra_testkit::Etcd,
+) -> anyhow::Result<()> {
+    println!("| backend | measurement | value | ratio |");
+    println!("|---|---|---:|---|");
+    let n = args.subscribers;
+    if args.backend.as_deref() != Some("etcd") {
+        let connect = local_connect(local);
+        let (store, probe) = (connect().await?, connect().await?);
+        let cost = reconcile::rollout_cost(&store, &probe, None, n).await?;
+        reconcile::print_rollout("local", n, &cost);
+    }
+    if args.backend.as_deref() != Some("local") {
+        let connect = etcd_connect(etcd, "/rollout");
+        let (store, probe) = (connect().await?, connect().await?);
+        let compact = etcd_compact(etcd).await;
+        let cost = reconcile::rollout_cost(&store, &probe, Some(&compact), n).await?;
+        reconcile::print_rollout("etcd", n, &cost);
+    }
+    Ok(())
+}
+
+/// New clients of the local store at `local`.
+fn local_connect(local: &kayra_config::LocalConfig) -> reconcile::Connect {
+    let (path, poll) = (local.path.clone(), local.poll_interval.0);
+    Arc::new(move || {
+        let path = path.clone();
+        Box::pin(async move { Ok(Store::new(kayra_store::local::LocalStore::open(&path, poll)?)) })
+    })
+}
+
+/// New clients of `etcd` under `prefix`.
+fn etcd_connect(etcd: &kayra_testkit::Etcd, prefix: &str) -> reconcile::Connect {
+    let config = etcd.config(prefix);
+    Arc::new(move || {
+        let config = config.clone();
+        Box::pin(async move { Ok(Store::new(kayra_store::etcd::EtcdStore::connect(&config).await?)) })
+    })
+}
+
+/// Compacts `etcd`'s whole history up to now.
+async fn etcd_compact(etcd: &kayra_testkit::Etcd) -> reconcile::Compact {
     let client = etcd.client().await;
-    let compact: reconcile::Compact = Arc::new(move || {
+    Arc::new(move || {
         let mut client = client.clone();
         Box::pin(async move {
             let revision = client.get("/", None).await?.header().map_or(0, |h| h.revision());
             client.compact(revision, Some(etcd_client::CompactionOptions::new().with_physical())).await?;
             Ok(())
         })
-    });
-    reconcile::run("etcd", connect, Some(compact), &sizes).await
+    })
 }
 
 /// The catalog API on a real server on loopback, against the raw store.

@@ -11,6 +11,12 @@
 //! - the same fan-out with a notification sink told of
 //!   `subscription.failed` and `fanout.completed`, against one without
 //!   (notifications' cost, §14), bumps alternating;
+//! - the same fan-out staged by a rollout policy of three waves without
+//!   bake (§12, issue 31), until every subscriber is synced and the
+//!   rollout record says `completed`, against one without a policy, bumps
+//!   alternating, with its floor: the same three waves bumped by hand
+//!   (three deployments of the waves' sizes, each bumped once the one
+//!   before converged);
 //! - one 20 ms HTTP step (a real local HTTP backend), pool 30, against the
 //!   ideal N × 20 ms / 30, with the floor of that figure measured without
 //!   kayra (the same calls from 30 callers, with and without one raw put
@@ -33,6 +39,7 @@ use std::time::{Duration, Instant};
 use futures::StreamExt;
 use kayra_catalog::repo::{Change, Collection, RecordRef, Repository};
 use kayra_config::{NotificationsConfig, ReconcilerConfig};
+use kayra_core::rollout::{Approval, RolloutPolicy, RolloutRecord, RolloutState, WavePolicy};
 use kayra_core::{ApiRegistration, Subscription};
 use kayra_reconciler::Reconciler;
 use kayra_store::{Op, Store, Txn};
@@ -232,6 +239,11 @@ pub async fn run(backend: &str, connect: Connect, compact: Option<Compact>, size
         format!("{:.0}/s / {:.0}/s", told[0], told[1]),
         format!("{:+.1} %", (told[1] / told[0] - 1.0) * 100.0),
     );
+
+    // Staged rollouts' cost (§12): the same fan-out through three waves.
+    compacted(compact.as_ref()).await?;
+    let cost = rollout_cost(&store, &probe, compact.as_ref(), sizes.fan_out).await?;
+    print_rollout(backend, sizes.fan_out, &cost);
 
     let (alone, with_run) = second_record_cost(&store, sizes.fan_out).await?;
     row(
@@ -470,6 +482,17 @@ struct Deployment {
 
 impl Deployment {
     async fn seed(probe: &Store, region: &str, mode: &str, n: usize) -> anyhow::Result<Self> {
+        Self::seed_with(probe, region, mode, n, None).await
+    }
+
+    /// [`Deployment::seed`], its registration with `rollout` as its policy.
+    async fn seed_with(
+        probe: &Store,
+        region: &str,
+        mode: &str,
+        n: usize,
+        rollout: Option<RolloutPolicy>,
+    ) -> anyhow::Result<Self> {
         let repo = Repository::new(probe.clone(), PLATFORM, region);
         let reg = ApiRegistration {
             name: API.into(),
@@ -477,6 +500,7 @@ impl Deployment {
             sync_id: "s1".into(),
             platform: PLATFORM.into(),
             region: region.into(),
+            rollout,
             ..Default::default()
         };
         repo.create(RecordRef::Registration(API), &reg, "registration").await?;
@@ -528,8 +552,39 @@ impl Deployment {
                 Change::Write
             })
             .await?;
-        self.follow_until_synced(sync_id, written.revision).await?;
+        self.follow_until_synced(sync_id, written.revision, None).await?;
         Ok(started.elapsed())
+    }
+
+    /// [`Deployment::bump_and_wait`] of a deployment with a rollout
+    /// policy: until every subscriber is synced to `sync_id` and the
+    /// rollout record of `sync_id` says `completed`. Also returns when each
+    /// subscriber (by store key) last became synced and each version of the
+    /// rollout record the probe saw, all from the bump.
+    async fn bump_staged_and_wait(&self, sync_id: &str) -> anyhow::Result<StagedBump> {
+        let key = self.repo.store_key_of(RecordRef::Rollout(API));
+        let (listed, listed_rx) = tokio::sync::oneshot::channel();
+        let records = tokio::spawn(follow_rollout(self.repo.store().clone(), key, sync_id.to_string(), listed));
+        // The record's watch is listed before the bump: it sees every move.
+        listed_rx.await.map_err(|_| anyhow::anyhow!("{}: the rollout's watch ended before it listed", self.region))?;
+        let started = Instant::now();
+        let written = self
+            .repo
+            .modify::<ApiRegistration, _>(RecordRef::Registration(API), "registration", |r| {
+                r.sync_id = sync_id.into();
+                Change::Write
+            })
+            .await?;
+        let mut synced_at = HashMap::new();
+        self.follow_until_synced(sync_id, written.revision, Some(&mut synced_at)).await?;
+        let records = records.await??;
+        let took = started.elapsed();
+        let since = |at: Instant| at.saturating_duration_since(started);
+        Ok(StagedBump {
+            took,
+            synced_at: synced_at.into_iter().map(|(k, at)| (k, since(at))).collect(),
+            records: records.into_iter().map(|(at, r)| (since(at), r)).collect(),
+        })
     }
 
     /// Waits until every subscriber is synced to `sync_id` by following the
@@ -538,7 +593,14 @@ impl Deployment {
     /// decode per change, so it takes no CPU from the reconciler being
     /// measured (re-listing 10,000 records every few milliseconds would
     /// take most of a core of this two-core machine).
-    async fn follow_until_synced(&self, sync_id: &str, from: kayra_store::Revision) -> anyhow::Result<()> {
+    /// With `synced_at`, also records when each subscriber (by store key)
+    /// last became synced.
+    async fn follow_until_synced(
+        &self,
+        sync_id: &str,
+        from: kayra_store::Revision,
+        mut synced_at: Option<&mut HashMap<String, Instant>>,
+    ) -> anyhow::Result<()> {
         use kayra_store::WatcherEvent;
         let prefix = self.repo.layout().prefix(Collection::Subscriptions);
         let synced_value =
@@ -567,6 +629,11 @@ impl Deployment {
                 WatcherEvent::Apply(kv) => {
                     if let Some(synced) = synced.as_mut() {
                         if synced_value(&kv.value) {
+                            if let Some(at) = synced_at.as_deref_mut()
+                                && !synced.contains(&kv.key)
+                            {
+                                at.insert(kv.key.clone(), Instant::now());
+                            }
                             synced.insert(kv.key);
                         } else {
                             synced.remove(&kv.key);
@@ -586,8 +653,264 @@ impl Deployment {
 
     async fn wait_synced(&self, sync_id: &str) -> anyhow::Result<()> {
         let from = self.repo.store().revision().await?;
-        self.follow_until_synced(sync_id, from).await
+        self.follow_until_synced(sync_id, from, None).await
     }
+}
+
+/// One bump of a staged deployment ([`Deployment::bump_staged_and_wait`]),
+/// every time since the bump.
+struct StagedBump {
+    /// Until every subscriber was synced and the rollout completed.
+    took: Duration,
+    /// When each subscriber (by store key) last became synced.
+    synced_at: HashMap<String, Duration>,
+    /// Each version of the rollout record the probe saw, and when.
+    records: Vec<(Duration, RolloutRecord)>,
+}
+
+/// Where a staged bump's time went, from what the probe saw.
+#[derive(Default, Clone, Copy)]
+struct StagedPhases {
+    /// From the bump until the record showed the first wave started.
+    first_wave: Duration,
+    /// The waves' own fan-outs: from a wave's start (as the probe saw the
+    /// record) until its last subscriber synced, summed.
+    waves: Duration,
+    /// From a wave's last subscriber synced until the record showed the
+    /// next wave started (or the rollout completed), summed.
+    driver: Duration,
+}
+
+impl StagedBump {
+    /// The phases, `key_of` naming a namespace's subscription's store key.
+    fn phases(&self, key_of: impl Fn(&str) -> String) -> anyhow::Result<StagedPhases> {
+        let (_, last) = self.records.last().ok_or_else(|| anyhow::anyhow!("no rollout record seen"))?;
+        let waves = last.records.len();
+        // When the probe first saw each wave started, and the rollout completed.
+        let seen =
+            |started: &dyn Fn(&RolloutRecord) -> bool| self.records.iter().find(|(_, r)| started(r)).map(|(at, _)| *at);
+        let mut phases = StagedPhases::default();
+        let mut wave_start = Vec::new();
+        for wave in 0..waves {
+            let at = seen(&|r: &RolloutRecord| r.started(wave) || r.rollout.wave > wave)
+                .ok_or_else(|| anyhow::anyhow!("wave {wave} never seen started"))?;
+            wave_start.push(at);
+        }
+        let completed = seen(&|r: &RolloutRecord| r.rollout.state == RolloutState::Completed)
+            .ok_or_else(|| anyhow::anyhow!("the rollout never seen completed"))?;
+        phases.first_wave = wave_start[0];
+        for (wave, record) in last.records.iter().enumerate() {
+            let last_synced = record
+                .namespaces
+                .iter()
+                .filter_map(|ns| self.synced_at.get(&key_of(ns)).copied())
+                .max()
+                .unwrap_or(wave_start[wave]);
+            let next = wave_start.get(wave + 1).copied().unwrap_or(completed);
+            phases.waves += last_synced.saturating_sub(wave_start[wave]);
+            phases.driver += next.saturating_sub(last_synced);
+        }
+        Ok(phases)
+    }
+}
+
+/// Follows the rollout record at `key` until it is `sync_id`'s and
+/// `completed`, sending `listed` once its watch has listed: each version
+/// seen, and when. A rollout that pauses, aborts or is superseded fails.
+async fn follow_rollout(
+    store: Store,
+    key: String,
+    sync_id: String,
+    listed: tokio::sync::oneshot::Sender<()>,
+) -> anyhow::Result<Vec<(Instant, RolloutRecord)>> {
+    use kayra_store::WatcherEvent;
+    let mut events = store.watcher(&key);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(300);
+    let mut listed = Some(listed);
+    let mut seen = Vec::new();
+    loop {
+        let event = tokio::time::timeout_at(deadline, events.next())
+            .await
+            .map_err(|_| anyhow::anyhow!("the rollout to {sync_id} did not complete"))?
+            .ok_or_else(|| anyhow::anyhow!("the probe's watch of the rollout ended"))?;
+        let kv = match event {
+            WatcherEvent::InitDone { .. } => {
+                if let Some(listed) = listed.take() {
+                    let _ = listed.send(());
+                }
+                continue;
+            }
+            WatcherEvent::InitApply(kv) | WatcherEvent::Apply(kv) if kv.key == key => kv,
+            _ => continue,
+        };
+        let record: RolloutRecord = serde_json::from_slice(&kv.value)?;
+        if record.rollout.sync_id != sync_id {
+            continue;
+        }
+        let state = record.rollout.state;
+        seen.push((Instant::now(), record));
+        match state {
+            RolloutState::Completed => return Ok(seen),
+            RolloutState::Paused | RolloutState::Aborted | RolloutState::Superseded => {
+                anyhow::bail!("the rollout to {sync_id} ended {} instead of completing", state.as_str())
+            }
+            _ => {}
+        }
+    }
+}
+
+/// The staged deployment's policy: three waves (10 %, 30 %, the rest),
+/// no bake, no gate, approval `auto`.
+fn three_waves() -> RolloutPolicy {
+    let wave = |name: &str, size: &str| WavePolicy {
+        name: name.into(),
+        size: size.into(),
+        approval: Approval::Auto,
+        ..Default::default()
+    };
+    RolloutPolicy { waves: vec![wave("canary", "10%"), wave("early", "30%"), wave("rest", "")], ..Default::default() }
+}
+
+/// The staged rollout's figures ([`rollout_cost`]).
+pub struct RolloutCost {
+    /// Mean seconds of a bump: without a policy, staged, by hand.
+    pub plain: f64,
+    pub staged: f64,
+    pub by_hand: f64,
+    /// Each staged bump's seconds.
+    pub staged_each: Vec<f64>,
+    /// The wave sizes.
+    pub sizes: Vec<usize>,
+    /// Mean seconds of the staged bumps' phases: until the first wave
+    /// started, the waves' own fan-outs, the driver's moves after them.
+    pub first_wave: f64,
+    pub waves: f64,
+    pub driver: f64,
+}
+
+/// Fan-out times of `n` placeholder subscribers after a bump: a
+/// deployment without a rollout policy, one with [`three_waves`] (until
+/// its rollout record completes), and, as the floor of the staged one,
+/// the same waves by hand: three deployments of the waves' sizes, each
+/// bumped once the one before converged (the operator's way without a
+/// policy; no driver). Rounds alternate which goes first.
+pub async fn rollout_cost(
+    store: &Store,
+    probe: &Store,
+    compact: Option<&Compact>,
+    n: usize,
+) -> anyhow::Result<RolloutCost> {
+    anyhow::ensure!(n > 0, "a rollout needs subscribers: --subscribers must be at least 1");
+    let policy = three_waves();
+    policy.validate().map_err(|e| anyhow::anyhow!("the staged deployment's policy: {e}"))?;
+    let everyone: Vec<(String, std::collections::BTreeMap<String, String>)> =
+        (0..n).map(|i| (format!("t{i}"), Default::default())).collect();
+    let sizes: Vec<usize> = kayra_core::rollout::assign(&policy, &everyone).iter().map(Vec::len).collect();
+    let plain = Deployment::seed(probe, "unstaged", "placeholder", n).await?;
+    let staged = Deployment::seed_with(probe, "staged", "placeholder", n, Some(policy)).await?;
+    let mut by_hand = Vec::new();
+    for (wave, size) in sizes.iter().enumerate() {
+        by_hand.push(Deployment::seed(probe, &format!("byhand{wave}"), "placeholder", *size).await?);
+    }
+    let config = || ReconcilerConfig { max_concurrent_reconciles: 30, ..Default::default() };
+    let mut times: [Vec<f64>; 3] = Default::default();
+    let mut phases = Vec::new();
+    for round in 0..FAN_OUT_BUMPS {
+        let (from, to) = (format!("s{}", round + 1), format!("s{}", round + 2));
+        let order = if round % 2 == 0 { [0, 1, 2] } else { [2, 1, 0] };
+        for which in order {
+            let deployments: Vec<&Deployment> = match which {
+                0 => vec![&plain],
+                1 => vec![&staged],
+                _ => by_hand.iter().collect(),
+            };
+            let mut running = Vec::new();
+            for d in &deployments {
+                running.push(start(store, &d.region, config())?);
+            }
+            for d in &deployments {
+                d.wait_synced(&from).await?;
+            }
+            settle(store).await;
+            compacted(compact).await?;
+            // The reconciler's driver ticks from its start, and `settle`
+            // returns on a multiple of its own 200 ms after it: a bump
+            // right then would find the tick just past every time. Bumps
+            // at evenly spread phases of the tick, as bumps at random
+            // times are.
+            let tick = kayra_reconciler::rollout::TICK;
+            tokio::time::sleep(tick * (2 * round as u32 + 1) / (2 * FAN_OUT_BUMPS as u32)).await;
+            let took = match which {
+                0 => plain.bump_and_wait(&to).await?,
+                1 => {
+                    let bump = staged.bump_staged_and_wait(&to).await?;
+                    let key_of =
+                        |ns: &str| staged.repo.store_key_of(RecordRef::Subscription { namespace: ns, api: API });
+                    phases.push(bump.phases(key_of)?);
+                    bump.took
+                }
+                _ => {
+                    let started = Instant::now();
+                    for d in &by_hand {
+                        d.bump_and_wait(&to).await?;
+                    }
+                    started.elapsed()
+                }
+            };
+            stop(running).await?;
+            times[which].push(took.as_secs_f64());
+        }
+    }
+    let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len().max(1) as f64;
+    let phase = |f: fn(&StagedPhases) -> Duration| mean(&phases.iter().map(|p| f(p).as_secs_f64()).collect::<Vec<_>>());
+    Ok(RolloutCost {
+        plain: mean(&times[0]),
+        staged: mean(&times[1]),
+        by_hand: mean(&times[2]),
+        staged_each: times[1].clone(),
+        sizes,
+        first_wave: phase(|p| p.first_wave),
+        waves: phase(|p| p.waves),
+        driver: phase(|p| p.driver),
+    })
+}
+
+/// Prints the rows of [`rollout_cost`].
+pub fn print_rollout(backend: &str, n: usize, cost: &RolloutCost) {
+    let row = |what: &str, value: String, ratio: String| println!("| {backend} | {what} | {value} | {ratio} |");
+    let sizes: Vec<String> = cost.sizes.iter().map(usize::to_string).collect();
+    let each: Vec<String> = cost.staged_each.iter().map(|t| format!("{t:.2}")).collect();
+    row(
+        &format!("fan-out, placeholder, {n} subscribers, pool 30, no rollout policy ({FAN_OUT_BUMPS} bumps, mean)"),
+        format!("{:.2} s ({:.0}/s)", cost.plain, n as f64 / cost.plain),
+        "1.00".into(),
+    );
+    row(
+        &format!(
+            "the same, rollout of three waves ({}), no bake, until `completed` (bumps: {} s)",
+            sizes.join(" / "),
+            each.join(", ")
+        ),
+        format!("{:.2} s ({:.0}/s)", cost.staged, n as f64 / cost.staged),
+        format!("{:.2}x time, {:.2}x rate (target ≤ 1.15x time)", cost.staged / cost.plain, cost.plain / cost.staged),
+    );
+    row(
+        &format!(
+            "floor: the same three waves by hand (deployments of {}, each bumped once the one before converged)",
+            sizes.join(" / ")
+        ),
+        format!("{:.2} s", cost.by_hand),
+        format!("{:.2}x time; the rollout {:.2}x of it", cost.by_hand / cost.plain, cost.staged / cost.by_hand),
+    );
+    row(
+        &format!(
+            "  the rollout's phases: bump to first wave started, the waves' fan-outs, the driver's {} moves after them (TICK {} ms)",
+            cost.sizes.len(),
+            kayra_reconciler::rollout::TICK.as_millis()
+        ),
+        format!("{:.0} ms, {:.0} ms, {:.0} ms", cost.first_wave * 1e3, cost.waves * 1e3, cost.driver * 1e3),
+        "-".into(),
+    );
 }
 
 /// Raw baseline: one read + CAS update of each of `n` records, 30 in flight
@@ -720,4 +1043,48 @@ where
         r?;
     }
     Ok(ops as f64 / started.elapsed().as_secs_f64())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kayra_core::rollout::Counts;
+
+    #[test]
+    fn a_staged_bumps_time_splits_into_the_first_wave_the_waves_and_the_driver() {
+        let ms = Duration::from_millis;
+        let now = std::time::SystemTime::now();
+        let assignment = vec![vec!["a".to_string()], vec!["b".to_string()], vec!["c".to_string(), "d".to_string()]];
+        let (started, _) = RolloutRecord::start(API, "s2", &three_waves(), assignment, now);
+        let done = |synced: [usize; 3], pending: [usize; 3]| {
+            let mut next = started.clone();
+            let counts: Vec<Counts> =
+                (0..3).map(|i| Counts { synced: synced[i], failed: 0, pending: pending[i] }).collect();
+            next.step(&counts, now);
+            next
+        };
+        let second = done([1, 0, 0], [0, 1, 2]);
+        let third = done([1, 1, 0], [0, 0, 2]);
+        let completed = done([1, 1, 2], [0, 0, 0]);
+        assert_eq!((second.rollout.wave, third.rollout.wave), (1, 2));
+        assert_eq!(completed.rollout.state, RolloutState::Completed);
+        let bump = StagedBump {
+            took: ms(1000),
+            synced_at: [("a", 250), ("b", 500), ("c", 800), ("d", 900)]
+                .into_iter()
+                .map(|(ns, at)| (format!("/{ns}"), ms(at)))
+                .collect(),
+            records: vec![(ms(100), started), (ms(300), second), (ms(600), third), (ms(1000), completed)],
+        };
+        let phases = bump.phases(|ns| format!("/{ns}")).expect("phases");
+        assert_eq!(phases.first_wave, ms(100));
+        assert_eq!(phases.waves, ms(150 + 200 + 300));
+        assert_eq!(phases.driver, ms(50 + 100 + 100));
+    }
+
+    #[test]
+    fn a_staged_bump_without_a_completed_record_is_an_error() {
+        let bump = StagedBump { took: Duration::ZERO, synced_at: HashMap::new(), records: Vec::new() };
+        assert!(bump.phases(|ns| ns.to_string()).is_err());
+    }
 }
