@@ -68,6 +68,10 @@ pub struct Worker {
     pub sinks: Arc<crate::notify::Sinks>,
     /// Running pipelines by run id, for §12 cancels and run deadlines.
     pub cancels: Arc<Cancels>,
+    /// Woken by every watch event that can move a rollout (a subscriber's
+    /// result, a given-up record, a registration or rollout write), so the
+    /// rollout driver acts on it at once rather than at its next tick.
+    pub rollout_wake: Arc<tokio::sync::Notify>,
 }
 
 /// How a job ended, for the dispatcher.

@@ -155,6 +155,9 @@ impl Reconciler {
         if update.is_change() {
             metrics::counter!(METRIC_WATCH_EVENTS, "resource" => update.resource().label()).increment(1);
         }
+        if !matches!(update, Update::Namespace(_)) {
+            self.worker.rollout_wake.notify_one();
+        }
         match update {
             Update::Namespace(event) => self.on_namespace(event),
             Update::Registration(event) => self.on_registration(event),

@@ -134,6 +134,7 @@ impl Reconciler {
             running: Default::default(),
             owed_retries: Default::default(),
             sinks: Arc::default(),
+            rollout_wake: Arc::default(),
             cancels: Arc::default(),
         };
         Ok(Self {

@@ -1,7 +1,9 @@
 //! The rollout driver (platform §12): every reconciler runs one, and any
 //! of them may advance any rollout.
 //!
-//! Each [`TICK`], for every API with a rollout policy or a rollout record,
+//! On every watch event that can move a rollout (after [`WAKE_GATHER`]),
+//! and at least each [`TICK`], for every API with a rollout policy or a
+//! rollout record,
 //! the driver looks at its watch-fed [`View`] and decides with the pure
 //! functions of [`kayra_core::rollout`]:
 //!
@@ -49,8 +51,12 @@ use crate::ensure::Worker;
 use crate::notify::Sinks;
 use crate::view::View;
 
-/// How often every rollout is looked at.
+/// How often every rollout is looked at without a watch event (bakes and
+/// deadlines are timestamps: this is their resolution).
 pub const TICK: Duration = Duration::from_millis(200);
+/// After a watch event wakes the driver, how long it lets more arrive
+/// before it looks (a fan-out's results come in bursts).
+const WAKE_GATHER: Duration = Duration::from_millis(20);
 /// A gate's claim outlives its step's timeout by this much.
 const GATE_CLAIM_SLACK: Duration = Duration::from_secs(10);
 
@@ -115,7 +121,9 @@ enum Next {
 }
 
 /// Decides what `api`'s rollout needs now, from the view alone.
-fn look(view: &View, api: &str, now: SystemTime) -> Next {
+/// `counts`: whether a change of the waves' counts alone is worth a write
+/// (at the tick; a watch event's look writes only moves).
+fn look(view: &View, api: &str, now: SystemTime, counts_too: bool) -> Next {
     let Some((reg, _)) = view.registration(api) else { return Next::Nothing };
     let existing = view.rollout(api);
     let seen = existing.map(|(_, rev)| *rev);
@@ -127,7 +135,7 @@ fn look(view: &View, api: &str, now: SystemTime) -> Next {
             let mut next = record.clone();
             let (transitions, work) = next.step(&counts(view, record), now);
             let gates: Vec<usize> = work.into_iter().map(|Work::RunGate { wave }| wave).collect();
-            if next == *record && gates.is_empty() {
+            if gates.is_empty() && (next == *record || (!counts_too && only_counts_differ(record, &next))) {
                 return Next::Nothing;
             }
             Next::Write { seen, record: Box::new(next), transitions, gates }
@@ -148,6 +156,15 @@ fn look(view: &View, api: &str, now: SystemTime) -> Next {
         (Some((record, _)), None) if !record.rollout.state.is_final() => supersede(record, seen, now),
         _ => Next::Nothing,
     }
+}
+
+/// Whether `next` differs from `record` in its waves' counts only.
+fn only_counts_differ(record: &RolloutRecord, next: &RolloutRecord) -> bool {
+    let mut same = next.clone();
+    for (wave, was) in same.rollout.waves.iter_mut().zip(&record.rollout.waves) {
+        (wave.total, wave.synced, wave.failed, wave.pending) = (was.total, was.synced, was.failed, was.pending);
+    }
+    same == *record
 }
 
 fn supersede(record: &RolloutRecord, seen: Option<Revision>, now: SystemTime) -> Next {
@@ -174,17 +191,23 @@ impl Driver {
         let driver = Arc::new(self);
         let mut tick = tokio::time::interval(TICK);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let wake = driver.worker.rollout_wake.clone();
         loop {
-            tokio::select! {
+            let ticked = tokio::select! {
                 () = cancel.cancelled() => return,
-                _ = tick.tick() => {}
-            }
+                _ = tick.tick() => true,
+                () = wake.notified() => {
+                    // Let a burst of results gather into one look.
+                    tokio::time::sleep(WAKE_GATHER).await;
+                    false
+                }
+            };
             if !driver.ready.load(Ordering::SeqCst) {
                 continue;
             }
             let apis = driver.view().rollout_apis();
             for api in apis {
-                driver.clone().advance(&api, &cancel).await;
+                driver.clone().advance(&api, &cancel, ticked).await;
             }
             driver.report();
         }
@@ -199,9 +222,10 @@ impl Driver {
     }
 
     /// One look at `api`'s rollout, and its write.
-    async fn advance(self: Arc<Self>, api: &str, cancel: &CancellationToken) {
+    /// `ticked`: counts alone are written too (see [`look`]).
+    async fn advance(self: Arc<Self>, api: &str, cancel: &CancellationToken, ticked: bool) {
         let now = SystemTime::now();
-        let next = look(&self.view(), api, now);
+        let next = look(&self.view(), api, now, ticked);
         let Next::Write { seen, mut record, transitions, gates } = next else { return };
         // Claim the gates to run in the same write.
         let holder = crate::runs::identity();
