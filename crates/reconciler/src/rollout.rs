@@ -105,6 +105,19 @@ pub fn counts(view: &View, record: &RolloutRecord) -> Vec<Counts> {
         .collect()
 }
 
+/// Whether a subscriber of the current wave is still pending (stops at
+/// the first).
+fn wave_pending(view: &View, record: &RolloutRecord) -> bool {
+    let (api, sync_id) = (&record.rollout.api, &record.rollout.sync_id);
+    let Some(wave) = record.records.get(record.rollout.wave) else { return false };
+    let done = |ns: &str, sub: &kayra_core::Subscription| {
+        sub.is_synced(sync_id)
+            || (sub.state == SubscriptionState::Error
+                && view.decide(ns, api, false) == Decision::Nothing(Idle::GivenUp))
+    };
+    wave.namespaces.iter().any(|ns| view.subscription(ns, api).is_some_and(|(sub, _)| !done(ns, sub)))
+}
+
 /// The subscribers a new rollout of `reg`'s SyncID takes: active and not
 /// at it, with their namespaces' labels.
 fn behind(view: &View, reg: &ApiRegistration) -> Vec<(String, BTreeMap<String, String>)> {
@@ -130,6 +143,12 @@ fn look(view: &View, api: &str, now: SystemTime, counts_too: bool) -> Next {
     match (existing, &reg.rollout) {
         (Some((record, _)), _) if record.rollout.sync_id == reg.sync_id => {
             if record.rollout.state.is_final() {
+                return Next::Nothing;
+            }
+            // Between ticks only a wave's end moves a progressing rollout:
+            // while one of its subscribers is pending, that is all to know
+            // (found without counting the rest; failures count at the tick).
+            if !counts_too && record.rollout.state == RolloutState::Progressing && wave_pending(view, record) {
                 return Next::Nothing;
             }
             let mut next = record.clone();
