@@ -543,8 +543,8 @@ impl Deployment {
         filled.into_iter().collect()
     }
 
-    async fn bump_and_wait(&self, sync_id: &str) -> anyhow::Result<Duration> {
-        let started = Instant::now();
+    /// Moves the registration's SyncID to `sync_id`.
+    async fn bump(&self, sync_id: &str) -> anyhow::Result<kayra_catalog::repo::Versioned<ApiRegistration>> {
         let written = self
             .repo
             .modify::<ApiRegistration, _>(RecordRef::Registration(API), "registration", |r| {
@@ -552,6 +552,12 @@ impl Deployment {
                 Change::Write
             })
             .await?;
+        Ok(written)
+    }
+
+    async fn bump_and_wait(&self, sync_id: &str) -> anyhow::Result<Duration> {
+        let started = Instant::now();
+        let written = self.bump(sync_id).await?;
         self.follow_until_synced(sync_id, written.revision, None).await?;
         Ok(started.elapsed())
     }
@@ -568,13 +574,7 @@ impl Deployment {
         // The record's watch is listed before the bump: it sees every move.
         listed_rx.await.map_err(|_| anyhow::anyhow!("{}: the rollout's watch ended before it listed", self.region))?;
         let started = Instant::now();
-        let written = self
-            .repo
-            .modify::<ApiRegistration, _>(RecordRef::Registration(API), "registration", |r| {
-                r.sync_id = sync_id.into();
-                Change::Write
-            })
-            .await?;
+        let written = self.bump(sync_id).await?;
         let mut synced_at = HashMap::new();
         self.follow_until_synced(sync_id, written.revision, Some(&mut synced_at)).await?;
         let records = records.await??;
