@@ -23,7 +23,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use kayra_catalog::repo::cancels::CancelRequest;
-use kayra_catalog::repo::{JobRead, RecordRef, Repository, ResultCommit, ResultWrite, Rider, Versioned};
+use kayra_catalog::repo::{FanoutWrite, JobRead, RecordRef, Repository, ResultCommit, ResultWrite, Rider, Versioned};
 use kayra_config::ReconcilerConfig;
 use kayra_core::runs::shown;
 use kayra_core::{ApiRegistration, Run, RunResult, RunStep, RunTrigger, Subscription};
@@ -72,6 +72,9 @@ pub struct Worker {
     /// result, a given-up record, a registration or rollout write), so the
     /// rollout driver acts on it at once rather than at its next tick.
     pub rollout_wake: Arc<tokio::sync::Notify>,
+    /// With a sink told of `fanout.completed`: the completed fan-outs'
+    /// markers, so the result that finishes a fan-out carries its event.
+    pub fanout_markers: Option<crate::fanout::Markers>,
 }
 
 /// How a job ended, for the dispatcher.
@@ -445,7 +448,7 @@ impl Worker {
             _ => None,
         };
         let result = (&record, seq, answer.as_ref());
-        let recorded = match self.record_patiently(sub, (&write, then), result, run, unlock).await {
+        let recorded = match self.record_patiently(sub, (&write, then, &reg.value), result, run, unlock).await {
             // §17: a result the store refuses (too large, out of space) is
             // recorded once as a failed run without its outputs, and the
             // ordinary failure path follows; it never loops.
@@ -454,7 +457,10 @@ impl Worker {
                 (write, then) = decide::after(&sub.value, sync_id, Outcome::Failed, failures);
                 let failed = runs::refused(&record, &why);
                 let result = (&failed, seq, None);
-                match self.record_patiently(sub, (&write, then), result, run, matches!(then, Then::Done)).await {
+                match self
+                    .record_patiently(sub, (&write, then, &reg.value), result, run, matches!(then, Then::Done))
+                    .await
+                {
                     Err(kayra_catalog::repo::Error::Store(kayra_store::Error::Refused(why))) => {
                         // Not even that fits: the store is full. Running
                         // the pipeline again would only repeat this, so the
@@ -540,7 +546,7 @@ impl Worker {
     async fn record_patiently(
         &self,
         seen: &Versioned<Subscription>,
-        write: (&Write, Then),
+        write: (&Write, Then, &ApiRegistration),
         result: (&Run, u64, Option<&CancelRequest>),
         run: RunIds<'_>,
         unlock: bool,
@@ -581,7 +587,7 @@ impl Worker {
     async fn record(
         &self,
         seen: &Versioned<Subscription>,
-        (write, then): (&Write, Then),
+        (write, then, reg): (&Write, Then, &ApiRegistration),
         (record, seq, answer): (&Run, u64, Option<&CancelRequest>),
         run: RunIds<'_>,
         unlock: bool,
@@ -601,9 +607,36 @@ impl Worker {
         if next.is_none() && riders.is_empty() {
             return Ok(Recorded::Unchanged);
         }
+        // The fan-out this result finishes, if the view says it is the
+        // last: its marker and its event's deliveries ride on the result.
+        let fanout = self.finishes_fanout(&seen.value, write, then, reg);
+        let plain = riders.len();
+        if let Some(done) = &fanout {
+            riders.extend(done.deliveries.iter().map(Rider::Delivery));
+        }
         // run_history 0: older runs go at the next write.
-        let write = ResultWrite { seen, next: next.as_ref(), clear_runs: history == 0, lock: fence, unlock };
-        let commit = self.repo.write_result(&write, &riders).await?;
+        let mut write = ResultWrite {
+            seen,
+            next: next.as_ref(),
+            clear_runs: history == 0,
+            lock: fence,
+            unlock,
+            fanout: fanout.as_ref().map(|done| FanoutWrite {
+                api: &seen.value.api,
+                seen: done.seen,
+                marker: &done.marker,
+            }),
+        };
+        let mut commit = self.repo.write_result(&write, &riders).await?;
+        if commit == ResultCommit::MarkerMoved {
+            // Another writer recorded the fan-out first: the result alone.
+            write.fanout = None;
+            riders.truncate(plain);
+            commit = self.repo.write_result(&write, &riders).await?;
+        } else if let (ResultCommit::Committed(_), Some(done)) = (&commit, &fanout) {
+            tracing::info!(sync_id = %done.marker.sync_id, event_id = %done.event.id,
+                "fan-out completed with this result");
+        }
         if matches!(commit, ResultCommit::Committed(_)) && unlock && fence.is_some() {
             run.unlocked.store(true, Ordering::Relaxed);
         }
@@ -612,8 +645,30 @@ impl Worker {
                 next.map_or(Recorded::Unchanged, |next| Recorded::Written(next, revision))
             }
             ResultCommit::Fenced => Recorded::Fenced,
-            ResultCommit::Stale => Recorded::Stale,
+            ResultCommit::Stale | ResultCommit::MarkerMoved => Recorded::Stale,
         })
+    }
+
+    /// The fan-out completion (§14 `fanout.completed`) a result finishes,
+    /// when it leaves its subscription done with `reg`'s SyncID (synced to
+    /// it, or given up on) and the view shows every other subscriber done
+    /// ([`crate::fanout::last_result`]).
+    fn finishes_fanout(
+        &self,
+        sub: &Subscription,
+        write: &Write,
+        then: Then,
+        reg: &ApiRegistration,
+    ) -> Option<crate::fanout::Completion> {
+        let markers = self.fanout_markers.as_ref()?;
+        let synced = match (write, then) {
+            (Write::Success { sync_id }, Then::Done) if *sync_id == reg.sync_id => true,
+            (_, Then::GiveUp) => false,
+            _ => return None,
+        };
+        let view = self.view.read().unwrap_or_else(PoisonError::into_inner);
+        let layout = self.repo.layout();
+        crate::fanout::last_result(&view, (layout, markers), &self.sinks, reg, &sub.namespace, synced)
     }
 
     /// The deliveries of the events (§14) a result causes, for every sink

@@ -2,27 +2,36 @@
 //! when every subscriber of the API is done with the registration's
 //! current SyncID — synced to it, or given up on in `state: error`.
 //!
-//! No result write can know it is the last of a fan-out without a key
-//! every result would contend on (which would serialize the fan-out).
-//! Instead every reconciler looks at its watch-fed [`View`]: an API whose
-//! subscriptions, registration or given-up records changed is marked dirty
-//! there, and, debounced ([`DEBOUNCE`]), each dirty API whose fan-out
-//! marker (the SyncID of its last completed fan-out, watched here) differs
-//! from the registration's SyncID is checked. The check stops at the first
-//! subscriber not done, so a fan-out under way costs little; only the last
-//! one walks every subscriber. When all are done, the marker and the
-//! event's deliveries are written in one transaction guarded by the marker's
-//! revision: of the reconcilers that see it at once, exactly one writes it,
-//! and none is lost (every re-list marks every API dirty again). A
-//! registration without subscribers makes no event.
+//! The event is stored in the transaction of the result that finishes the
+//! fan-out, as every §14 event is: a job writing a result that leaves its
+//! subscription done asks its watch-fed [`View`] whether every *other*
+//! subscriber is done already (one lookup: the view keeps each API's open
+//! subscribers, [`View::only_open`]). If so, the result's transaction also
+//! writes the API's fan-out marker (the SyncID of its last completed
+//! fan-out) and the event's deliveries, guarded by the marker's revision
+//! ([`last_result`]).
+//!
+//! No result write can know for certain that it is the last without a key
+//! every result would contend on, which would serialize the fan-out: two
+//! reconcilers finishing the last two subscribers at once each see the
+//! other still open, and neither writes the event. For that case, and for
+//! a crash between the last result and its echo, every reconciler also
+//! looks at its view ([`run`]): an API whose subscriptions, registration or
+//! given-up records changed is marked dirty there, and, debounced
+//! ([`DEBOUNCE`]), each dirty API whose marker differs from the
+//! registration's SyncID is checked; when all are done, the marker and the
+//! deliveries are written in one transaction guarded by the marker's
+//! revision. Of the writers that see it at once, exactly one writes it, and
+//! none is lost (every re-list marks every API dirty again). A registration
+//! without subscribers makes no event.
 
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, PoisonError, RwLock};
 use std::time::Duration;
 
-use kayra_catalog::repo::{Collection, RecordRef, Repository};
-use kayra_core::notifications::{Event, FANOUT_COMPLETED, FANOUT_FAILED_SHOWN, FanoutMarker};
+use kayra_catalog::repo::{Collection, Layout, RecordRef, Repository};
+use kayra_core::notifications::{Delivery, Event, FANOUT_COMPLETED, FANOUT_FAILED_SHOWN, FanoutMarker};
 use kayra_core::{ApiRegistration, SubscriptionState};
 use kayra_store::Revision;
 use kayra_store::reflector::Reflector;
@@ -45,24 +54,96 @@ pub struct Completed {
     pub failed: Vec<String>,
 }
 
+/// The markers of completed fan-outs, by key, with their revisions.
+pub type Markers = Reflector<(FanoutMarker, Revision)>;
+
+/// An empty [`Markers`], filled once [`run`] follows the store.
+pub fn markers() -> Markers {
+    Reflector::new(|kv| {
+        serde_json::from_slice::<FanoutMarker>(&kv.value).map(|m| (m, kv.mod_revision)).map_err(|e| e.to_string())
+    })
+}
+
 /// Whether every subscriber of `api` is done with its registration's
 /// SyncID: `None` while one is not (or there are none, or no registration).
 pub fn completed(view: &View, api: &str) -> Option<Completed> {
+    completed_with(view, api, None)
+}
+
+/// [`completed`], counting `last` — a namespace whose result is being
+/// written, and whether it leaves it synced (else failed) — as that
+/// result leaves it rather than as the view shows it.
+fn completed_with(view: &View, api: &str, last: Option<(&str, bool)>) -> Option<Completed> {
     let (reg, _) = view.registration(api)?;
+    if view.only_open(api, last.map_or("", |(ns, _)| ns)) == Some(false) {
+        return None;
+    }
     let mut synced = 0;
     let mut failed = Vec::new();
+    let mut found_last = false;
     for (namespace, (sub, _)) in view.subscribers_of(api) {
-        match view.decide(namespace, api, false) {
-            Decision::Nothing(Idle::Synced) => synced += 1,
-            Decision::Nothing(Idle::GivenUp) if sub.state == SubscriptionState::Error => {
-                failed.push(namespace.clone());
+        let done = match last {
+            Some((ns, outcome)) if ns == namespace.as_str() => {
+                found_last = true;
+                Some(outcome)
             }
-            _ => return None,
+            _ => match view.decide(namespace, api, false) {
+                Decision::Nothing(Idle::Synced) => Some(true),
+                Decision::Nothing(Idle::GivenUp) if sub.state == SubscriptionState::Error => Some(false),
+                _ => None,
+            },
+        };
+        match done? {
+            true => synced += 1,
+            false => failed.push(namespace.clone()),
         }
+    }
+    if last.is_some() && !found_last {
+        return None;
     }
     failed.sort();
     let total = synced + failed.len();
     (total > 0).then(|| Completed { sync_id: reg.sync_id.clone(), total, synced, failed })
+}
+
+/// What a result that finishes its API's fan-out writes with it.
+#[derive(Debug)]
+pub struct Completion {
+    pub marker: FanoutMarker,
+    /// The marker's revision it was seen at (`None`: no marker yet).
+    pub seen: Option<Revision>,
+    pub deliveries: Vec<Delivery>,
+    pub event: Event,
+}
+
+/// The completion a result finishes, if it is the last of the fan-out
+/// of `reg` (the registration its job read) that the view knows of:
+/// `namespace` is left synced to `reg`'s SyncID (`synced`) or given up on
+/// in `state: error`, every other subscriber is done, no marker says this
+/// SyncID completed already, and a sink wants the event.
+pub fn last_result(
+    view: &View,
+    (layout, markers): (&Layout, &Markers),
+    sinks: &Sinks,
+    reg: &ApiRegistration,
+    namespace: &str,
+    synced: bool,
+) -> Option<Completion> {
+    if !sinks.wants(FANOUT_COMPLETED, &reg.name) || !markers.synced() {
+        return None;
+    }
+    let (current, _) = view.registration(&reg.name)?;
+    if current.sync_id != reg.sync_id {
+        return None;
+    }
+    let marker = markers.get(&layout.key(RecordRef::FanoutMarker(&reg.name)));
+    if marker.as_ref().is_some_and(|(m, _)| m.sync_id == reg.sync_id) {
+        return None;
+    }
+    let done = completed_with(view, &reg.name, Some((namespace, synced)))?;
+    let event = event(reg, &done);
+    let deliveries = sinks.deliveries(&event);
+    Some(Completion { marker: FanoutMarker { sync_id: done.sync_id }, seen: marker.map(|(_, r)| r), deliveries, event })
 }
 
 /// The `fanout.completed` event of `done` for `reg`.
@@ -97,12 +178,9 @@ pub async fn run(
     repo: Repository,
     sinks: Arc<Sinks>,
     view: Arc<RwLock<View>>,
-    ready: Arc<AtomicBool>,
+    (markers, ready): (Markers, Arc<AtomicBool>),
     cancel: CancellationToken,
 ) {
-    let markers: Reflector<(FanoutMarker, Revision)> = Reflector::new(|kv| {
-        serde_json::from_slice::<FanoutMarker>(&kv.value).map(|m| (m, kv.mod_revision)).map_err(|e| e.to_string())
-    });
     let watch = markers.clone().run(repo.store().watcher(&repo.layout().prefix(Collection::FanoutMarkers)));
     let mut watch = std::pin::pin!(watch);
     let mut tick = tokio::time::interval(DEBOUNCE);

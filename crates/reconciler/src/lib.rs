@@ -136,6 +136,7 @@ impl Reconciler {
             sinks: Arc::default(),
             rollout_wake: Arc::default(),
             cancels: Arc::default(),
+            fanout_markers: None,
         };
         Ok(Self {
             worker: Arc::new(worker),
@@ -158,6 +159,13 @@ impl Reconciler {
         let sinks = notify::Sinks::compile(notifications, &self.worker.config)?;
         notify::Notifier::describe_metrics(&sinks);
         if let Some(worker) = Arc::get_mut(&mut self.worker) {
+            // A result that finishes a fan-out carries its event: the view
+            // keeps which subscribers are still open, and the markers say
+            // which SyncIDs completed already.
+            if sinks.wants_kind(kayra_core::notifications::FANOUT_COMPLETED) {
+                worker.fanout_markers = Some(fanout::markers());
+                worker.view.write().unwrap_or_else(PoisonError::into_inner).track_fanouts();
+            }
             worker.sinks = Arc::new(sinks);
         }
         Ok(self)
@@ -281,9 +289,9 @@ impl Reconciler {
         let repo = self.worker.repo.clone();
         let notifier = notify::Notifier::new(repo.clone(), sinks.clone(), self.notify_retry_base);
         let notifier = tokio::spawn(notifier.run(cancel.clone()));
-        let fanout = sinks.wants_kind(kayra_core::notifications::FANOUT_COMPLETED).then(|| {
+        let fanout = self.worker.fanout_markers.clone().map(|markers| {
             let (view, ready) = (self.worker.view.clone(), self.ready.clone());
-            tokio::spawn(fanout::run(repo, sinks, view, ready, cancel.clone()))
+            tokio::spawn(fanout::run(repo, sinks, view, (markers, ready), cancel.clone()))
         });
         (Some(notifier), fanout)
     }

@@ -9,13 +9,13 @@
 //! right after its own write does not wait for the watch to echo it.
 //! Updates are revision-monotonic: an older record never replaces a newer.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
 use kayra_core::rollout::RolloutRecord;
 use kayra_core::{ApiRegistration, Subscription};
 use kayra_store::Revision;
 
-use crate::decide::{Attempt, Decision, Observed, decide, holds};
+use crate::decide::{Attempt, Decision, Idle, Observed, decide, holds};
 
 /// What the view keeps of a namespace.
 #[derive(Debug, Default)]
@@ -42,6 +42,12 @@ pub struct View {
     all_dirty: bool,
     /// api → (its rollout record, revision) (§12).
     rollouts: HashMap<String, (RolloutRecord, Revision)>,
+    /// With fan-outs tracked ([`View::track_fanouts`]): api → the
+    /// subscribers not done with its registration's SyncID, kept current
+    /// by every change that can move [`View::done`], so that whether a
+    /// result is a fan-out's last is one lookup, not a walk. A rollout
+    /// cannot: it only holds subscribers that are not done either way.
+    open: Option<HashMap<String, HashSet<String>>>,
 }
 
 impl View {
@@ -94,21 +100,26 @@ impl View {
     pub fn replace_registrations(&mut self, registrations: Vec<(ApiRegistration, Revision)>) {
         self.all_dirty = true;
         self.registrations = registrations.into_iter().map(|(r, rev)| (r.name.clone(), (r, rev))).collect();
+        self.reopen_all();
     }
 
     /// Replaces every subscription (a complete list): those not in it are gone.
     pub fn replace_subscriptions(&mut self, subscriptions: Vec<(Subscription, Revision)>) {
         self.all_dirty = true;
         self.subscribers.clear();
+        let tracked = self.open.take();
         for (sub, rev) in subscriptions {
             self.put_subscription(sub, rev);
         }
+        self.open = tracked;
+        self.reopen_all();
     }
 
     /// Replaces every given-up record (a complete list).
     pub fn replace_given_up(&mut self, given_up: Vec<((String, String), Attempt)>) {
         self.all_dirty = true;
         self.given_up = given_up.into_iter().collect();
+        self.reopen_all();
     }
 
     pub fn delete_namespace(&mut self, name: &str) {
@@ -133,7 +144,9 @@ impl View {
         match subs.get(&sub.namespace) {
             Some((_, seen)) if *seen >= revision => {}
             _ => {
+                let (namespace, api) = (sub.namespace.clone(), sub.api.clone());
                 subs.insert(sub.namespace.clone(), (sub, revision));
+                self.reopen(&namespace, &api);
             }
         }
     }
@@ -146,6 +159,7 @@ impl View {
                 self.subscribers.remove(api);
             }
         }
+        self.reopen(namespace, api);
     }
 
     pub fn subscription(&self, namespace: &str, api: &str) -> Option<&(Subscription, Revision)> {
@@ -157,13 +171,16 @@ impl View {
         match self.registrations.get(&reg.name) {
             Some((_, seen)) if *seen >= revision => {}
             _ => {
+                let api = reg.name.clone();
                 self.registrations.insert(reg.name.clone(), (reg, revision));
+                self.reopen_api(&api);
             }
         }
     }
 
     pub fn delete_registration(&mut self, name: &str) {
         self.registrations.remove(name);
+        self.reopen_api(name);
     }
 
     pub fn registration(&self, name: &str) -> Option<&(ApiRegistration, Revision)> {
@@ -173,12 +190,15 @@ impl View {
     pub fn put_given_up(&mut self, namespace: &str, api: &str, attempt: Attempt) {
         self.mark(api);
         self.given_up.insert((namespace.to_string(), api.to_string()), attempt);
+        self.reopen(namespace, api);
     }
 
     /// Forgets a given-up record; true when there was one.
     pub fn delete_given_up(&mut self, namespace: &str, api: &str) -> bool {
         self.mark(api);
-        self.given_up.remove(&(namespace.to_string(), api.to_string())).is_some()
+        let had = self.given_up.remove(&(namespace.to_string(), api.to_string())).is_some();
+        self.reopen(namespace, api);
+        had
     }
 
     pub fn has_given_up(&self, namespace: &str, api: &str) -> bool {
@@ -281,6 +301,75 @@ impl View {
         self.subscription(namespace, api).is_none_or(|(s, _)| !s.active)
     }
 
+    /// Keeps, from now on, which subscribers of every API are not done
+    /// with its registration's SyncID ([`View::done`]), for
+    /// [`View::only_open`]. Off by default: it costs a decision per
+    /// subscriber on every registration change.
+    pub fn track_fanouts(&mut self) {
+        self.open = Some(HashMap::new());
+        self.reopen_all();
+    }
+
+    /// Whether `namespace`'s subscription to `api` is done with the
+    /// registration's SyncID, as `fanout.completed` counts it (§14): synced
+    /// to it, or given up on in `state: error`.
+    pub fn done(&self, namespace: &str, api: &str) -> bool {
+        let Some((sub, _)) = self.subscription(namespace, api) else { return false };
+        match self.decide(namespace, api, false) {
+            Decision::Nothing(Idle::Synced) => true,
+            Decision::Nothing(Idle::GivenUp) => sub.state == kayra_core::SubscriptionState::Error,
+            _ => false,
+        }
+    }
+
+    /// With fan-outs tracked: whether every subscriber of `api` but
+    /// `namespace` is done ([`View::done`]). `None` when not tracked.
+    pub fn only_open(&self, api: &str, namespace: &str) -> Option<bool> {
+        let open = self.open.as_ref()?;
+        Some(open.get(api).is_none_or(|open| open.iter().all(|ns| ns == namespace)))
+    }
+
+    /// Brings `namespace`'s entry in the open set of `api` up to date.
+    fn reopen(&mut self, namespace: &str, api: &str) {
+        if self.open.is_none() {
+            return;
+        }
+        // Without a registration there is no fan-out to finish.
+        let open = self.registration(api).is_some()
+            && self.subscription(namespace, api).is_some()
+            && !self.done(namespace, api);
+        let Some(sets) = self.open.as_mut() else { return };
+        if open {
+            sets.entry(api.to_string()).or_default().insert(namespace.to_string());
+        } else if let Some(set) = sets.get_mut(api) {
+            set.remove(namespace);
+            if set.is_empty() {
+                sets.remove(api);
+            }
+        }
+    }
+
+    /// [`View::reopen`] for every subscriber of `api`.
+    fn reopen_api(&mut self, api: &str) {
+        let Some(sets) = self.open.as_ref() else { return };
+        let mut namespaces: Vec<String> =
+            self.subscribers.get(api).into_iter().flatten().map(|(ns, _)| ns.clone()).collect();
+        namespaces.extend(sets.get(api).into_iter().flatten().cloned());
+        for namespace in namespaces {
+            self.reopen(&namespace, api);
+        }
+    }
+
+    /// [`View::reopen`] for every subscriber of every API.
+    fn reopen_all(&mut self) {
+        let Some(sets) = self.open.as_mut() else { return };
+        sets.clear();
+        let apis: Vec<String> = self.subscribers.keys().cloned().collect();
+        for api in apis {
+            self.reopen_api(&api);
+        }
+    }
+
     /// Per registration: active subscribers whose CurrentSyncID differs
     /// (`kayra_subscriptions_behind{api}`).
     pub fn behind_counts(&self) -> Vec<(String, usize)> {
@@ -339,7 +428,6 @@ impl View {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::decide::Idle;
 
     fn sub(ns: &str, api: &str, active: bool, current: &str) -> Subscription {
         Subscription { active, current_sync_id: current.into(), ..Subscription::new(ns, api) }
@@ -458,5 +546,128 @@ mod tests {
         assert!(view.subscription("a", "x.io").is_none());
         assert_eq!(view.behind("x.io", "2"), vec!["b"]);
         assert_eq!(view.orphaned_given_up(), vec![("a".to_string(), "x.io".to_string())]);
+    }
+
+    /// One change to a view, of the few namespaces, APIs and SyncIDs a
+    /// sequence draws from.
+    #[derive(Debug, Clone)]
+    enum Change {
+        Subscription { ns: u8, api: u8, active: bool, current: u8, error: bool },
+        DeleteSubscription { ns: u8, api: u8 },
+        Registration { api: u8, sync_id: u8, staged: bool },
+        DeleteRegistration { api: u8 },
+        GivenUp { ns: u8, api: u8, stale: bool },
+        DeleteGivenUp { ns: u8, api: u8 },
+        Rollout { api: u8, sync_id: u8 },
+        DeleteRollout { api: u8 },
+        Relist { keep: u8 },
+        Track,
+    }
+
+    fn change() -> impl proptest::strategy::Strategy<Value = Change> {
+        use proptest::prelude::*;
+        let (ns, api, id) = (0u8..4, 0u8..2, 0u8..3);
+        prop_oneof![
+            4 => (ns.clone(), api.clone(), any::<bool>(), id.clone(), any::<bool>())
+                .prop_map(|(ns, api, active, current, error)| Change::Subscription { ns, api, active, current, error }),
+            1 => (ns.clone(), api.clone()).prop_map(|(ns, api)| Change::DeleteSubscription { ns, api }),
+            2 => (api.clone(), id.clone(), any::<bool>())
+                .prop_map(|(api, sync_id, staged)| Change::Registration { api, sync_id, staged }),
+            1 => api.clone().prop_map(|api| Change::DeleteRegistration { api }),
+            2 => (ns.clone(), api.clone(), any::<bool>()).prop_map(|(ns, api, stale)| Change::GivenUp { ns, api, stale }),
+            1 => (ns, api.clone()).prop_map(|(ns, api)| Change::DeleteGivenUp { ns, api }),
+            1 => (api.clone(), id).prop_map(|(api, sync_id)| Change::Rollout { api, sync_id }),
+            1 => api.prop_map(|api| Change::DeleteRollout { api }),
+            1 => any::<u8>().prop_map(|keep| Change::Relist { keep }),
+            1 => Just(Change::Track),
+        ]
+    }
+
+    /// Applies `change` as of `revision`.
+    fn apply(view: &mut View, change: &Change, revision: Revision) {
+        let name = |api: u8| format!("{api}.io");
+        match *change {
+            Change::Subscription { ns, api, active, current, error } => {
+                let state = if error { kayra_core::SubscriptionState::Error } else { Default::default() };
+                let current = if active { current.to_string() } else { String::new() };
+                let sub = Subscription { state, ..sub(&ns.to_string(), &name(api), active, &current) };
+                view.put_subscription(sub, revision);
+            }
+            Change::DeleteSubscription { ns, api } => view.delete_subscription(&ns.to_string(), &name(api)),
+            Change::Registration { api, sync_id, staged } => {
+                let rollout = staged.then(kayra_core::rollout::RolloutPolicy::default);
+                view.put_registration(ApiRegistration { rollout, ..reg(&name(api), &sync_id.to_string()) }, revision);
+            }
+            Change::DeleteRegistration { api } => view.delete_registration(&name(api)),
+            Change::GivenUp { ns, api, stale } => {
+                let ns = ns.to_string();
+                let subscription_revision = view.subscription(&ns, &name(api)).map_or(0, |(_, r)| *r);
+                let registration_revision =
+                    view.registration(&name(api)).map_or(0, |(_, r)| *r) + Revision::from(stale);
+                let attempt = Attempt { subscription_revision, registration_revision, cancelled: false };
+                view.put_given_up(&ns, &name(api), attempt);
+            }
+            Change::DeleteGivenUp { ns, api } => {
+                view.delete_given_up(&ns.to_string(), &name(api));
+            }
+            Change::Rollout { api, sync_id } => {
+                let rollout =
+                    kayra_core::rollout::Rollout { api: name(api), sync_id: sync_id.to_string(), ..Default::default() };
+                view.put_rollout(RolloutRecord { rollout, ..Default::default() }, revision);
+            }
+            Change::DeleteRollout { api } => view.delete_rollout(&name(api)),
+            Change::Relist { keep } => {
+                let all: Vec<(Subscription, Revision)> =
+                    view.subscribers.values().flat_map(|s| s.values().cloned()).collect();
+                let kept = all.into_iter().enumerate().filter(|(i, _)| keep & (1 << (i % 8)) != 0).map(|(_, s)| s);
+                view.replace_subscriptions(kept.collect());
+            }
+            Change::Track => view.track_fanouts(),
+        }
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig {
+            cases: 256,
+            max_shrink_time: 10_000,
+            ..proptest::prelude::ProptestConfig::default()
+        })]
+
+        /// The open index answers as a walk over every subscriber would,
+        /// after any sequence of changes (started tracked or not).
+        #[test]
+        fn the_open_index_answers_like_a_walk(
+            tracked in proptest::prelude::any::<bool>(),
+            changes in proptest::collection::vec(change(), 1..60),
+        ) {
+            let mut view = View::default();
+            if tracked {
+                view.track_fanouts();
+            }
+            for (i, change) in changes.iter().enumerate() {
+                apply(&mut view, change, i as Revision + 1);
+                let Some(open) = &view.open else {
+                    proptest::prop_assert_eq!(view.only_open("0.io", "0"), None);
+                    continue;
+                };
+                let mut walked: HashMap<String, HashSet<String>> = HashMap::new();
+                for (api, subs) in &view.subscribers {
+                    for ns in subs.keys() {
+                        if view.registration(api).is_some() && !view.done(ns, api) {
+                            walked.entry(api.clone()).or_default().insert(ns.clone());
+                        }
+                    }
+                }
+                proptest::prop_assert_eq!(open, &walked, "after {:?}", change);
+                for api in ["0.io", "1.io"] {
+                    for ns in ["0", "1", "2", "3"] {
+                        let others_done = view.subscribers_of(api).all(|(other, _)| {
+                            other == ns || view.registration(api).is_none() || view.done(other, api)
+                        });
+                        proptest::prop_assert_eq!(view.only_open(api, ns), Some(others_done));
+                    }
+                }
+            }
+        }
     }
 }

@@ -14,7 +14,7 @@ use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use common::{Kind, Running, Seed, eventually, store};
-use kayra_catalog::repo::Repository;
+use kayra_catalog::repo::{RecordRef, Repository};
 use kayra_config::{NotificationsConfig, ReconcilerConfig, SecretSource};
 use kayra_core::notifications::{Delivery, DeliveryState};
 use kayra_reconciler::Reconciler;
@@ -357,6 +357,55 @@ async fn a_fan_out_tells_each_failure_once_and_completes_once(kind: Kind) {
     assert_eq!(completed("s2")().len(), 1, "no second fanout.completed for s2");
 }
 
+/// The result that finishes a fan-out carries its event (§14: in the
+/// causing transaction): with one job at a time, the fan-out marker and
+/// the event's delivery are written with the last subscriber's result,
+/// not after it by the debounced check.
+async fn the_last_result_carries_the_fan_out(kind: Kind) {
+    let ts = store(kind).await;
+    let repo = Repository::new(ts.store.clone(), "dev", "local");
+    let receiver = Receiver::start(|_| Answer::Status(200)).await;
+    let mut setup = setup(&receiver, &["fanout.completed"], 10, "5s");
+    setup.config.max_concurrent_reconciles = 1;
+    let _reconciler = start(&repo, &setup);
+    let seed = Seed(&repo);
+    seed.registration(API, "m", "s1").await;
+    let namespaces = ["ns-a", "ns-b", "ns-c"];
+    for ns in namespaces {
+        seed.namespace(ns).await;
+        seed.subscription(ns, API).await;
+    }
+    for sync_id in ["s1", "s2"] {
+        if sync_id == "s2" {
+            seed.bump(API, sync_id).await;
+        }
+        let told = || receiver.of_type("fanout.completed").into_iter().filter(|g| g.json()["sync_id"] == sync_id);
+        eventually("the fan-out completes", || async { told().next().is_some() }).await;
+        let store = repo.store();
+        let marker = store.get(&repo.store_key_of(RecordRef::FanoutMarker(API))).await.unwrap().0.unwrap();
+        let mut last = 0;
+        for ns in namespaces {
+            let key = repo.store_key_of(RecordRef::Subscription { namespace: ns, api: API });
+            last = last.max(store.get(&key).await.unwrap().0.unwrap().mod_revision);
+        }
+        // etcd gives a transaction one revision; the local store one per
+        // put, the subscription's last, its riders (run, cursor, the
+        // marker, the delivery) just before it.
+        match kind {
+            Kind::Etcd => assert_eq!(marker.mod_revision, last, "{sync_id}: the marker is in the last result's txn"),
+            Kind::Local => assert!(
+                marker.mod_revision < last && last - marker.mod_revision <= 4,
+                "{sync_id}: the marker at {} is a rider of the last result at {last}",
+                marker.mod_revision
+            ),
+        }
+        assert_eq!(told().count(), 1, "{sync_id}: told once");
+    }
+    let data = receiver.of_type("fanout.completed").last().unwrap().json()["data"].clone();
+    assert_eq!((data["total"].as_u64(), data["synced"].as_u64()), (Some(3), Some(3)));
+    assert!(logs().contains("fan-out completed with this result"));
+}
+
 async fn a_registration_without_subscribers_tells_nothing(kind: Kind) {
     let ts = store(kind).await;
     let repo = Repository::new(ts.store.clone(), "dev", "local");
@@ -561,6 +610,7 @@ notify_tests!(
     a_sink_that_never_answers_ends_dead_and_a_retry_sends_it_again,
     retry_after_is_honoured,
     a_fan_out_tells_each_failure_once_and_completes_once,
+    the_last_result_carries_the_fan_out,
     a_registration_without_subscribers_tells_nothing,
     a_sinks_secrets_never_reach_logs_records_or_errors,
 );

@@ -463,6 +463,17 @@ impl Repository {
                 txn = txn.then(Op::Delete { key: fence });
             }
         }
+        if let Some(fanout) = &write.fanout {
+            let marker = self.layout.key(RecordRef::FanoutMarker(fanout.api));
+            let guard = match fanout.seen {
+                Some(revision) => Compare::ModRevision(marker.clone(), revision),
+                None => Compare::Absent(marker.clone()),
+            };
+            txn = txn
+                .when(guard)
+                .otherwise(Op::Get { key: marker.clone() })
+                .then(Op::Put { key: marker, value: encode(fanout.marker) });
+        }
         if let Some(next) = write.next {
             // A result is no re-sync request (§4.4 `trigger`): its echo must
             // never read as one, whatever `next` carried over.
@@ -483,11 +494,19 @@ impl Repository {
             txn = txn.then(Op::Put { key, value });
         }
         let resp = self.store.txn_grouped(txn).await?;
-        Ok(match (resp.succeeded, write.lock, resp.gets.first()) {
-            (true, _, _) => ResultCommit::Committed(resp.revision),
-            (false, Some(_), Some(None)) => ResultCommit::Fenced,
-            (false, _, _) => ResultCommit::Stale,
-        })
+        if resp.succeeded {
+            return Ok(ResultCommit::Committed(resp.revision));
+        }
+        let mut gets = resp.gets.iter();
+        if write.lock.is_some() && matches!(gets.next(), Some(None)) {
+            return Ok(ResultCommit::Fenced);
+        }
+        if let (Some(fanout), Some(found)) = (&write.fanout, gets.next())
+            && found.as_ref().map(|kv| kv.mod_revision) != fanout.seen
+        {
+            return Ok(ResultCommit::MarkerMoved);
+        }
+        Ok(ResultCommit::Stale)
     }
 }
 
@@ -553,6 +572,19 @@ pub struct ResultWrite<'a> {
     pub lock: Option<&'a JobLock>,
     /// With `lock`, delete the lock key in the same transaction.
     pub unlock: bool,
+    /// The fan-out this result finishes (§14 `fanout.completed`): its
+    /// marker is written too, and the write commits only while the
+    /// marker is as seen (else [`ResultCommit::MarkerMoved`]).
+    pub fanout: Option<FanoutWrite<'a>>,
+}
+
+/// The fan-out marker a result writes when it finishes its API's fan-out.
+#[derive(Debug, Clone, Copy)]
+pub struct FanoutWrite<'a> {
+    pub api: &'a str,
+    /// The marker's revision as seen (`None`: no marker yet).
+    pub seen: Option<Revision>,
+    pub marker: &'a kayra_core::notifications::FanoutMarker,
 }
 
 /// What [`Repository::write_result`] did.
@@ -564,6 +596,9 @@ pub enum ResultCommit {
     Stale,
     /// The job lock is no longer held: nothing was written.
     Fenced,
+    /// The fan-out marker moved since it was seen (another writer recorded
+    /// the fan-out): nothing was written; write again without it.
+    MarkerMoved,
 }
 
 fn encode<T: Serialize>(value: &T) -> Vec<u8> {
@@ -661,7 +696,14 @@ mod tests {
             store_key: store_key.into(),
         };
         let lock = lock_at("/locks/gone");
-        let write = ResultWrite { seen: &seen, next: Some(&next), clear_runs: false, lock: Some(&lock), unlock: true };
+        let write = ResultWrite {
+            seen: &seen,
+            next: Some(&next),
+            clear_runs: false,
+            lock: Some(&lock),
+            unlock: true,
+            fanout: None,
+        };
         assert_eq!(repo.write_result(&write, &riders).await.unwrap(), ResultCommit::Fenced);
         assert_eq!(repo.get::<Subscription>(RecordRef::Subscription { namespace, api }).await.unwrap().unwrap(), seen);
         assert!(runs(&repo).await.is_empty());
@@ -683,7 +725,7 @@ mod tests {
         // Decided on an old revision: stale, and its riders are not written.
         let second = run("r2");
         let cursor_rider = Rider::RunCursor { namespace, api, cursor: RunCursor { next: 2 } };
-        let write = ResultWrite { seen: &seen, next: None, clear_runs: false, lock: None, unlock: false };
+        let write = ResultWrite { seen: &seen, next: None, clear_runs: false, lock: None, unlock: false, fanout: None };
         let riders = [Rider::Run { run: &second, slot: 1 }, cursor_rider];
         assert_eq!(repo.write_result(&write, &riders).await.unwrap(), ResultCommit::Stale);
         assert_eq!((runs(&repo).await, cursor(&repo).await), (vec!["r1".to_string()], None));
@@ -699,7 +741,14 @@ mod tests {
 
         // A run history of 0: the rewrite clears the runs.
         let last = Subscription { state: kayra_core::SubscriptionState::Error, ..next.clone() };
-        let write = ResultWrite { seen: &current, next: Some(&last), clear_runs: true, lock: None, unlock: false };
+        let write = ResultWrite {
+            seen: &current,
+            next: Some(&last),
+            clear_runs: true,
+            lock: None,
+            unlock: false,
+            fanout: None,
+        };
         assert!(matches!(repo.write_result(&write, &[]).await.unwrap(), ResultCommit::Committed(_)));
         assert!(runs(&repo).await.is_empty());
     }

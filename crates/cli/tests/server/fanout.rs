@@ -52,7 +52,7 @@ async fn record_result(repo: &Repository, seen: &Versioned<Subscription>, sync_i
         None => next.state = SubscriptionState::Error,
     }
     if next != seen.value {
-        let write = ResultWrite { seen, next: Some(&next), clear_runs: false, lock: None, unlock: false };
+        let write = ResultWrite { seen, next: Some(&next), clear_runs: false, lock: None, unlock: false, fanout: None };
         repo.write_result(&write, &[]).await.expect("record the result");
     }
 }

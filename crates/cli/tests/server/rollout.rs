@@ -29,7 +29,8 @@ async fn with_policy(kayra: &Kayra, namespaces: &[&str]) -> String {
         let seen = kayra.repo.get_subscription(ns, API).await.unwrap().unwrap();
         let mut next = seen.value.clone();
         (next.active, next.state, next.current_sync_id) = (true, SubscriptionState::Success, sync_id.clone());
-        let write = ResultWrite { seen: &seen, next: Some(&next), clear_runs: false, lock: None, unlock: false };
+        let write =
+            ResultWrite { seen: &seen, next: Some(&next), clear_runs: false, lock: None, unlock: false, fanout: None };
         kayra.repo.write_result(&write, &[]).await.unwrap();
     }
     sync_id
