@@ -752,4 +752,44 @@ mod tests {
         assert!(matches!(repo.write_result(&write, &[]).await.unwrap(), ResultCommit::Committed(_)));
         assert!(runs(&repo).await.is_empty());
     }
+
+    #[tokio::test]
+    async fn a_result_finishing_a_fan_out_commits_only_while_the_marker_is_as_seen() {
+        let (_dir, repo) = local_repo().await;
+        let (namespace, api) = ("core", "compute.example.com");
+        let sub = Subscription::new(namespace, api);
+        let revision = repo.create(RecordRef::Subscription { namespace, api }, &sub, "subscription").await.unwrap();
+        let seen = Versioned { value: sub.clone(), revision };
+        let next = Subscription { active: true, ..sub };
+        let marker = kayra_core::notifications::FanoutMarker { sync_id: "s1".into() };
+        let fanout = FanoutWrite { api, seen: None, marker: &marker };
+        let write = ResultWrite {
+            seen: &seen,
+            next: Some(&next),
+            clear_runs: false,
+            lock: None,
+            unlock: false,
+            fanout: Some(fanout),
+        };
+
+        // Another writer recorded a fan-out first: nothing is written.
+        let other = kayra_core::notifications::FanoutMarker { sync_id: "s0".into() };
+        assert!(repo.complete_fanout(api, None, &other, &[]).await.unwrap());
+        let moved = repo.fanout_marker(api).await.unwrap().unwrap();
+        assert_eq!(repo.write_result(&write, &[]).await.unwrap(), ResultCommit::MarkerMoved);
+        assert_eq!(repo.get::<Subscription>(RecordRef::Subscription { namespace, api }).await.unwrap().unwrap(), seen);
+
+        // As seen: the marker and the subscription commit together.
+        let write = ResultWrite { fanout: Some(FanoutWrite { seen: Some(moved.revision), ..fanout }), ..write };
+        let ResultCommit::Committed(at) = repo.write_result(&write, &[]).await.unwrap() else {
+            panic!("the result commits while the marker is as seen")
+        };
+        let stored = repo.fanout_marker(api).await.unwrap().unwrap();
+        assert_eq!(stored.value, marker);
+        assert!(stored.revision <= at && stored.revision > moved.revision);
+
+        // A stale subscription with the marker as seen is stale, not moved.
+        let write = ResultWrite { fanout: Some(FanoutWrite { seen: Some(stored.revision), ..fanout }), ..write };
+        assert_eq!(repo.write_result(&write, &[]).await.unwrap(), ResultCommit::Stale);
+    }
 }
