@@ -4,7 +4,9 @@
 //! The reconciler writes and settles the records; this module lists them
 //! (without the stored-only scheduling fields: [`DeliveryView`]) and makes
 //! a dead one pending again. A retry of a delivery that is not dead is a
-//! 409: a pending one is tried anyway, a delivered one was answered.
+//! 409: a pending one is tried anyway, a delivered one was answered. A
+//! retry is a change, audited like any other ([`Audited`]): its record,
+//! named by the delivery's id, rides on the write.
 
 use axum::Json;
 use axum::extract::State;
@@ -12,10 +14,12 @@ use kayra_core::notifications::{DeliveryState, DeliveryView};
 use serde::Deserialize;
 use utoipa::IntoParams;
 
+use super::audit::Audited;
 use super::error::{ApiError, ErrorBody};
 use super::extract::{JsonBody, Path, Query};
 use super::list::{List, ListQuery, page_in_memory};
 use super::{ApiState, Empty};
+use crate::repo::audit::AuditContext;
 
 /// `?state=pending|delivered|dead&sink=NAME&limit=N&continue=TOKEN`.
 #[derive(Debug, Default, Deserialize, IntoParams)]
@@ -59,9 +63,15 @@ pub(crate) async fn list(
         (status = 404, body = ErrorBody, description = "no such delivery"),
         (status = 409, body = ErrorBody, description = "the delivery is not dead")))]
 pub(crate) async fn retry(
-    State(state): State<ApiState>,
+    Audited(state): Audited,
     Path(id): Path<String>,
     JsonBody(Empty {}): JsonBody<Empty>,
 ) -> Result<Json<DeliveryView>, ApiError> {
-    Ok(Json(state.repo.retry_delivery(&id).await?.view()))
+    // The route's path names the delivery by `id`, not `name`: the record
+    // names it by its id.
+    let repo = match state.repo.audit_context() {
+        Some(context) => state.repo.audited(AuditContext { name: id.clone(), ..context.clone() }),
+        None => state.repo.clone(),
+    };
+    Ok(Json(repo.retry_delivery(&id).await?.view()))
 }

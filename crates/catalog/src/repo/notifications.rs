@@ -10,7 +10,8 @@
 use kayra_core::notifications::{Delivery, DeliveryState, FanoutMarker};
 use kayra_store::{Compare, Op, Revision, Txn};
 
-use super::{Change, Collection, Error, RecordRef, Repository, Result, Versioned, encode};
+use super::audit::shown;
+use super::{Collection, Error, RecordRef, Repository, Result, Versioned, encode};
 
 /// One page of deliveries, in id order.
 #[derive(Debug)]
@@ -48,26 +49,36 @@ impl Repository {
 
     /// Makes the dead delivery `id` pending again, its attempts reset and
     /// due now. `NotFound` for an unknown id, `Conflict` when it is not dead
-    /// (a pending one is tried anyway; a delivered one was answered).
+    /// (a pending one is tried anyway; a delivered one was answered). The
+    /// retry is a change: with an audit context on this handle, its record
+    /// (the delivery as the list shows it, before and after) rides on the
+    /// write, made afresh on every compare-and-swap retry.
     pub async fn retry_delivery(&self, id: &str) -> Result<Delivery> {
         let record = RecordRef::Delivery(id);
         let what = format!("notification {id:?}");
-        let retried = self
-            .modify::<Delivery, _>(record, &what, |d| match d.state {
-                DeliveryState::Dead => {
-                    d.state = DeliveryState::Pending;
-                    d.attempts = 0;
-                    d.next_attempt_at_ms = 0;
-                    d.claim = None;
-                    Change::Write
-                }
-                other => Change::Abort(Error::Conflict(format!(
+        loop {
+            let current = self.get::<Delivery>(record).await?.ok_or_else(|| Error::NotFound(what.clone()))?;
+            if current.value.state != DeliveryState::Dead {
+                return Err(Error::Conflict(format!(
                     "notification {id:?} is {}, not dead: only a dead one can be retried",
-                    other.as_str()
-                ))),
-            })
-            .await?;
-        Ok(retried.value)
+                    current.value.state.as_str()
+                )));
+            }
+            let next = Delivery {
+                state: DeliveryState::Pending,
+                attempts: 0,
+                next_attempt_at_ms: 0,
+                claim: None,
+                ..current.value.clone()
+            };
+            let handle = self.auditing(shown(&current.value.view()), shown(&next.view()));
+            match handle.update(record, &next, current.revision, &what).await {
+                Ok(_) => return Ok(next),
+                // Settled or retried meanwhile: decide again on what is there now.
+                Err(Error::Conflict(_)) => continue,
+                Err(e) => return Err(e),
+            }
+        }
     }
 
     /// Records that `api`'s fan-out to `marker.sync_id` completed, with the
@@ -156,5 +167,30 @@ mod tests {
         assert!(matches!(repo.retry_delivery("a.ops").await, Err(Error::Conflict(_))), "pending now");
         assert!(matches!(repo.retry_delivery("b.ops").await, Err(Error::Conflict(_))), "delivered");
         assert!(matches!(repo.retry_delivery("nope.ops").await, Err(Error::NotFound(_))));
+    }
+
+    #[tokio::test]
+    async fn a_retry_writes_its_audit_record_with_it_and_a_refused_one_none() {
+        use crate::repo::audit::{AuditContext, AuditFilter};
+        let (_dir, repo) = local_repo().await;
+        let dead = delivery("a", "ops", DeliveryState::Dead);
+        repo.create(RecordRef::Delivery(&dead.id), &dead, "delivery").await.unwrap();
+        let audited = repo.audited(AuditContext { user: "alice".into(), name: dead.id.clone(), ..Default::default() });
+        audited.retry_delivery(&dead.id).await.unwrap();
+        assert!(matches!(audited.retry_delivery(&dead.id).await, Err(Error::Conflict(_))), "pending now");
+        assert!(matches!(audited.retry_delivery("nope.ops").await, Err(Error::NotFound(_))));
+        let page = repo.list_audit(&AuditFilter::default(), None, 0).await.unwrap();
+        assert_eq!(page.items.len(), 1, "{:#?}", page.items);
+        let record = &page.items[0];
+        assert_eq!((record.user.as_str(), record.name.as_str()), ("alice", "a.ops"));
+        assert_eq!(
+            (&record.before["state"], &record.before["attempts"]),
+            (&serde_json::json!("dead"), &serde_json::json!(3))
+        );
+        assert_eq!(
+            (&record.after["state"], &record.after["attempts"]),
+            (&serde_json::json!("pending"), &serde_json::json!(0))
+        );
+        assert!(record.after.get("claim").is_none(), "the list's shape, without the scheduling fields");
     }
 }
