@@ -846,6 +846,27 @@ reconciler:
     }
 
     #[test]
+    fn stream_caps_default_to_100_and_10000_and_refuse_zero_naming_the_key() {
+        let c = Config::parse("", "t").unwrap();
+        c.validate().unwrap();
+        assert_eq!((c.server.max_streams_per_user, c.server.max_streams), (100, 10_000));
+        let c = Config::parse("server: {max_streams_per_user: 1, max_streams: 1}", "t").unwrap();
+        c.validate().unwrap();
+        assert_eq!((c.server.max_streams_per_user, c.server.max_streams), (1, 1));
+        for (text, key) in [
+            ("server: {max_streams_per_user: 0}", "server.max_streams_per_user"),
+            ("server: {max_streams: 0}", "server.max_streams"),
+        ] {
+            let e = err(text);
+            assert_eq!(e, format!("config: {key}: must be greater than zero"), "{text}");
+        }
+        for text in ["server: {max_streams: -1}", "server: {max_streams_per_user: many}"] {
+            let e = err(text);
+            assert!(e.contains("max_streams"), "{text}: {e}");
+        }
+    }
+
+    #[test]
     fn max_retry_after_is_above_zero_and_at_most_an_hour() {
         let limits = |v: &str| format!("reconciler:\n  limits:\n    trigger: {{max_retry_after: \"{v}\"}}\n");
         for bad in ["0s", "0ms", "3601s", "2h", "300000000000y"] {
