@@ -7,10 +7,12 @@
 //! writable fields are `Option`s: a field the document leaves out is not
 //! compared and not written, so it keeps its value on the server. A test
 //! below keeps these field lists equal to the server's resource types minus
-//! their computed fields.
+//! their computed fields (the fields each type's `Deserialize` reads, so a
+//! field the server leaves out of its answers when empty counts too).
 
+use kayra_core::rollout::RolloutPolicy;
 use serde::de::DeserializeOwned;
-use serde::{Deserialize, Serialize};
+use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::{Map, Value};
 
 /// The kinds, in the order `apply` writes them: what a later kind refers to
@@ -165,7 +167,11 @@ fn every() -> Vec<String> {
 }
 
 /// An API registration (§4.2). An empty `sync_id` means "let the server
-/// choose" and is dropped when the document is checked.
+/// choose" and is dropped when the document is checked. `rollout` (§12) is
+/// the whole policy: left out, the server's is kept; `null`, the
+/// registration has none (a policy the server holds is removed); a policy
+/// replaces the server's (a key it leaves out is removed with it, so
+/// `progress_deadline` left out means no deadline).
 #[derive(Debug, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RegistrationDoc {
@@ -180,6 +186,15 @@ struct RegistrationDoc {
     endpoint: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     description: Option<String>,
+    /// `None`: left out; `Some(None)`: `null`.
+    #[serde(default, deserialize_with = "present", skip_serializing_if = "Option::is_none")]
+    rollout: Option<Option<RolloutPolicy>>,
+}
+
+/// A field the document holds, `null` included (`Some(None)`): with
+/// `default`, a field left out stays `None`, which `null` alone would be too.
+fn present<'de, D: Deserializer<'de>, T: Deserialize<'de>>(deserializer: D) -> Result<Option<T>, D::Error> {
+    T::deserialize(deserializer).map(Some)
 }
 
 /// A cluster role binding (§5.3): both ends are required, as on create.
@@ -218,12 +233,43 @@ mod tests {
 
     use super::*;
 
-    /// The keys of a resource as the server serializes it.
-    fn keys_of(value: impl Serialize) -> BTreeSet<String> {
-        match serde_json::to_value(value).unwrap() {
-            Value::Object(map) => map.into_iter().map(|(k, _)| k).collect(),
-            other => panic!("not an object: {other}"),
+    /// The fields of a resource type: the names its derived `Deserialize`
+    /// hands to `deserialize_struct`, recorded here by a deserializer that
+    /// then stops. Unlike the keys of a serialized value, this holds the
+    /// fields a `skip_serializing_if` leaves out (a registration's
+    /// `rollout` when it has none).
+    fn fields_of<T: DeserializeOwned>() -> BTreeSet<String> {
+        use serde::de::{Error as _, Visitor, value::Error};
+
+        struct Fields<'a>(&'a mut &'static [&'static str]);
+
+        impl<'de> Deserializer<'de> for Fields<'_> {
+            type Error = Error;
+
+            fn deserialize_any<V: Visitor<'de>>(self, _: V) -> Result<V::Value, Error> {
+                Err(Error::custom("not a struct"))
+            }
+
+            fn deserialize_struct<V: Visitor<'de>>(
+                self,
+                _: &'static str,
+                fields: &'static [&'static str],
+                _: V,
+            ) -> Result<V::Value, Error> {
+                *self.0 = fields;
+                Err(Error::custom("fields recorded"))
+            }
+
+            serde::forward_to_deserialize_any! {
+                bool i8 i16 i32 i64 i128 u8 u16 u32 u64 u128 f32 f64 char str string bytes byte_buf option
+                unit unit_struct newtype_struct seq tuple tuple_struct map enum identifier ignored_any
+            }
         }
+
+        let mut fields: &'static [&'static str] = &[];
+        let _ = T::deserialize(Fields(&mut fields));
+        assert!(!fields.is_empty(), "{} is not a struct with named fields", std::any::type_name::<T>());
+        fields.iter().map(|f| f.to_string()).collect()
     }
 
     /// The keys a document of `kind` may hold, found by reading a document
@@ -254,6 +300,7 @@ mod tests {
     fn sample(key: &str) -> Value {
         match key {
             "rules" => json!([]),
+            "rollout" => json!({"waves": [{"name": "all"}]}),
             "active" => json!(true),
             "labels" => json!({"tier": "canary"}),
             _ => json!("v"),
@@ -266,19 +313,19 @@ mod tests {
     #[test]
     fn documents_take_the_resources_writable_fields() {
         let cases: [(Kind, BTreeSet<String>, &[&str]); 7] = [
-            (Kind::Namespace, keys_of(resources::Namespace::default()), &["active"]),
-            (Kind::User, keys_of(resources::User::default()), &[]),
-            (Kind::Role, keys_of(resources::Role::default()), &[]),
+            (Kind::Namespace, fields_of::<resources::Namespace>(), &["active"]),
+            (Kind::User, fields_of::<resources::User>(), &[]),
+            (Kind::Role, fields_of::<resources::Role>(), &[]),
             (
                 Kind::ApiRegistration,
-                keys_of(resources::ApiRegistration::default()),
+                fields_of::<resources::ApiRegistration>(),
                 &["sync_id_updated_at", "platform", "region"],
             ),
-            (Kind::ClusterRoleBinding, keys_of(resources::ClusterRoleBinding::default()), &[]),
-            (Kind::RoleBinding, keys_of(resources::RoleBinding::default()), &[]),
+            (Kind::ClusterRoleBinding, fields_of::<resources::ClusterRoleBinding>(), &[]),
+            (Kind::RoleBinding, fields_of::<resources::RoleBinding>(), &[]),
             (
                 Kind::Subscription,
-                keys_of(resources::Subscription::default().view("")),
+                fields_of::<resources::SubscriptionView>(),
                 &["active", "state", "current_sync_id", "expected_sync_id", "synced"],
             ),
         ];
@@ -316,6 +363,26 @@ mod tests {
         );
         let doc = Kind::Namespace.read(json!({"name": "a"}).as_object().unwrap().clone()).unwrap();
         assert_eq!(Value::Object(doc), json!({"name": "a"}), "a field left out stays out");
+    }
+
+    #[test]
+    fn a_rollout_is_read_in_the_stored_form_and_null_is_kept() {
+        let read = |doc: Value| Kind::ApiRegistration.read(doc.as_object().unwrap().clone());
+        let doc = read(json!({"name": "a.example.com", "rollout": {"waves": [{"name": "canary", "size": "1"}]}}));
+        assert_eq!(
+            doc.unwrap()["rollout"],
+            json!({"waves": [{"name": "canary", "size": "1", "approval": "auto"}], "on_failure": "pause"}),
+            "defaults spelt out, as the server answers"
+        );
+        let doc = read(json!({"name": "a.example.com", "rollout": null})).unwrap();
+        assert_eq!(doc.get("rollout"), Some(&Value::Null), "null is the document's: no policy");
+        let doc = read(json!({"name": "a.example.com"})).unwrap();
+        assert_eq!(doc.get("rollout"), None, "left out stays out");
+        let err = read(json!({"name": "a.example.com", "rollout": {"waves": [{"name": "a", "sise": "1"}]}}));
+        let err = err.unwrap_err();
+        assert!(err.contains("rollout.waves[0]") && err.contains("unknown field `sise`"), "{err}");
+        let err = read(json!({"name": "a.example.com", "rollout": {"waves": [{"name": "a", "approval": "maybe"}]}}));
+        assert!(err.unwrap_err().starts_with("field `rollout.waves[0].approval`: unknown variant"));
     }
 
     #[test]

@@ -17,6 +17,7 @@ use std::collections::HashMap;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
+use kayra_core::rollout::RolloutPolicy;
 use kayra_core::{json_kind, names, validation};
 use serde::Deserialize;
 use serde_json::{Map, Value};
@@ -72,29 +73,41 @@ impl Object {
 
     /// The fields the document sets whose value differs from `current`
     /// (the server's object): the merge patch to send, empty when the
-    /// object is as the document says. A map field (a namespace's
-    /// `labels`) is the document's whole map: the patch also removes
-    /// (`null`) the entries it leaves out.
+    /// object is as the document says. An object field (a namespace's
+    /// `labels`, a registration's `rollout`) is the document's whole
+    /// object: the patch also removes (`null`) the keys it leaves out, at
+    /// any depth. A field the document sets to `null` (`rollout: null`)
+    /// equals one the server leaves out of its answer.
     pub fn changes(&self, current: &Value) -> Map<String, Value> {
         self.fields
             .iter()
-            .filter(|(key, value)| current.get(key.as_str()) != Some(value))
-            .map(|(key, value)| match (value, current.get(key.as_str())) {
-                (Value::Object(wanted), Some(Value::Object(had))) => {
-                    let mut patch = wanted.clone();
-                    for gone in had.keys().filter(|k| !wanted.contains_key(*k)) {
-                        patch.insert(gone.clone(), Value::Null);
-                    }
-                    (key.clone(), Value::Object(patch))
-                }
-                _ => clone_pair((key, value)),
-            })
+            .filter_map(|(key, wanted)| Some((key.clone(), merge_patch(current.get(key.as_str()), wanted)?)))
             .collect()
     }
 }
 
-fn clone_pair((key, value): (&String, &Value)) -> (String, Value) {
-    (key.clone(), value.clone())
+/// The JSON merge patch (RFC 7386) that turns `had` (absent: `None`) into
+/// `wanted`, or `None` when they are already equal: objects key by key (a
+/// key `had` holds and `wanted` does not is `null`), anything else whole;
+/// `null` and absent are the same (a merge patch cannot tell them apart).
+fn merge_patch(had: Option<&Value>, wanted: &Value) -> Option<Value> {
+    let had = had.filter(|v| !v.is_null());
+    match (had, wanted) {
+        (None, Value::Null) => None,
+        (Some(had), wanted) if had == wanted => None,
+        (Some(Value::Object(had)), Value::Object(wanted)) => {
+            let mut patch: Map<String, Value> = wanted
+                .iter()
+                .filter_map(|(key, value)| Some((key.clone(), merge_patch(had.get(key), value)?)))
+                .collect();
+            for gone in had.keys().filter(|k| !wanted.contains_key(*k)) {
+                patch.insert(gone.clone(), Value::Null);
+            }
+            // Equal up to `null`s: nothing to send.
+            (!patch.is_empty()).then_some(Value::Object(patch))
+        }
+        (_, wanted) => Some(wanted.clone()),
+    }
 }
 
 /// One source's text and name.
@@ -265,6 +278,11 @@ fn validate(object: &Object) -> Result<(), String> {
                 validation::validate_sync_id(text("sync_id")).map_err(|e| at("sync_id", e))?;
             }
             validation::validate_endpoint(text("endpoint")).map_err(|e| at("endpoint", e))?;
+            if let Some(policy) = object.fields.get("rollout").filter(|p| !p.is_null()) {
+                // The shape rules of §12 (a gate's step shape is the server's to check).
+                let policy: RolloutPolicy = serde_json::from_value(policy.clone()).map_err(|e| at("rollout", e))?;
+                policy.validate().map_err(|e| at(&e.field, e.message))?;
+            }
         }
         Kind::Subscription => {
             names::validate_subdomain("api", &object.name).map_err(|e| at("api", e))?;
@@ -409,6 +427,52 @@ name: alice
         assert!(objects[0].changes(&same).is_empty());
         let err = check_one("kind: Namespace\nname: core\nlabels:\n  a/b/c: x\n").unwrap_err();
         assert!(err[0].contains("field `labels`") && err[0].contains("\"a/b/c\""), "{err:?}");
+    }
+
+    #[test]
+    fn a_rollout_is_the_document_s_whole_policy_and_null_removes_it() {
+        let yaml = "kind: ApiRegistration\nname: a.example.com\nrollout:\n  waves:\n  - {name: canary, size: '1'}\n  - {name: rest}\n";
+        let objects = check_one(yaml).unwrap();
+        let stored = json!({"waves": [{"name": "canary", "size": "1", "approval": "auto"},
+                                      {"name": "rest", "approval": "auto"}], "on_failure": "pause"});
+        assert!(objects[0].changes(&json!({"name": "a.example.com", "rollout": stored})).is_empty());
+        // One wave field differs; a key the server holds and the document
+        // leaves out (a deadline) is removed.
+        let mut had = stored.clone();
+        had["waves"][0]["size"] = json!("2");
+        had["progress_deadline"] = json!("1h");
+        let patch = objects[0].changes(&json!({"name": "a.example.com", "rollout": had}));
+        assert_eq!(Value::Object(patch), json!({"rollout": {"waves": stored["waves"], "progress_deadline": null}}));
+        // None on the server: the whole policy.
+        let patch = objects[0].changes(&json!({"name": "a.example.com"}));
+        assert_eq!(Value::Object(patch), json!({"rollout": stored}));
+
+        // `null` is no policy: equal to none, and removes one.
+        let objects = check_one("kind: ApiRegistration\nname: a.example.com\nrollout: null\n").unwrap();
+        assert!(objects[0].changes(&json!({"name": "a.example.com"})).is_empty());
+        let patch = objects[0].changes(&json!({"name": "a.example.com", "rollout": stored}));
+        assert_eq!(Value::Object(patch), json!({"rollout": null}));
+        // Left out: the server's is kept.
+        let objects = check_one("kind: ApiRegistration\nname: a.example.com\n").unwrap();
+        assert!(objects[0].changes(&json!({"name": "a.example.com", "rollout": stored})).is_empty());
+    }
+
+    #[test]
+    fn a_bad_rollout_is_refused_naming_its_field() {
+        let cases = [
+            ("rollout: {waves: []}", "field `rollout.waves`: needs 1 to 20 waves"),
+            ("rollout: {waves: [{name: a, size: '0'}]}", "field `rollout.waves[0].size`: "),
+            ("rollout: {waves: [{name: a}, {name: a}]}", "field `rollout.waves[1].name`: "),
+            ("rollout: {waves: [{name: a, bake: soon}]}", "field `rollout.waves[0].bake`: "),
+            ("rollout: {waves: [{name: a, gate: yes}]}", "field `rollout.waves[0].gate`: "),
+            ("rollout: {waves: [{name: a}], progress_deadline: 99d}", "field `rollout.progress_deadline`: "),
+            ("rollout: {waves: [{name: a}], on_failure: retry}", "field `rollout.on_failure`: unknown variant"),
+            ("rollout: {wave: [{name: a}]}", "unknown field `wave`"),
+        ];
+        for (rollout, want) in cases {
+            let err = check_one(&format!("kind: ApiRegistration\nname: a.example.com\n{rollout}\n")).unwrap_err();
+            assert!(err[0].starts_with("a.yaml: document 1: ") && err[0].contains(want), "{rollout}: {err:?}");
+        }
     }
 
     #[test]
