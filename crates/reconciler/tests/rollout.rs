@@ -80,15 +80,36 @@ async fn synced_at_s1(repo: &Repository, namespaces: &[&str]) {
 
 /// [`synced_at_s1`] with the registration in `mode`.
 async fn synced_at_s1_in(repo: &Repository, mode: &str, namespaces: &[&str]) {
+    synced_at(repo, mode, "s1", namespaces).await;
+}
+
+/// Registration at `sync_id` in `mode`, `namespaces` subscribed and synced to it.
+async fn synced_at(repo: &Repository, mode: &str, sync_id: &str, namespaces: &[&str]) {
     let seed = Seed(repo);
-    seed.registration(API, mode, "s1").await;
+    seed.registration(API, mode, sync_id).await;
     for ns in namespaces {
         seed.namespace(ns).await;
         seed.subscription(ns, API).await;
     }
     for ns in namespaces {
-        eventually(&format!("{ns} at s1"), || async { seed.get(ns, API).await.is_synced("s1") }).await;
+        eventually(&format!("{ns} at {sync_id}"), || async { seed.get(ns, API).await.is_synced(sync_id) }).await;
     }
+}
+
+/// The revision `api`'s registration is at.
+async fn registration_revision(repo: &Repository, api: &str) -> kayra_store::Revision {
+    repo.get::<ApiRegistration>(kayra_catalog::repo::RecordRef::Registration(api)).await.unwrap().unwrap().revision
+}
+
+/// Waits until the reconciler has given up on `ns`'s subscription with
+/// the registration at `registration` (its run and immediate retry failed).
+async fn given_up_at(repo: &Repository, ns: &str, registration: kayra_store::Revision) {
+    eventually(&format!("{ns} given up at registration revision {registration}"), || async {
+        let key = kayra_catalog::repo::RecordRef::Attempt { namespace: ns, api: API };
+        let attempt = repo.get::<kayra_reconciler::decide::Attempt>(key).await.unwrap();
+        attempt.is_some_and(|a| a.value.registration_revision == registration)
+    })
+    .await;
 }
 
 fn calls(backend: &TestBackend, ns: &str, sync_id: &str) -> usize {
@@ -144,27 +165,197 @@ async fn failures_beyond_max_failures_pause_and_resume_reruns_nothing_failed(kin
     let backend = TestBackend::start().await;
     // The `bad` ones succeed at s1 (mode `first`); at s2 (mode `api`) they fail.
     let running = start_reconciler(&repo, config_with_first(&backend.base));
-    synced_at_s1_in(&repo, "first", &["a0", "a1", "a2", "bad1", "bad2"]).await;
+    synced_at_s1_in(&repo, "first", &["bad1", "bad2", "c0", "c1", "c2"]).await;
+    // In namespace-name order: `early` takes bad1, bad2 and c0; `rest` c1 and c2.
     let policy = RolloutPolicy {
-        waves: vec![WavePolicy { max_failures: "1".into(), ..wave("early") }, wave("rest")],
+        waves: vec![WavePolicy { size: "3".into(), max_failures: "1".into(), ..wave("early") }, wave("rest")],
         ..RolloutPolicy::default()
     };
     change_registration(&repo, "s2", Some("api"), Some(policy)).await;
     let r = reaches(&repo, "s2", RolloutState::Paused).await;
-    assert_eq!(r.rollout.waves[0].state, WaveState::Failed);
-    assert!(r.rollout.reason.starts_with("wave early failed: 2 of 5 subscribers failed"), "{}", r.rollout.reason);
+    assert_eq!(r.records[1].namespaces, ["c1", "c2"]);
+    assert_eq!((r.rollout.wave, r.rollout.waves[0].state), (0, WaveState::Failed));
+    assert_eq!(r.rollout.waves[1].state, WaveState::Pending);
+    assert!(r.rollout.reason.starts_with("wave early failed: 2 of 3 subscribers failed"), "{}", r.rollout.reason);
     for ns in ["bad1", "bad2"] {
         assert_eq!(calls(&backend, ns, "s2"), 2, "the run and its immediate retry");
     }
+    // Paused: the next wave waits. Give a wrongly released job time to show.
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let seed = Seed(&repo);
+    for ns in ["c1", "c2"] {
+        assert_eq!(calls(&backend, ns, "s2"), 0, "{ns} ran while paused: {:?}", backend.calls());
+        assert!(seed.get(ns, API).await.is_synced("s1"), "{ns} keeps its SyncID while paused");
+    }
     let Acted::Done(_) = repo.act_on_rollout(API, Action::Resume, "alice", &Default::default()).await.unwrap() else {
-        panic!()
+        panic!("resume refused")
     };
     let r = reaches(&repo, "s2", RolloutState::Completed).await;
-    assert_eq!((r.rollout.waves[0].synced, r.rollout.waves[0].failed), (3, 2));
+    assert_eq!((r.rollout.waves[0].synced, r.rollout.waves[0].failed), (1, 2));
+    assert_eq!((r.rollout.waves[1].synced, r.rollout.waves[1].failed, r.rollout.waves[1].total), (2, 0, 2));
+    for ns in ["c0", "c1", "c2"] {
+        assert!(seed.get(ns, API).await.is_synced("s2"), "{ns}");
+        assert_eq!(calls(&backend, ns, "s2"), 1, "{ns} runs once after resume: {:?}", backend.calls());
+    }
     tokio::time::sleep(Duration::from_millis(600)).await;
     for ns in ["bad1", "bad2"] {
         assert_eq!(calls(&backend, ns, "s2"), 2, "resume re-runs nothing that failed: {:?}", backend.calls());
     }
+    running.stop().await;
+}
+
+/// With `on_failure: abort` a wave beyond `max_failures` ends the
+/// rollout: `aborted`, the reason naming the wave, the later waves never
+/// run and keep their SyncID, and nothing resumes it.
+async fn failures_beyond_max_failures_abort_when_on_failure_is_abort(kind: Kind) {
+    let store = store(kind).await;
+    let repo = Repository::new(store.store.clone(), "dev", "local");
+    let backend = TestBackend::start().await;
+    let running = start_reconciler(&repo, config_with_first(&backend.base));
+    synced_at_s1_in(&repo, "first", &["bad1", "c0", "c1", "c2"]).await;
+    let policy = RolloutPolicy {
+        waves: vec![WavePolicy { size: "2".into(), ..wave("early") }, wave("rest")],
+        on_failure: kayra_core::rollout::OnFailure::Abort,
+        ..RolloutPolicy::default()
+    };
+    change_registration(&repo, "s2", Some("api"), Some(policy)).await;
+    let r = reaches(&repo, "s2", RolloutState::Aborted).await;
+    assert_eq!(r.records[0].namespaces, ["bad1", "c0"]);
+    assert_eq!(r.records[1].namespaces, ["c1", "c2"]);
+    assert_eq!(
+        r.rollout.reason, "wave early failed: 1 of 2 subscribers failed, more than max_failures 0",
+        "the reason names the wave"
+    );
+    assert_eq!((r.rollout.wave, r.rollout.waves[0].state), (0, WaveState::Failed));
+    assert_eq!((r.rollout.waves[1].state, r.rollout.waves[1].started_at.as_str()), (WaveState::Pending, ""));
+    assert_eq!(calls(&backend, "bad1", "s2"), 2, "the run and its immediate retry");
+    let Acted::NotAllowed(refused) =
+        repo.act_on_rollout(API, Action::Resume, "alice", &Default::default()).await.unwrap()
+    else {
+        panic!("an aborted rollout resumed")
+    };
+    assert_eq!(refused.to_string(), "cannot resume a rollout that is aborted");
+    // Give a wrongly released job time to show.
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let seed = Seed(&repo);
+    for ns in ["c1", "c2"] {
+        assert_eq!(calls(&backend, ns, "s2"), 0, "{ns} ran after the abort: {:?}", backend.calls());
+        assert!(seed.get(ns, API).await.is_synced("s1"), "{ns} keeps its SyncID");
+    }
+    assert_eq!(calls(&backend, "bad1", "s2"), 2, "no run after the abort");
+    assert_eq!(rollout(&repo).await.unwrap().rollout.state, RolloutState::Aborted);
+    running.stop().await;
+}
+
+/// Done means a run for *this* SyncID (§12): a subscriber left given up
+/// in `error` toward s1 is, once the SyncID moves to s2, pending until
+/// its own run toward s2 and that run's immediate retry have failed; the
+/// state left over from s1 counts it neither failed nor done.
+async fn a_subscriber_given_up_at_an_older_sync_id_is_pending_until_its_runs_toward_the_new_one_fail(kind: Kind) {
+    let store = store(kind).await;
+    let repo = Repository::new(store.store.clone(), "dev", "local");
+    let backend = TestBackend::start().await;
+    // Mode `held`: each run waits at the backend until the test releases
+    // it, then fails for `bad` namespaces.
+    let mut cfg = config_with_first(&backend.base);
+    let held = format!(
+        "- method: post\n  endpoint: '{base}/hold/{{{{ .Subscription.Namespace }}}}/{{{{ .Subscription.ExpectedSyncID }}}}'\n  timeout: 30s\n\
+         - method: post\n  endpoint: '{base}/ns/{{{{ .Subscription.Namespace }}}}/{{{{ .Subscription.ExpectedSyncID }}}}'\n  timeout: 30s\n",
+        base = backend.base
+    );
+    cfg.mode.insert("held".into(), serde_norway::from_str(&held).unwrap());
+    let running = start_reconciler(&repo, cfg);
+    synced_at(&repo, "first", "s0", &["bad1", "c0"]).await;
+    // Toward s1 (no policy) bad1 fails twice and is given up, in `error`.
+    change_registration(&repo, "s1", Some("api"), None).await;
+    given_up_at(&repo, "bad1", registration_revision(&repo, API).await).await;
+    let seed = Seed(&repo);
+    let bad1 = seed.get("bad1", API).await;
+    assert_eq!((bad1.state, bad1.current_sync_id.as_str()), (kayra_core::SubscriptionState::Error, "s0"));
+    assert_eq!(backend.count("/ns/bad1/s1"), 2);
+    eventually("c0 at s1", || async { seed.get("c0", API).await.is_synced("s1") }).await;
+    // Toward s2 under a rollout: `canary` is bad1 alone, `rest` c0.
+    let policy = RolloutPolicy {
+        waves: vec![WavePolicy { size: "1".into(), ..wave("canary") }, wave("rest")],
+        ..RolloutPolicy::default()
+    };
+    change_registration(&repo, "s2", Some("held"), Some(policy)).await;
+    let pending = |what: &'static str| {
+        let repo = &repo;
+        async move {
+            // Three driver ticks: time for a wrong count to be written.
+            tokio::time::sleep(Duration::from_millis(600)).await;
+            let r = rollout(repo).await.unwrap();
+            assert_eq!(r.records[0].namespaces, ["bad1"]);
+            assert_eq!((r.rollout.state, r.rollout.wave), (RolloutState::Progressing, 0), "{what}: {r:?}");
+            let w = &r.rollout.waves[0];
+            assert_eq!((w.state, w.synced, w.failed, w.pending), (WaveState::Progressing, 0, 0, 1), "{what}: {w:?}");
+        }
+    };
+    backend.wait_for("/hold/bad1/s2", 1).await;
+    pending("during its first run toward s2").await;
+    backend.release(1);
+    backend.wait_for("/hold/bad1/s2", 2).await;
+    assert_eq!(backend.count("/ns/bad1/s2"), 1, "the first run failed");
+    pending("during its immediate retry").await;
+    backend.release(1);
+    let r = reaches(&repo, "s2", RolloutState::Paused).await;
+    assert!(r.rollout.reason.starts_with("wave canary failed: 1 of 1 subscribers failed"), "{}", r.rollout.reason);
+    let w = &r.rollout.waves[0];
+    assert_eq!((w.state, w.synced, w.failed, w.pending), (WaveState::Failed, 0, 1, 0));
+    assert_eq!(backend.count("/ns/bad1/s2"), 2, "the run and its immediate retry, no more");
+    assert_eq!(backend.count("/hold/c0/"), 0, "the next wave waits: {:?}", backend.calls());
+    running.stop().await;
+}
+
+/// Held subscribers take no pool slot and no queue entry that blocks
+/// other work: with one pool slot and many subscribers held (a manual
+/// wave waiting, then the rollout paused), another API's fan-out and a
+/// first sync of the held API still run.
+async fn held_subscribers_take_no_pool_slot_from_other_work(kind: Kind) {
+    let store = store(kind).await;
+    let repo = Repository::new(store.store.clone(), "dev", "local");
+    let backend = TestBackend::start().await;
+    let mut cfg = config(&backend.base);
+    cfg.max_concurrent_reconciles = 1;
+    let running = start_reconciler(&repo, cfg);
+    let names: Vec<String> = (0..30).map(|i| format!("t{i:02}")).collect();
+    let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+    synced_at_s1(&repo, &refs).await;
+    let policy = RolloutPolicy {
+        waves: vec![
+            WavePolicy { size: "1".into(), ..wave("canary") },
+            WavePolicy { approval: Approval::Manual, ..wave("rest") },
+        ],
+        ..RolloutPolicy::default()
+    };
+    bump_with(&repo, "s2", Some(policy)).await;
+    let r = reaches(&repo, "s2", RolloutState::Waiting).await;
+    assert_eq!(r.rollout.waves[1].pending, 29, "{r:?}");
+    let seed = Seed(&repo);
+    // Another API's first sync, then its SyncID moving.
+    const OTHER: &str = "storage.example.com";
+    seed.registration(OTHER, "api", "o1").await;
+    seed.namespace("zz").await;
+    seed.subscription("zz", OTHER).await;
+    eventually("the other API's first sync", || async { seed.get("zz", OTHER).await.is_synced("o1") }).await;
+    seed.bump(OTHER, "o2").await;
+    eventually("the other API's fan-out", || async { seed.get("zz", OTHER).await.is_synced("o2") }).await;
+    // A first sync of the held API itself.
+    seed.namespace("late").await;
+    seed.subscription("late", API).await;
+    eventually("a first sync of the held API", || async { seed.get("late", API).await.is_synced("s2") }).await;
+    // Paused, the held subscribers still block nothing.
+    let Acted::Done(_) = repo.act_on_rollout(API, Action::Pause, "alice", &Default::default()).await.unwrap() else {
+        panic!("pause refused")
+    };
+    seed.bump(OTHER, "o3").await;
+    eventually("the other API's fan-out while paused", || async { seed.get("zz", OTHER).await.is_synced("o3") }).await;
+    for ns in &names[1..] {
+        assert_eq!(calls(&backend, ns, "s2"), 0, "{ns} is held: {:?}", backend.calls());
+        assert!(seed.get(ns, API).await.is_synced("s1"), "{ns}");
+    }
+    assert_eq!(calls(&backend, "zz", "o3"), 1);
     running.stop().await;
 }
 
@@ -328,7 +519,8 @@ async fn a_gate_sends_its_secret_and_rollout_fields() {
 
 /// The driver's transitions are events (§14) written with the record:
 /// one `rollout.wave_completed` per wave passed, one `rollout.halted` when a
-/// wave fails, each once however many ticks see the state.
+/// wave fails, one `rollout.completed` when the last wave passes (here
+/// after a `resume`), each delivered once however many ticks see the state.
 async fn the_drivers_transitions_are_told_to_sinks_once_each(kind: Kind) {
     let store = store(kind).await;
     let repo = Repository::new(store.store.clone(), "dev", "local");
@@ -354,11 +546,33 @@ async fn the_drivers_transitions_are_told_to_sinks_once_each(kind: Kind) {
     reaches(&repo, "s2", RolloutState::Paused).await;
     eventually("both events delivered", || async { backend.count("/ok/sink") >= 2 }).await;
     tokio::time::sleep(Duration::from_millis(600)).await;
-    let kinds: Vec<String> =
-        repo.deliveries_page(None, None, None, 0).await.unwrap().items.into_iter().map(|d| d.event.kind).collect();
-    let mut sorted = kinds.clone();
-    sorted.sort();
-    assert_eq!(sorted, ["rollout.halted", "rollout.wave_completed"], "{kinds:?}");
+    let kinds = |deliveries: &[kayra_core::notifications::Delivery]| {
+        let mut kinds: Vec<String> = deliveries.iter().map(|d| d.event.kind.clone()).collect();
+        kinds.sort();
+        kinds
+    };
+    let deliveries = repo.deliveries_page(None, None, None, 0).await.unwrap().items;
+    assert_eq!(kinds(&deliveries), ["rollout.halted", "rollout.wave_completed"], "{deliveries:?}");
+    // Resumed, `rest` passes with its failure accepted and the rollout completes.
+    let Acted::Done(_) = repo.act_on_rollout(API, Action::Resume, "alice", &sinks).await.unwrap() else {
+        panic!("resume refused")
+    };
+    reaches(&repo, "s2", RolloutState::Completed).await;
+    eventually("four events delivered", || async { backend.count("/ok/sink") >= 4 }).await;
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let deliveries = repo.deliveries_page(None, None, None, 0).await.unwrap().items;
+    assert_eq!(
+        kinds(&deliveries),
+        ["rollout.completed", "rollout.halted", "rollout.wave_completed", "rollout.wave_completed"],
+        "{deliveries:?}"
+    );
+    for d in &deliveries {
+        assert_eq!(d.state, kayra_core::notifications::DeliveryState::Delivered, "{d:?}");
+    }
+    let completed = deliveries.iter().find(|d| d.event.kind == "rollout.completed").unwrap();
+    assert_eq!((completed.event.api.as_str(), completed.event.sync_id.as_str()), (API, "s2"));
+    assert_eq!(completed.event.data, serde_json::json!({"waves": 2}));
+    assert_eq!(backend.count("/ok/sink"), 4, "each event told once");
     running.stop().await;
 }
 
@@ -416,6 +630,9 @@ both_backends!(
     a_selector_puts_labelled_namespaces_in_their_wave,
     waves_run_in_order_and_a_manual_wave_waits_for_promote,
     failures_beyond_max_failures_pause_and_resume_reruns_nothing_failed,
+    failures_beyond_max_failures_abort_when_on_failure_is_abort,
+    a_subscriber_given_up_at_an_older_sync_id_is_pending_until_its_runs_toward_the_new_one_fail,
+    held_subscribers_take_no_pool_slot_from_other_work,
     first_syncs_and_force_resyncs_are_never_held,
     a_gate_decides_its_wave_and_a_newer_sync_id_supersedes
 );
