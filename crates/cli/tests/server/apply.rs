@@ -162,6 +162,95 @@ async fn a_namespace_s_labels_are_the_document_s_whole_map() {
     assert_eq!(revision(&kayra).await, before);
 }
 
+const ROLLOUT: &str = "\
+kind: ApiRegistration
+name: compute.example.com
+mode: noop
+rollout:
+  waves:
+  - name: canary
+    selector: {tier: canary}
+    size: '2'
+    bake: 5m
+    gate:
+      method: get
+      endpoint: 'https://metrics.example.com/ok?api={{ .Rollout.Api }}'
+      wait: [{key: .status, successes: [ok], failures: [bad]}]
+      timeout: 2m
+  - name: rest
+    approval: manual
+    max_failures: 2%
+  progress_deadline: 1h
+";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_registration_s_rollout_policy_is_created_kept_and_configured() {
+    let kayra = Kayra::start().await;
+    let cli = &kayra.cli;
+    let dir = tempfile::tempdir().unwrap();
+    let file = write(dir.path(), "compute.yaml", ROLLOUT);
+    let id = "ApiRegistration/compute.example.com";
+    let get = || async { cli.run(&["get", "catalog", "apiregistrations", "compute.example.com"]).await.ok().json() };
+
+    assert_eq!(cli.run(&["apply", "-f", &file]).await.ok().stdout, format!("{id} created\n"));
+    let policy = get().await["rollout"].clone();
+    assert_eq!(policy["waves"][0]["gate"]["timeout"], "2m", "{policy}");
+    assert_eq!(
+        (policy["waves"][1]["approval"].as_str(), policy["on_failure"].as_str()),
+        (Some("manual"), Some("pause"))
+    );
+
+    // Unchanged: the server's stored form (defaults spelt out) compares equal; nothing written.
+    let before = revision(&kayra).await;
+    assert_eq!(cli.run(&["apply", "-f", &file]).await.ok().stdout, format!("{id} unchanged\n"));
+    assert_eq!(revision(&kayra).await, before, "an unchanged rollout policy was written");
+
+    // One wave field: configured, the rest of the policy as it was.
+    write(dir.path(), "compute.yaml", &ROLLOUT.replace("size: '2'", "size: 10%"));
+    assert_eq!(cli.run(&["apply", "-f", &file]).await.ok().stdout, format!("{id} configured\n"));
+    let mut want = policy.clone();
+    want["waves"][0]["size"] = json!("10%");
+    assert_eq!(get().await["rollout"], want);
+    let configured = revision(&kayra).await;
+    assert_eq!(cli.run(&["apply", "-f", &file]).await.ok().stdout, format!("{id} unchanged\n"));
+
+    // The policy is the document's whole: a key left out goes with it.
+    write(
+        dir.path(),
+        "compute.yaml",
+        &ROLLOUT.replace("size: '2'", "size: 10%").replace("  progress_deadline: 1h\n", ""),
+    );
+    assert_eq!(cli.run(&["apply", "-f", &file]).await.ok().stdout, format!("{id} configured\n"));
+    want.as_object_mut().unwrap().remove("progress_deadline");
+    assert_eq!(get().await["rollout"], want);
+    assert!(revision(&kayra).await > configured);
+
+    // Left out: kept. `null`: removed, and then no policy is unchanged.
+    let bare = "kind: ApiRegistration\nname: compute.example.com\nmode: noop\n";
+    write(dir.path(), "compute.yaml", bare);
+    assert_eq!(cli.run(&["apply", "-f", &file]).await.ok().stdout, format!("{id} unchanged\n"));
+    assert_eq!(get().await["rollout"], want);
+    write(dir.path(), "compute.yaml", &format!("{bare}rollout: null\n"));
+    assert_eq!(cli.run(&["apply", "-f", &file]).await.ok().stdout, format!("{id} configured\n"));
+    assert_eq!(get().await.get("rollout"), None, "null removes the policy");
+    let before = revision(&kayra).await;
+    assert_eq!(cli.run(&["apply", "-f", &file]).await.ok().stdout, format!("{id} unchanged\n"));
+    assert_eq!(revision(&kayra).await, before);
+
+    // A bad policy stops the apply before any request, naming file, document and field.
+    write(
+        dir.path(),
+        "compute.yaml",
+        &format!("kind: Namespace\nname: core\n---\n{}", ROLLOUT.replace("max_failures: 2%", "max_failures: 200%")),
+    );
+    let refused = cli.run(&["apply", "-f", &file]).await.expect_code(1);
+    assert!(
+        refused.stderr.starts_with(&format!("error: {file}: document 2: field `rollout.waves[1].max_failures`: ")),
+        "{refused:#?}"
+    );
+    assert_eq!(revision(&kayra).await, before);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_directory_in_name_order_kinds_first() {
     let kayra = Kayra::start().await;
