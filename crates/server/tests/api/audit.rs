@@ -1,15 +1,26 @@
 //! The audit trail (platform §13): every catalog change writes exactly one
 //! record in its own transaction, a refused one none; reasons, sources,
 //! filters, paging and retention. Each case on both backends.
+//!
+//! Like the RBAC tests, the one-record-per-change test is checked against
+//! the router's declared `routes()`: it fails when a declared change route
+//! (POST, PUT, PATCH, DELETE) is not among those it exercised.
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, SystemTime};
 
+use kayra_catalog::api::routes;
 use kayra_catalog::repo::audit::{id_at, order_key};
-use kayra_catalog::repo::{Collection, RecordRef};
+use kayra_catalog::repo::cancels::CancelRequest;
+use kayra_catalog::repo::{Collection, RecordRef, Repository};
+use kayra_core::notifications::{Delivery, DeliveryState, Event};
+use kayra_core::rollout::{RolloutPolicy, RolloutRecord, assign};
+use kayra_core::{Run, RunResult};
 use proptest::prelude::*;
 use reqwest::Method;
 use serde_json::{Value, json};
 
+use crate::api::runs::{run, run_id};
 use crate::both_backends;
 use crate::common::{Backend, Reply, Server};
 
@@ -60,11 +71,98 @@ async fn record_of(server: &Server, step: &str) -> Value {
 /// body, status, resource, verb, namespace, name, before is null, after is null).
 type Step = (Method, String, Option<Value>, u16, &'static str, &'static str, &'static str, &'static str, bool, bool);
 
+/// The declared route (method, path pattern) that serves `method` on the
+/// concrete `path`: each `{param}` segment matches any one segment.
+fn route_of(method: &Method, path: &str) -> (String, &'static str) {
+    let segments: Vec<&str> = path.split('/').collect();
+    let matching: Vec<&'static str> = routes()
+        .into_iter()
+        .filter(|r| r.method.as_str() == method.as_str())
+        .map(|r| r.path)
+        .filter(|pattern| {
+            let parts: Vec<&str> = pattern.split('/').collect();
+            parts.len() == segments.len()
+                && parts.iter().zip(&segments).all(|(p, s)| (p.starts_with('{') && p.ends_with('}')) || p == s)
+        })
+        .collect();
+    assert_eq!(matching.len(), 1, "{method} {path}: one declared route, not {matching:?}");
+    (method.to_string(), matching[0])
+}
+
+/// Every declared route that changes something (POST, PUT, PATCH, DELETE).
+fn change_routes() -> BTreeSet<(String, &'static str)> {
+    routes()
+        .into_iter()
+        .filter(|r| matches!(r.method.as_str(), "POST" | "PUT" | "PATCH" | "DELETE"))
+        .map(|r| (r.method.to_string(), r.path))
+        .collect()
+}
+
+/// The rollout of `api` toward `sync_id` over two subscribers, written as
+/// a reconciler would (no audit record: the reconciler's own write).
+async fn seed_rollout(repo: &Repository, api: &str, sync_id: &str) {
+    let policy: RolloutPolicy = serde_json::from_value(json!({"waves": [
+        {"name": "canary", "size": "1", "approval": "auto"}, {"name": "rest", "approval": "manual"}]}))
+    .expect("a policy");
+    let subscribers: Vec<(String, BTreeMap<String, String>)> =
+        ["a", "b"].iter().map(|ns| (ns.to_string(), BTreeMap::new())).collect();
+    let (record, _) = RolloutRecord::start(api, sync_id, &policy, assign(&policy, &subscribers), SystemTime::now());
+    let seen = repo.rollout(api).await.unwrap().map(|r| r.revision);
+    repo.write_rollout(api, seen, &record, &[]).await.unwrap().expect("the rollout is written");
+}
+
+/// Acts as the reconciler holding run `id` of `core`'s subscription to
+/// `api`: waits for its cancel request, records the run `cancelled` and
+/// answers the request, as the run's result transaction does.
+fn hold_run(repo: &Repository, api: &str, id: &str) -> tokio::task::JoinHandle<()> {
+    let (repo, api, id) = (repo.clone(), api.to_string(), id.to_string());
+    tokio::spawn(async move {
+        let record = RecordRef::CancelRequest { namespace: "core", api: &api, id: &id };
+        let found = std::sync::Mutex::new(None);
+        kayra_testkit::eventually("the cancel request", || async {
+            let got = repo.get::<CancelRequest>(record).await.unwrap();
+            let present = got.is_some();
+            *found.lock().unwrap() = got;
+            present
+        })
+        .await;
+        let request = found.into_inner().unwrap().unwrap();
+        let mut cancelled: Run = run("core", 7, RunResult::Cancelled);
+        cancelled.id.clone_from(&id);
+        cancelled.error = request.value.message();
+        let slot = RecordRef::Run { namespace: "core", api: &api, slot: 0 };
+        repo.create(slot, &cancelled, "run").await.expect("store the run");
+        repo.update(record, &request.value.answered(&cancelled), request.revision, "cancel request").await.unwrap();
+    })
+}
+
+/// A dead delivery to sink `ops`, stored as the reconciler's notifier
+/// leaves one after `max_attempts`; its id.
+async fn dead_delivery(repo: &Repository, api: &str) -> String {
+    let event = Event { id: "e1".into(), kind: "subscription.failed".into(), api: api.into(), ..Event::default() };
+    let delivery = Delivery {
+        state: DeliveryState::Dead,
+        attempts: 10,
+        last_error: "HTTP 500".into(),
+        ..Delivery::new(&event, "ops")
+    };
+    repo.create(RecordRef::Delivery(&delivery.id), &delivery, "delivery").await.expect("store the delivery");
+    delivery.id
+}
+
+/// Where a GET shows the object a change at `path` recorded as `after`.
+fn shown_at(path: &str) -> &str {
+    ["/sync", "/cancel"].iter().find_map(|suffix| path.strip_suffix(suffix)).unwrap_or(path)
+}
+
 both_backends! {
     async fn every_change_writes_exactly_one_record(server: Server) {
         let ns = "/namespaces/core";
         let reg = "/apiregistrations/compute.example.com";
         let sub = "/namespaces/core/subscriptions/compute.example.com";
+        let api = "compute.example.com";
+        let cancel = format!("{sub}/runs/{}/cancel", run_id(7));
+        let retry = format!("/notifications/{}/retry", dead_delivery(&server.repo, api).await);
         // (method, path, body, status, resource, verb, namespace, name, before is null, after is null)
         let mut steps: Vec<Step> = vec![
             (Method::POST, "/namespaces".into(), Some(json!({"name": "core"})), 201, "namespaces", "create", "", "core", true, false),
@@ -75,10 +173,12 @@ both_backends! {
             (Method::PUT, reg.into(), Some(json!({"sync_id": "s2"})), 200, "apiregistrations", "update", "", "compute.example.com", false, false),
             (Method::PATCH, reg.into(), Some(json!({"description": "x"})), 200, "apiregistrations", "patch", "", "compute.example.com", false, false),
             (Method::PUT, format!("{reg}/sync"), Some(json!({})), 200, "apiregistrations/sync", "patch", "", "compute.example.com", false, false),
+            (Method::PUT, format!("{reg}/rollout"), Some(json!({"action": "pause"})), 200, "apiregistrations/rollout", "update", "", "compute.example.com", false, false),
             (Method::POST, "/namespaces/core/subscriptions".into(), Some(json!({"api": "compute.example.com"})), 201, "subscriptions", "create", "core", "compute.example.com", true, false),
             (Method::PUT, sub.into(), Some(json!({})), 200, "subscriptions", "update", "core", "compute.example.com", false, false),
             (Method::PATCH, sub.into(), Some(json!({})), 200, "subscriptions", "patch", "core", "compute.example.com", false, false),
             (Method::PUT, format!("{sub}/sync"), Some(json!({})), 200, "subscriptions/sync", "patch", "core", "compute.example.com", false, false),
+            (Method::PUT, cancel.clone(), Some(json!({})), 200, "subscriptions/cancel", "patch", "core", "compute.example.com", true, false),
             (Method::DELETE, sub.into(), None, 204, "subscriptions", "delete", "core", "compute.example.com", false, true),
             (Method::POST, "/users".into(), Some(json!({"name": "bob"})), 201, "users", "create", "", "bob", true, false),
             (Method::PUT, "/users/bob".into(), Some(json!({"description": "b"})), 200, "users", "update", "", "bob", false, false),
@@ -96,13 +196,28 @@ both_backends! {
             (Method::PATCH, "/namespaces/core/rolebindings/nb".into(), Some(json!({"user": "bob"})), 200, "rolebindings", "patch", "core", "nb", false, false),
             (Method::DELETE, "/namespaces/core/rolebindings/nb".into(), None, 204, "rolebindings", "delete", "core", "nb", false, true),
             (Method::DELETE, "/roles/r".into(), None, 204, "roles", "delete", "", "r", false, true),
+            (Method::PUT, retry.clone(), Some(json!({})), 200, "notifications/retry", "patch", "", "e1.ops", false, false),
         ];
+        // Each change route this test exercises, to check against the declared ones at the end.
+        let mut exercised = BTreeSet::new();
+        let mut reasons = Vec::new();
         let mut issued = None;
         let before_all = count(&server).await;
         for (i, (method, path, body, status, resource, verb, namespace, name, before_null, after_null)) in steps.drain(..).enumerate() {
             let step = format!("step {i}: {method} {path}");
+            exercised.insert(route_of(&method, &path));
+            reasons.push(step.clone());
+            // What the reconcilers would have done first: a rollout to act
+            // on, a run in flight to cancel (and its holder to stop it).
+            if path.ends_with("/rollout") {
+                seed_rollout(&server.repo, api, "s3").await;
+            }
+            let holder = (path == cancel).then(|| hold_run(&server.repo, api, &run_id(7)));
             let reply = send(&server, method.clone(), &path, body, &[("x-kayra-reason", step.as_bytes())]).await;
             assert_eq!(reply.status, status, "{step}: {}", reply.text);
+            if let Some(holder) = holder {
+                holder.await.unwrap();
+            }
             if path == "/users/bob/tokens" {
                 issued = Some((reply.json["id"].as_str().unwrap().to_string(), reply.json["token"].as_str().unwrap().to_string()));
             }
@@ -114,37 +229,53 @@ both_backends! {
             assert_eq!(record["source"], "127.0.0.1", "{step}");
             assert!(!record["request_id"].as_str().unwrap().is_empty() && record["time"].as_str().unwrap().ends_with('Z'));
             // A GET of the object shows what the record's `after` shows.
-            if !after_null && method != Method::POST {
-                let shown = server.get(path.trim_end_matches("/sync")).await.expect(200);
+            if path == retry {
+                let listed = server.get("/notifications?sink=ops").await.expect(200);
+                assert_eq!(record["after"], listed["items"][0], "{step}");
+                assert_eq!((&record["before"]["state"], &record["after"]["state"]), (&json!("dead"), &json!("pending")), "{step}");
+            } else if !after_null && method != Method::POST {
+                let shown = server.get(shown_at(&path)).await.expect(200);
                 assert_eq!(record["after"], shown, "{step}");
             }
             let by_id = server.get(&format!("/audit/{}", record["id"].as_str().unwrap())).await.expect(200);
             assert_eq!(by_id, record);
         }
         // Before/after show the change itself.
-        let sync = record_of(&server, "step 7: PUT /apiregistrations/compute.example.com/sync").await;
+        let step_of = |change: &str| reasons.iter().find(|r| r.ends_with(change)).expect("a step").clone();
+        let sync = record_of(&server, &step_of(": PUT /apiregistrations/compute.example.com/sync")).await;
         assert_eq!(sync["before"]["sync_id"], "s2");
         assert_ne!(sync["after"]["sync_id"], "s2");
         let noop = record_of(&server, "step 3: PUT /namespaces/core").await;
         assert_eq!(noop["before"], noop["after"], "a PUT that changes nothing is recorded as such");
+        let paused = record_of(&server, &step_of(": PUT /apiregistrations/compute.example.com/rollout")).await;
+        assert_eq!((&paused["before"]["state"], &paused["after"]["state"]), (&json!("progressing"), &json!("paused")));
+        let cancelled = record_of(&server, &step_of(&format!(": PUT {cancel}"))).await;
+        assert_eq!(cancelled["after"]["result"], "cancelled");
         // The token is only ever its id; revoking it is recorded too.
         let (id, token) = issued.unwrap();
-        let create = record_of(&server, "step 16: POST /users/bob/tokens").await;
+        let create = record_of(&server, &step_of(": POST /users/bob/tokens")).await;
         assert_eq!(create["after"], json!({"id": id}));
         let step = "revoke";
-        send(&server, Method::DELETE, &format!("/users/bob/tokens/{id}"), None, &[("x-kayra-reason", step.as_bytes())]).await.expect(204);
+        let revoke_path = format!("/users/bob/tokens/{id}");
+        exercised.insert(route_of(&Method::DELETE, &revoke_path));
+        send(&server, Method::DELETE, &revoke_path, None, &[("x-kayra-reason", step.as_bytes())]).await.expect(204);
         let revoke = record_of(&server, step).await;
         assert_eq!((&revoke["resource"], &revoke["before"], &revoke["after"]), (&json!("users/tokens"), &json!({"id": id}), &Value::Null));
         // Deletes of users, registrations and namespaces.
         for (path, resource) in [("/users/bob", "users"), (reg, "apiregistrations"), (ns, "namespaces")] {
+            exercised.insert(route_of(&Method::DELETE, path));
             send(&server, Method::DELETE, path, None, &[("x-kayra-reason", path.as_bytes())]).await.expect(204);
             let record = record_of(&server, path).await;
             assert_eq!((&record["resource"], record["before"].is_object(), &record["after"]), (&json!(resource), true, &Value::Null), "{path}");
         }
+        // Every declared change route was exercised above: a new one must
+        // be added here, with the record it writes.
+        let missing: Vec<_> = change_routes().difference(&exercised).cloned().collect();
+        assert!(missing.is_empty(), "declared change routes this test does not exercise: {missing:?}");
         // No stored byte of the audit trail holds the token.
         let prefix = server.repo.layout().prefix(Collection::Audit);
         let (stored, _) = server.repo.store().list_all(&prefix).await.unwrap();
-        assert!(stored.len() >= 33);
+        assert!(stored.len() >= 36);
         for kv in &stored {
             assert!(!String::from_utf8_lossy(&kv.value).contains(&token), "a token in {}", kv.key);
             assert!(!String::from_utf8_lossy(&kv.value).contains(&server.admin), "the admin token in {}", kv.key);

@@ -1,9 +1,9 @@
 //! `/notifications` (§14) through the catalog API: the list by state and
 //! sink without the stored-only scheduling fields, paging, the retry of a
-//! dead delivery (409 when not dead, 404 when unknown), and RBAC on
-//! `notifications` and `notifications/retry`. The reconciler that writes
-//! and settles deliveries is not running here: records are put into the
-//! store directly.
+//! dead delivery (409 when not dead, 404 when unknown; audited when it
+//! succeeds), and RBAC on `notifications` and `notifications/retry`. The
+//! reconciler that writes and settles deliveries is not running here:
+//! records are put into the store directly.
 
 use kayra_catalog::repo::RecordRef;
 use kayra_core::notifications::{Claim, Delivery, DeliveryState, Event};
@@ -70,6 +70,12 @@ both_backends! {
         server.put(&format!("/notifications/{dead}/retry"), json!({})).await.error(409, &["pending", "not dead"]);
         server.put(&format!("/notifications/{delivered}/retry"), json!({})).await.error(409, &["delivered"]);
         server.put("/notifications/nope.ops/retry", json!({})).await.error(404, &["nope.ops"]);
+        // The retry is in the audit trail, the refused ones are not.
+        let audit = server.get("/audit?resource=notifications/retry").await.expect(200);
+        let items = audit["items"].as_array().unwrap();
+        assert_eq!(items.len(), 1, "{audit}");
+        assert_eq!((&items[0]["user"], &items[0]["verb"], &items[0]["name"]), (&json!("admin"), &json!("patch"), &json!(dead)));
+        assert_eq!((&items[0]["before"]["state"], &items[0]["after"]), (&json!("dead"), &retried), "{audit}");
     }
 
     async fn notifications_need_their_own_rules(server: Server) {
