@@ -358,6 +358,8 @@ both_backends! {
         // At the cap, health and ordinary requests are answered.
         let health = server.client.get(server.url("/healthz")).send().await.unwrap();
         assert_eq!(health.status(), 200);
+        let ready = server.call(Method::GET, "/readyz", None, None).await.expect(200);
+        assert_eq!(ready, json!({"status": "ready"}));
         server.get("/namespaces/core").await.expect(200);
         server.call(Method::GET, "/namespaces", Some(&bob), None).await.expect(200);
         assert_eq!(server.hub.stream_count(), 3);
