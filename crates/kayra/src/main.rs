@@ -128,7 +128,8 @@ async fn serve(common: Common) -> anyhow::Result<()> {
         config.server.listen = listen.clone();
     }
     logging::init(config.logging.format);
-    fds::raise_for(config.server.max_streams);
+    // The stream cap the descriptor limit allows, which the hub enforces.
+    config.server.max_streams = fds::raise_for(config.server.max_streams);
     // The recorder first: the store describes its metrics when it connects.
     kayra_server::metrics::handle();
     let store = kayra_store::Store::open(&config.database).await.context("open store")?;
