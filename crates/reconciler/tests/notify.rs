@@ -448,6 +448,75 @@ async fn a_sinks_secrets_never_reach_logs_records_or_errors(kind: Kind) {
     assert!(logs().contains("notification not delivered"), "the failure was logged");
 }
 
+/// A delivery of event `event` to `sink` in `state`, stored as a notifier
+/// leaves one: delivered `age` ago when delivered, dead after 3 attempts.
+async fn plant(repo: &Repository, event: &str, sink: &str, state: DeliveryState, age: Duration) -> Delivery {
+    let event = kayra_core::notifications::Event {
+        id: event.into(),
+        kind: "subscription.activated".into(),
+        api: API.into(),
+        ..Default::default()
+    };
+    let at = humantime::format_rfc3339_millis(std::time::SystemTime::now() - age).to_string();
+    let mut delivery = Delivery { state, attempts: 3, last_attempt_at: at.clone(), ..Delivery::new(&event, sink) };
+    if state == DeliveryState::Delivered {
+        delivery.delivered_at = at;
+    }
+    repo.create(RecordRef::Delivery(&delivery.id), &delivery, "delivery").await.unwrap();
+    delivery
+}
+
+async fn delivered_ones_are_deleted_after_keep_delivered_and_nothing_else(kind: Kind) {
+    let ts = store(kind).await;
+    let repo = Repository::new(ts.store.clone(), "dev", "local");
+    let receiver = Receiver::start(|_| Answer::Status(200)).await;
+    let mut setup = setup(&receiver, &["subscription.activated"], 10, "5s");
+    // Shorter than the default 24h: the 2h-old delivered one is past it.
+    setup.notifications.keep_delivered = kayra_config::Duration(Duration::from_secs(3600));
+    let hour = Duration::from_secs(3600);
+    let old = plant(&repo, "old", "ops", DeliveryState::Delivered, 2 * hour).await;
+    let recent = plant(&repo, "recent", "ops", DeliveryState::Delivered, hour / 2).await;
+    let dead = plant(&repo, "dead", "ops", DeliveryState::Dead, 2 * hour).await;
+    let unknown = plant(&repo, "unknown", "gone", DeliveryState::Pending, 2 * hour).await;
+    let first = start(&repo, &setup);
+    let seed = Seed(&repo);
+    seed.namespace("core").await;
+    seed.registration(API, "m", "s1").await;
+    seed.subscription("core", API).await;
+    let planted = [&old.id, &recent.id, &dead.id, &unknown.id];
+    eventually("the activation is delivered", || async {
+        let all = deliveries(&repo).await;
+        all.iter().any(|d| !planted.contains(&&d.id) && d.state == DeliveryState::Delivered)
+    })
+    .await;
+    assert_eq!(receiver.got().len(), 1, "planted deliveries are not sent");
+    let ids = |all: Vec<Delivery>| all.into_iter().map(|d| d.id).collect::<BTreeSet<_>>();
+    // The notifier cleans up every few seconds: wait for it to remove the old one.
+    eventually("the delivered one past keep_delivered is deleted", || async {
+        !ids(deliveries(&repo).await).contains(&old.id)
+    })
+    .await;
+    let left = deliveries(&repo).await;
+    let fresh: Vec<&Delivery> = left.iter().filter(|d| !planted.contains(&&d.id)).collect();
+    assert_eq!(fresh.len(), 1, "the notifier's own delivery stays: {left:?}");
+    assert_eq!(fresh[0].state, DeliveryState::Delivered);
+    let stayed = |id: &str| left.iter().find(|d| d.id == id).cloned();
+    assert_eq!(stayed(&recent.id).map(|d| d.state), Some(DeliveryState::Delivered), "younger than keep_delivered");
+    assert_eq!(stayed(&dead.id).map(|d| d.state), Some(DeliveryState::Dead), "dead ones stay until retried");
+    assert_eq!(stayed(&unknown.id), Some(unknown.clone()), "a pending one to an unknown sink is untouched");
+    first.stop().await;
+
+    // With a keep_delivered of a second, the notifier's own delivered one
+    // (its `delivered_at` as the notifier wrote it) goes too.
+    setup.notifications.keep_delivered = kayra_config::Duration(Duration::from_secs(1));
+    let _second = start(&repo, &setup);
+    eventually("every delivered one is deleted", || async {
+        deliveries(&repo).await.iter().all(|d| d.state != DeliveryState::Delivered)
+    })
+    .await;
+    assert_eq!(ids(deliveries(&repo).await), BTreeSet::from([dead.id.clone(), unknown.id.clone()]));
+}
+
 async fn each_event_reaches_the_sink_once_from_three_reconcilers(_: Kind) {
     let ts = store(Kind::Etcd).await;
     let receiver = Receiver::start(|_| Answer::Status(200)).await;
@@ -613,6 +682,7 @@ notify_tests!(
     the_last_result_carries_the_fan_out,
     a_registration_without_subscribers_tells_nothing,
     a_sinks_secrets_never_reach_logs_records_or_errors,
+    delivered_ones_are_deleted_after_keep_delivered_and_nothing_else,
 );
 
 mod fleet {
