@@ -4,13 +4,14 @@
 //! exits 0, JSON log lines carry `lock_id` and `sync_id`, a bad step
 //! stops the process with a message naming mode, step and field, and a
 //! notification whose sender is killed (-9) mid-delivery is delivered by
-//! another process (§14), and a rollout outlives a reconciler killed
-//! mid-bake (§12).
+//! another process with the same `Kayra-Event-Id` (§14), and a rollout
+//! outlives a reconciler killed mid-bake (§12).
 
 mod common;
 
 use std::path::PathBuf;
 use std::process::Command;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::{Catalog, Proc};
@@ -201,11 +202,12 @@ async fn killed_lock_holder_is_taken_over_after_the_lease_ttl() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_delivery_whose_sender_is_killed_is_made_by_another_process() {
     let world = World::new().await;
+    let sink = HoldingSink::start().await;
     let with_sink = |name: &str| {
         let path = world.config(name, "ok");
         let sink = format!(
-            "notifications:\n  sinks:\n    ops:\n      url: \"{}/hold/sink\"\n      events: [subscription.activated]\n      timeout: 2s\n",
-            world.backend.base
+            "notifications:\n  sinks:\n    ops:\n      url: \"{}\"\n      events: [subscription.activated]\n      timeout: 2s\n",
+            sink.url
         );
         let yaml = std::fs::read_to_string(&path).unwrap() + &sink;
         std::fs::write(&path, yaml).unwrap();
@@ -214,13 +216,12 @@ async fn a_delivery_whose_sender_is_killed_is_made_by_another_process() {
     world.seed(&["core"], "s1").await;
     let mut first = Proc::reconciler(&with_sink("first"));
     // The first success tells the sink, which holds the request.
-    world.backend.wait_for("/hold/sink", 1).await;
+    eventually("the sink holds the first attempt", || async { !sink.event_ids().is_empty() }).await;
     let second = Proc::reconciler(&with_sink("second"));
     first.signal(Signal::SIGKILL);
     first.wait(Duration::from_secs(10));
     // The dead process's claim (timeout 2 s + margin) runs out; the second sends it.
-    world.backend.wait_for("/hold/sink", 2).await;
-    world.backend.release(2);
+    eventually("another process sends it again", || async { sink.event_ids().len() >= 2 }).await;
     let repo = &world.catalog.repo;
     eventually("the delivery is delivered", || async {
         let page = repo.deliveries_page(None, None, None, 0).await.unwrap();
@@ -231,7 +232,50 @@ async fn a_delivery_whose_sender_is_killed_is_made_by_another_process() {
     assert_eq!(page.items.len(), 1, "one event, one sink, one delivery record: {:?}", page.items);
     assert_eq!(page.items[0].event.kind, "subscription.activated");
     assert!(page.items[0].attempts >= 1, "{:?}", page.items[0]);
+    // Every attempt, the killed process's and the other's, carries the event's one id.
+    let ids = sink.event_ids();
+    assert!(ids.iter().all(|id| *id == page.items[0].event.id), "one Kayra-Event-Id on every attempt: {ids:?}");
+    assert!(!page.items[0].event.id.is_empty());
     drop(second);
+}
+
+/// A sink on loopback that records each request's `Kayra-Event-Id` and
+/// never answers the first request (its sender is killed meanwhile); later
+/// ones answer 200.
+struct HoldingSink {
+    url: String,
+    ids: Arc<Mutex<Vec<String>>>,
+}
+
+impl HoldingSink {
+    async fn start() -> Self {
+        let ids: Arc<Mutex<Vec<String>>> = Arc::default();
+        let recorded = ids.clone();
+        let app = axum::Router::new().fallback(move |headers: axum::http::HeaderMap| {
+            let recorded = recorded.clone();
+            async move {
+                let id = headers.get("kayra-event-id").and_then(|v| v.to_str().ok()).unwrap_or_default();
+                let first = {
+                    let mut ids = recorded.lock().unwrap();
+                    ids.push(id.to_string());
+                    ids.len() == 1
+                };
+                if first {
+                    std::future::pending::<()>().await;
+                }
+                axum::http::StatusCode::OK
+            }
+        });
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}/sink", listener.local_addr().unwrap());
+        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+        Self { url, ids }
+    }
+
+    /// The `Kayra-Event-Id` of every request so far, in arrival order.
+    fn event_ids(&self) -> Vec<String> {
+        self.ids.lock().unwrap().clone()
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
