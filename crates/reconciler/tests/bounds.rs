@@ -2,12 +2,14 @@
 //! §17): an output over `reconciler.max_output_bytes` fails its step, and
 //! the decision ends in `state: error` after its one retry instead of
 //! looping; output values, errors and endpoints are cut to 1 KiB in run
-//! records, so a tenant re-syncing against a backend that answers a
-//! megabyte cannot fill etcd's quota; and a result the store refuses is
-//! recorded once as a failed run without its outputs, never looping.
+//! records and log lines, so a tenant re-syncing against a backend that
+//! answers a megabyte cannot fill etcd's quota (nor a log line grow with
+//! the answer); and a result the store refuses is recorded once as a
+//! failed run without its outputs, never looping.
 
 mod common;
 
+use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
 
 use common::backend::TestBackend;
@@ -16,6 +18,7 @@ use kayra_catalog::repo::{Collection, Repository};
 use kayra_config::ReconcilerConfig;
 use kayra_core::{Run, RunResult, SubscriptionState};
 use kayra_store::Store;
+use serde_json::Value;
 
 const API: &str = "compute.example.com";
 
@@ -89,6 +92,107 @@ async fn outputs_are_cut_to_a_kibibyte_in_run_records(kind: Kind) {
     running.stop().await;
 }
 
+/// A backend's long answer, in every place §17 cuts it: a 5,000-byte
+/// output (step 0), the endpoint it is pasted into and the 3,000-byte
+/// value a `wait` fails on (step 1) are each cut to 1 KiB with
+/// `…(N bytes)` in the run record, the run's `error`, the step lines and
+/// the `reconcile failed` line.
+async fn long_outputs_errors_and_endpoints_are_cut_in_log_lines_and_run_errors(kind: Kind) {
+    capture_logs();
+    let ns = match kind {
+        Kind::Local => "cut-logs-local",
+        Kind::Etcd => "cut-logs-etcd",
+    };
+    let store = store(kind).await;
+    let repo = Repository::new(store.store.clone(), "dev", "local");
+    let (seed, backend) = (Seed(&repo), TestBackend::start().await);
+    let (output, failure) = ("x".repeat(5000), "x".repeat(3000));
+    let yaml = format!(
+        "- method: post\n  endpoint: \"{base}/big/5000/x\"\n  outputs: {{ID: .id}}\n\
+         - method: get\n  endpoint: \"{base}/big/3000/{{{{ .Previous.Outputs.ID }}}}\"\n  timeout: 30s\n\
+         \x20 wait: [{{key: .id, successes: [done], failures: [\"{failure}\"]}}]\n",
+        base = backend.base
+    );
+    let mut cfg = ReconcilerConfig { max_output_bytes: 1 << 20, ..Default::default() };
+    cfg.mode.insert("api".into(), serde_norway::from_str(&yaml).unwrap());
+    seed.registration(API, "api", "s1").await;
+    let running = start_reconciler(&repo, cfg);
+    seed.subscription(ns, API).await;
+    eventually("state: error", || async { seed.get(ns, API).await.state == SubscriptionState::Error }).await;
+    eventually("the retry's run", || async { runs(&repo, ns).await.len() >= 2 }).await;
+    running.stop().await;
+    assert_eq!(backend.count("/"), 4, "two steps in the run and in its retry: {:?}", backend.calls().len());
+
+    // What each place must show: the first 1024 bytes and the whole length.
+    let cut = |whole: &str| format!("{}…({} bytes)", &whole[..1024], whole.len());
+    let output_shown = cut(&output);
+    let endpoint_shown = cut(&format!("{}/big/3000/{output}", backend.base));
+    let error_shown = cut(&format!("step 1: wait condition .id is \"{failure}\", one of its failures"));
+    let runs = runs(&repo, ns).await;
+    assert_eq!(runs.len(), 2, "the run and its retry: {runs:#?}");
+    for run in &runs {
+        assert_eq!(run.result, RunResult::Error);
+        assert_eq!(run.error, error_shown);
+        assert_eq!(run.steps[0].outputs["ID"], output_shown);
+        assert_eq!(run.steps[1].endpoint, endpoint_shown);
+        assert_eq!(run.steps[1].error, error_shown);
+    }
+
+    // The log lines of this subscription's reconciles.
+    let lines: Vec<Value> =
+        log_lines().into_iter().filter(|line| line["span"]["namespace"] == ns || line["namespace"] == ns).collect();
+    let text = || lines.iter().map(Value::to_string).collect::<Vec<_>>().join("\n");
+    let longest = lines.iter().map(|line| line.to_string().len()).max().unwrap_or(0);
+    assert!(longest < 4096, "a line of {longest} bytes: {}", text());
+    let steps = |step: u64| lines.iter().filter(move |l| l["step"] == step && l.get("attempts").is_some());
+    assert_eq!(steps(0).count(), 2, "step 0's line in the run and its retry: {}", text());
+    for line in steps(0) {
+        let outputs: Value = serde_json::from_str(line["outputs"].as_str().unwrap()).unwrap();
+        assert_eq!(outputs["ID"], output_shown, "{line}");
+    }
+    assert_eq!(steps(1).count(), 2, "step 1's line in the run and its retry: {}", text());
+    for line in steps(1) {
+        assert_eq!(line["endpoint"], endpoint_shown, "{line}");
+        assert_eq!(line["error"], error_shown, "{line}");
+    }
+    let failed: Vec<&Value> = lines.iter().filter(|l| l["message"] == "reconcile failed").collect();
+    assert_eq!(failed.len(), 2, "{}", text());
+    for line in failed {
+        assert_eq!(line["error"], error_shown, "{line}");
+    }
+}
+
+/// Every log line of this test binary, as JSON (the event's fields
+/// flattened, the current span's under `span`).
+fn log_lines() -> Vec<Value> {
+    let buf = LOGS.get().expect("logging installed").lock().unwrap_or_else(|p| p.into_inner());
+    String::from_utf8_lossy(&buf).lines().filter_map(|line| serde_json::from_str(line).ok()).collect()
+}
+
+static LOGS: OnceLock<Mutex<Vec<u8>>> = OnceLock::new();
+
+struct Capture;
+
+impl std::io::Write for Capture {
+    fn write(&mut self, data: &[u8]) -> std::io::Result<usize> {
+        LOGS.get_or_init(Mutex::default).lock().unwrap_or_else(|p| p.into_inner()).extend_from_slice(data);
+        Ok(data.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Installs the capturing subscriber once per test binary (a global one:
+/// the reconciler's tasks run on every worker thread).
+fn capture_logs() {
+    static ONCE: OnceLock<()> = OnceLock::new();
+    ONCE.get_or_init(|| {
+        LOGS.get_or_init(Mutex::default);
+        let _ = tracing_subscriber::fmt().json().flatten_event(true).with_writer(|| Capture).try_init();
+    });
+}
+
 /// An etcd of `flags` and a store on it.
 async fn etcd_with(flags: &[&str]) -> (kayra_testkit::Etcd, Store) {
     let etcd = kayra_testkit::Etcd::start_with(flags).await;
@@ -159,5 +263,6 @@ async fn a_result_the_store_refuses_is_recorded_as_a_failure_without_outputs() {
 
 both_backends!(
     an_outsized_output_fails_its_step_and_the_decision_gives_up,
-    outputs_are_cut_to_a_kibibyte_in_run_records
+    outputs_are_cut_to_a_kibibyte_in_run_records,
+    long_outputs_errors_and_endpoints_are_cut_in_log_lines_and_run_errors
 );
