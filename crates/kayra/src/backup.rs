@@ -7,8 +7,12 @@
 //! subscriptions last, then a closing comment line naming the number of
 //! documents: a file cut anywhere is refused even when what is left still
 //! parses. A user's tokens are in its `status.tokens`, as ids and hashes
-//! only (never a secret). `kayra-cli apply` reads the same file (it skips
-//! comments and, having no field for it, refuses `status`).
+//! only (never a secret). `kayra-cli apply` reads the same file: it skips
+//! comments and ignores `status` (computed, not its to write), and every
+//! other field is one of its writable fields.
+//!
+//! Not in the file: a registration's rollout record (the state of its
+//! rollout, §12), the reconcilers' runtime state; see `docs/decisions.md`.
 //!
 //! The import checks every document before anything is written (an error
 //! names the document's index and the field), refuses a store holding any
@@ -24,6 +28,7 @@ use clap::Args;
 use kayra_catalog::repo::Repository;
 use kayra_catalog::repo::auth::{is_token_id, token_id};
 use kayra_catalog::repo::backup::Record;
+use kayra_core::rollout::{RolloutPolicy, RolloutState};
 use kayra_core::{
     ApiRegistration, ClusterRoleBinding, Namespace, Role, RoleBinding, Subscription, TokenRecord, User, names,
     validation,
@@ -75,6 +80,7 @@ pub async fn export(args: ExportArgs) -> anyhow::Result<()> {
     let store = kayra_store::Store::open(&config.database).await.context("open store")?;
     let repo = Repository::new(store, &config.platform, &config.region);
     let backup = repo.export().await.context("read the store")?;
+    warn_of_rollouts(&repo, &backup.records).await?;
     let documents = render(&backup.records)?;
     let mut text = format!(
         "# kayra export of platform {:?}, region {:?}, at store revision {}\n",
@@ -94,6 +100,37 @@ pub async fn export(args: ExportArgs) -> anyhow::Result<()> {
             std::fs::rename(&partial, path).with_context(|| format!("write {}", path.display()))?;
             eprintln!("kayra: exported {} documents to {}", documents.len(), path.display());
         }
+    }
+    Ok(())
+}
+
+/// Tells (stderr) of each registration whose rollout of its current SyncID
+/// has not completed: the rollout record is not exported, so after an
+/// import the first reconciler starts that rollout again from its first
+/// wave, over the subscribers not at the SyncID (an aborted rollout's held
+/// ones included). Finish, resume or supersede it first to avoid that.
+async fn warn_of_rollouts(repo: &Repository, records: &[Record]) -> anyhow::Result<()> {
+    for record in records {
+        let Record::Registration(registration) = record else { continue };
+        if registration.rollout.is_none() {
+            continue;
+        }
+        let Some(rollout) = repo.rollout(&registration.name).await.context("read the rollouts")? else { continue };
+        let rollout = &rollout.value.rollout;
+        if rollout.sync_id != registration.sync_id
+            || matches!(rollout.state, RolloutState::Completed | RolloutState::Superseded)
+        {
+            continue;
+        }
+        eprintln!(
+            "kayra: warning: the rollout of api registration {:?} to SyncID {:?} is {} (wave {} of {}); \
+             rollouts are not exported: after an import it starts again from its first wave",
+            registration.name,
+            rollout.sync_id,
+            rollout.state.as_str(),
+            rollout.wave + 1,
+            rollout.waves.len()
+        );
     }
     Ok(())
 }
@@ -300,6 +337,9 @@ fn check(value: Value, platform: &str, region: &str) -> anyhow::Result<Vec<Recor
             validation::validate_not_reserved(&v.name, &v.short_name).map_err(|e| field_error("name", e))?;
             validation::validate_sync_id(&v.sync_id).map_err(|e| field_error("sync_id", e))?;
             validation::validate_endpoint(&v.endpoint).map_err(|e| field_error("endpoint", e))?;
+            if let Some(policy) = &v.rollout {
+                check_rollout(policy)?;
+            }
             // Empty on a record written before registrations were stamped.
             let stamped = |value: &str, ours: &str| value.is_empty() || value == ours;
             if !stamped(&v.platform, platform) || !stamped(&v.region, region) {
@@ -339,19 +379,72 @@ fn check(value: Value, platform: &str, region: &str) -> anyhow::Result<Vec<Recor
     })
 }
 
+/// A registration's rollout policy, by the API's rules (§12): its shape,
+/// and each gate as a step.
+fn check_rollout(policy: &RolloutPolicy) -> anyhow::Result<()> {
+    policy.validate().map_err(|e| field_error(&e.field, e.message))?;
+    for (i, wave) in policy.waves.iter().enumerate() {
+        if let Some(gate) = &wave.gate {
+            kayra_pipeline::Gate::compile(gate).map_err(|(field, message)| {
+                let field = if field.is_empty() { String::new() } else { format!(".{field}") };
+                field_error(&format!("rollout.waves[{i}].gate{field}"), message)
+            })?;
+        }
+    }
+    Ok(())
+}
+
 /// `fields` as `T`, refusing a field `T` does not have; a problem names the field.
-fn typed<T: DeserializeOwned + serde::Serialize + Default>(fields: Map<String, Value>) -> anyhow::Result<T> {
-    let known = match serde_json::to_value(T::default()) {
-        Ok(Value::Object(known)) => known,
-        _ => Map::new(),
-    };
-    if let Some(field) = fields.keys().find(|f| !known.contains_key(*f) && !OPTIONAL_STATUS.contains(&f.as_str())) {
+fn typed<T: DeserializeOwned>(fields: Map<String, Value>) -> anyhow::Result<T> {
+    let known = fields_of::<T>()?;
+    if let Some(field) = fields.keys().find(|f| !known.contains(&f.as_str())) {
         return Err(field_error(field, "unknown field"));
     }
     serde_path_to_error::deserialize(Value::Object(fields)).map_err(|e| {
         let path = e.path().to_string();
         field_error(if path == "." { "(document)" } else { &path }, e.into_inner())
     })
+}
+
+/// The fields of a record type: the names its derived `Deserialize` hands
+/// to `deserialize_struct`, which [`Fields`] records before it stops. Every
+/// field the type reads, whether or not its `Serialize` skips it when
+/// empty (a registration's `rollout`, a subscription's `runs`), so a
+/// record's own export is never refused for a field it left out elsewhere.
+fn fields_of<T: DeserializeOwned>() -> anyhow::Result<&'static [&'static str]> {
+    let mut fields: &'static [&'static str] = &[];
+    let _ = T::deserialize(Fields(&mut fields));
+    if fields.is_empty() {
+        bail!("{} is not a struct with named fields", std::any::type_name::<T>());
+    }
+    Ok(fields)
+}
+
+/// A deserializer that answers every request with an error, having kept
+/// the field names of a `deserialize_struct`.
+struct Fields<'a>(&'a mut &'static [&'static str]);
+
+impl<'de> serde::Deserializer<'de> for Fields<'_> {
+    type Error = serde::de::value::Error;
+
+    fn deserialize_any<V: serde::de::Visitor<'de>>(self, _: V) -> Result<V::Value, Self::Error> {
+        Err(serde::de::Error::custom("not a struct"))
+    }
+
+    fn deserialize_struct<V: serde::de::Visitor<'de>>(
+        self,
+        _: &'static str,
+        fields: &'static [&'static str],
+        _: V,
+    ) -> Result<V::Value, Self::Error> {
+        *self.0 = fields;
+        Err(serde::de::Error::custom("fields recorded"))
+    }
+
+    serde::forward_to_deserialize_any! {
+        bool i8 i16 i32 i64 i128 u8 u16 u32 u64 u128 f32 f64 char str string bytes byte_buf option
+        unit unit_struct newtype_struct seq tuple tuple_struct map enum identifier ignored_any
+    }
 }
 
 /// One entry of a user's `status.tokens`.
@@ -476,6 +569,19 @@ mod tests {
                 sync_id_updated_at: "2026-01-01T00:00:00.123Z".into(),
                 platform: "dev".into(),
                 region: "local".into(),
+                rollout: Some(RolloutPolicy {
+                    waves: vec![
+                        kayra_core::rollout::WavePolicy {
+                            name: "canary".into(),
+                            size: "10%".into(),
+                            gate: Some(serde_json::json!({"method": "get", "endpoint": "https://m.example.com/ok"})),
+                            ..Default::default()
+                        },
+                        kayra_core::rollout::WavePolicy { name: "rest".into(), ..Default::default() },
+                    ],
+                    progress_deadline: "1h".into(),
+                    ..Default::default()
+                }),
                 ..Default::default()
             }),
             Record::Subscription(Subscription {
@@ -502,6 +608,7 @@ mod tests {
     fn a_rendered_file_parses_back_to_its_records() {
         let records = sample();
         let text = file(&records);
+        assert!(text.contains("\nrollout:\n  on_failure: pause\n  progress_deadline: 1h\n  waves:\n"), "{text}");
         assert!(
             text.contains(
                 "kind: Namespace\nname: core\ndescription: d\nlabels:\n  example.com/env: ''\n  tier: canary\nstatus:\n  active: true\n"
@@ -524,6 +631,9 @@ mod tests {
             (text.replace("  tier: canary", "  tier: -canary"), "document 1: field \"labels\""),
             (text.replace("sync_id: s1\n", "sync_id: s/1\n"), "document 3: field \"sync_id\""),
             (text.replace("  region: local", "  region: eu"), "document 3: field \"status.platform\""),
+            (text.replace("size: 10%", "size: 0%"), "document 3: field \"rollout.waves[0].size\""),
+            (text.replace("size: 10%", "sise: 10%"), "document 3: field \"rollout.waves[0]"),
+            (text.replace("method: get", "method: fetch"), "document 3: field \"rollout.waves[0].gate"),
             (text.replace("kind: Subscription", "kind: Subscriptoin"), "document 4: field \"kind\""),
             (text.replace("api: compute.example.com", "api: other.example.com"), "document 4: field \"api\""),
             (text.replace("  current_sync_id: s1\n", ""), "document 4: field \"status.current_sync_id\""),
