@@ -159,7 +159,15 @@ reconciler:
         let registration = json!({"name": API, "short_name": "compute", "mode": "api", "sync_id": "s1",
             "endpoint": "http://127.0.0.1:9/backend", "description": "compute"});
         self.post(port, "/apiregistrations", registration).await;
-        self.post(port, "/apiregistrations", json!({"name": OTHER, "mode": "api"})).await;
+        // A rollout policy (§12): shapes SyncID moves only, so the first
+        // syncs below run at once and no rollout record is written.
+        let rollout = json!({"waves": [
+            {"name": "canary", "selector": {"tier": "canary"}, "size": "1", "bake": "5m",
+             "gate": {"method": "get", "endpoint": "https://metrics.example.com/ok?api={{ .Rollout.Api }}",
+                      "timeout": "2m"}},
+            {"name": "rest", "approval": "manual", "max_failures": "10%"}],
+            "on_failure": "abort", "progress_deadline": "1h"});
+        self.post(port, "/apiregistrations", json!({"name": OTHER, "mode": "api", "rollout": rollout})).await;
         for (ns, api) in [("core", API), ("edge", API), ("core", OTHER)] {
             self.post(port, &format!("/namespaces/{ns}/subscriptions"), json!({"api": api})).await;
         }
@@ -303,6 +311,7 @@ async fn a_round_trip_local_to_etcd_and_back_keeps_every_answer_and_stays_idle()
     let text = String::from_utf8(file.clone()).unwrap();
     assert!(!text.contains(TOKEN) && !text.contains(&alice), "no secret token in an export");
     assert!(text.contains("kind: Subscription") && text.contains("hash: "), "{text}");
+    assert!(text.contains("rollout:\n  on_failure: abort\n"), "the rollout policy is exported: {text}");
     let out = World::import(&config_b, &file);
     assert!(out.status.success(), "import into etcd: {}", stderr(&out));
     let store_b = etcd_store(&etcd).await;
@@ -433,4 +442,62 @@ async fn mangled_exports_are_refused_or_imported_never_half_written() {
         }
     }
     assert!(refused > 0 && imported > 0, "{refused} refused, {imported} imported: both outcomes are exercised");
+}
+
+/// A rollout record is the reconcilers' runtime state, not exported: the
+/// registration's policy is, and an export taken while a rollout of the
+/// current SyncID is unfinished says so on stderr; the import holds no
+/// rollout record.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unfinished_rollout_is_not_exported_and_the_export_says_so() {
+    use kayra_core::rollout::{RolloutPolicy, RolloutRecord, WavePolicy};
+
+    let world = World::new().await;
+    let dir = tempfile::tempdir().unwrap();
+    let catalog = common::Catalog::new(local_store(dir.path()).await);
+    let policy = RolloutPolicy {
+        waves: vec![
+            WavePolicy { name: "canary".into(), size: "1".into(), ..Default::default() },
+            WavePolicy { name: "rest".into(), ..Default::default() },
+        ],
+        ..Default::default()
+    };
+    let registration = kayra_core::ApiRegistration {
+        name: API.into(),
+        mode: "api".into(),
+        sync_id: "s2".into(),
+        platform: "dev".into(),
+        region: "local".into(),
+        rollout: Some(policy.clone()),
+        ..Default::default()
+    };
+    catalog.repo.create_registration(&registration).await.unwrap();
+    for ns in ["core", "edge"] {
+        catalog.subscribe(ns).await;
+    }
+    let assignment = vec![vec!["core".to_string()], vec!["edge".to_string()]];
+    let (record, _) = RolloutRecord::start(API, "s2", &policy, assignment, std::time::SystemTime::now());
+    assert!(catalog.repo.write_rollout(API, None, &record, &[]).await.unwrap().is_some());
+
+    let config = world.config("rolling", &Db::Local(dir.path()), free_port(), free_port());
+    let out = World::kayra(&["export", "--config", config.to_str().unwrap()], None);
+    assert!(out.status.success(), "export: {}", stderr(&out));
+    let err = stderr(&out);
+    assert!(
+        err.contains(&format!(
+            "the rollout of api registration \"{API}\" to SyncID \"s2\" is progressing (wave 1 of 2)"
+        )),
+        "{err}"
+    );
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(text.contains("rollout:\n") && text.contains("name: canary"), "the policy is exported: {text}");
+    assert!(!text.contains("progressing") && !text.contains("started_at"), "no rollout record in it: {text}");
+
+    let target = tempfile::tempdir().unwrap();
+    let config = world.config("rolled", &Db::Local(target.path()), free_port(), free_port());
+    let out = World::import(&config, text.as_bytes());
+    assert!(out.status.success(), "import: {}", stderr(&out));
+    let imported = kayra_catalog::repo::Repository::new(local_store(target.path()).await, "dev", "local");
+    assert_eq!(imported.get_registration(API).await.unwrap().unwrap().value.rollout, Some(policy));
+    assert!(imported.rollout(API).await.unwrap().is_none());
 }
