@@ -251,6 +251,45 @@ async fn a_registration_s_rollout_policy_is_created_kept_and_configured() {
     assert_eq!(revision(&kayra).await, before);
 }
 
+/// A registration as `kayra export` writes it (its policy in the stored
+/// form, computed fields under `status`, the closing comment) applies, and
+/// applies again unchanged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_exported_registration_with_a_rollout_policy_applies() {
+    let kayra = Kayra::start().await;
+    let exported = "\
+# kayra export of platform \"dev\", region \"local\", at store revision 7
+---
+kind: ApiRegistration
+name: compute.example.com
+description: ''
+endpoint: ''
+mode: noop
+rollout:
+  on_failure: pause
+  waves:
+  - approval: auto
+    name: canary
+    size: '1'
+  - approval: manual
+    name: rest
+short_name: ''
+sync_id: s1
+status:
+  platform: dev
+  region: local
+  sync_id_updated_at: 2026-01-01T00:00:00.000Z
+# end of kayra export: 1 documents
+";
+    let run = |text: &'static str| kayra.cli.run_with_stdin(&["apply", "-f", "-"], Some(text.as_bytes()));
+    assert_eq!(run(exported).await.ok().stdout, "ApiRegistration/compute.example.com created\n");
+    let before = revision(&kayra).await;
+    assert_eq!(run(exported).await.ok().stdout, "ApiRegistration/compute.example.com unchanged\n");
+    assert_eq!(revision(&kayra).await, before);
+    let reg = kayra.cli.run(&["get", "catalog", "apiregistrations", "compute.example.com"]).await.ok().json();
+    assert_eq!(reg["rollout"]["waves"][1], json!({"name": "rest", "approval": "manual"}));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_directory_in_name_order_kinds_first() {
     let kayra = Kayra::start().await;
