@@ -9,6 +9,7 @@
 //!   subscriptions, users, tokens, roles, bindings) and their wire forms.
 //! - [`audit`]: audit records (platform §13) and the reason header's rules.
 //! - [`notifications`]: events and their delivery records (§14).
+//! - [`runs`]: run records (§4.4), and [`run_codec`] their compact stored form (§16).
 //! - [`labels`]: namespace labels and label selectors (§4.1).
 //! - [`names`]: DNS label / subdomain validation of resource names.
 //! - [`validation`]: path segments, `sync_id`, endpoints, reserved names,
@@ -20,6 +21,7 @@ pub mod names;
 pub mod notifications;
 pub mod resources;
 pub mod rollout;
+pub mod run_codec;
 pub mod runs;
 pub mod validation;
 

@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use common::backend::TestBackend;
 use common::{Kind, Seed, eventually, start_reconciler, store};
-use kayra_catalog::repo::{Collection, Repository};
+use kayra_catalog::repo::Repository;
 use kayra_config::ReconcilerConfig;
 use kayra_core::{Run, RunResult, SubscriptionState};
 use kayra_store::Store;
@@ -33,10 +33,8 @@ fn config(endpoint: &str, outputs: &[(&str, &str)], max_output_bytes: usize) -> 
 
 /// The subscription's runs, oldest first.
 async fn runs(repo: &Repository, ns: &str) -> Vec<Run> {
-    let collection = Collection::SubscriptionRuns { namespace: ns, api: API };
-    let (records, _) = repo.list_all::<Run>(collection).await.unwrap();
-    let mut runs: Vec<Run> = records.into_iter().map(|r| r.value).collect();
-    runs.sort_by(|a, b| a.id.cmp(&b.id));
+    let mut runs = repo.runs_page(ns, API, None, 0).await.unwrap().items;
+    runs.reverse();
     runs
 }
 

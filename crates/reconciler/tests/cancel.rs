@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use common::backend::TestBackend;
 use common::{Kind, Seed, eventually, start_reconciler, store};
 use kayra_catalog::repo::cancels::{CancelOutcome, CancelRequest};
-use kayra_catalog::repo::{Collection, RecordRef, Repository};
+use kayra_catalog::repo::{RecordRef, Repository};
 use kayra_config::ReconcilerConfig;
 use kayra_core::{Run, RunResult, RunTrigger, Subscription, SubscriptionState};
 
@@ -43,10 +43,8 @@ fn config(endpoint: &str, run_timeout: Option<&str>) -> ReconcilerConfig {
 
 /// The subscription's runs, oldest first.
 async fn runs(repo: &Repository) -> Vec<Run> {
-    let (records, _) =
-        repo.list_all::<Run>(Collection::SubscriptionRuns { namespace: "core", api: API }).await.unwrap();
-    let mut runs: Vec<Run> = records.into_iter().map(|r| r.value).collect();
-    runs.sort_by(|a, b| a.id.cmp(&b.id));
+    let mut runs = repo.runs_page("core", API, None, 0).await.unwrap().items;
+    runs.reverse();
     runs
 }
 

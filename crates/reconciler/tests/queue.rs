@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use common::backend::TestBackend;
 use common::{Kind, Seed, eventually, one_step_mode, store};
-use kayra_catalog::repo::{Collection, RecordRef, Repository};
+use kayra_catalog::repo::{RecordRef, Repository};
 use kayra_config::ReconcilerConfig;
 use kayra_core::{Run, RunResult, RunTrigger, Subscription};
 use kayra_reconciler::Reconciler;
@@ -418,10 +418,8 @@ async fn a_newer_sync_id_supersedes_a_running_wait(kind: Kind) {
     running.stop().await;
     // Both runs are recorded: the superseded one with its polls, then the
     // run toward s2 (a run after superseded is `ongoing`).
-    let (records, _) =
-        w.repo.list_all::<Run>(Collection::SubscriptionRuns { namespace: "core", api: API }).await.unwrap();
-    let mut runs: Vec<Run> = records.into_iter().map(|r| r.value).collect();
-    runs.sort_by(|a, b| a.id.cmp(&b.id));
+    let mut runs: Vec<Run> = w.repo.runs_page("core", API, None, 0).await.unwrap().items;
+    runs.reverse();
     let summary: Vec<_> = runs.iter().map(|r| (r.sync_id.as_str(), r.result)).collect();
     assert_eq!(summary, [("s1", RunResult::Superseded), ("s2", RunResult::Success)], "{runs:?}");
     assert_eq!(runs[1].trigger, RunTrigger::Ongoing);

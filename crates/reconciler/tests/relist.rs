@@ -16,7 +16,7 @@ use common::backend::TestBackend;
 use common::{Kind, Seed, eventually, one_step_mode, start_reconciler};
 use kayra_catalog::repo::{Collection, RecordRef, Repository};
 use kayra_config::ReconcilerConfig;
-use kayra_core::{Run, SubscriptionState};
+use kayra_core::SubscriptionState;
 use kayra_reconciler::Reconciler;
 use kayra_store::testsuite::{FeedSwitch, Switched};
 use kayra_store::{Op, Store};
@@ -131,7 +131,7 @@ async fn a_result_the_store_fails_to_record_is_recorded_not_reconciled_again(kin
     // Past the queue's store backoff, when a reconcile thrown away would run again.
     tokio::time::sleep(kayra_reconciler::ensure::STORE_BACKOFF * 2).await;
     assert_eq!(backend.count("/ok/x"), 1, "the step ran once");
-    let (runs, _) = repo.list_all::<Run>(Collection::SubscriptionRuns { namespace: "core", api: API }).await.unwrap();
+    let runs = repo.runs_page("core", API, None, 0).await.unwrap().items;
     assert_eq!(runs.len(), 1, "one run recorded");
     running.stop().await;
 }

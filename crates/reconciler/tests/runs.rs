@@ -13,7 +13,7 @@ use common::backend::TestBackend;
 use common::echo::EchoBackend;
 use common::{Kind, Seed, eventually, one_step_mode, start_reconciler, store};
 use futures::StreamExt;
-use kayra_catalog::repo::{Collection, RecordRef, Repository};
+use kayra_catalog::repo::{RecordRef, Repository};
 use kayra_config::ReconcilerConfig;
 use kayra_core::{Run, RunResult, RunStep, RunTrigger, SubscriptionState};
 use kayra_store::{Change, Event};
@@ -26,9 +26,8 @@ fn config() -> ReconcilerConfig {
 
 /// The subscription's runs, oldest first.
 async fn runs(repo: &Repository, ns: &str, api: &str) -> Vec<Run> {
-    let (records, _) = repo.list_all::<Run>(Collection::SubscriptionRuns { namespace: ns, api }).await.unwrap();
-    let mut runs: Vec<Run> = records.into_iter().map(|r| r.value).collect();
-    runs.sort_by(|a, b| a.id.cmp(&b.id));
+    let mut runs = repo.runs_page(ns, api, None, 0).await.unwrap().items;
+    runs.reverse();
     runs
 }
 

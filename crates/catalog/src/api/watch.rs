@@ -38,9 +38,7 @@ use std::sync::Arc;
 use axum::body::{Body, Bytes};
 use axum::response::Response;
 use kayra_core::labels::Selector;
-use kayra_core::{
-    ApiRegistration, ClusterRoleBinding, Namespace, Role, RoleBinding, Run, Subscription, TokenRecord, User,
-};
+use kayra_core::{ApiRegistration, ClusterRoleBinding, Namespace, Role, RoleBinding, Subscription, TokenRecord, User};
 use kayra_store::{KeyValue, Revision};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -82,7 +80,10 @@ enum View {
     Subscription {
         registrations: String,
     },
+    /// One subscription's runs (their stored form leaves its names to the key).
     Run {
+        namespace: String,
+        api: String,
         id: Option<String>,
     },
     User,
@@ -161,7 +162,7 @@ impl Target {
                 range: KeyRange::Prefix(
                     layout.prefix(Collection::SubscriptionRuns { namespace: &namespace, api: &p("api") }),
                 ),
-                view: View::Run { id: params.get("id").cloned() },
+                view: View::Run { namespace: namespace.clone(), api: p("api"), id: params.get("id").cloned() },
                 selector: None,
             },
             Watched::Rollout => Target {
@@ -250,8 +251,8 @@ impl Target {
                     .unwrap_or_default();
                 (to_text(&subscription.view(&expected))?, None, None)
             }
-            View::Run { .. } => {
-                let run: Run = serde_json::from_slice(&kv.value).ok()?;
+            View::Run { namespace, api, .. } => {
+                let run = kayra_core::run_codec::decode(&kv.value, namespace, api).ok()?;
                 (to_text(&run)?, Some(run.id), None)
             }
             View::Token { .. } => {
@@ -267,7 +268,7 @@ impl Target {
     fn shows(&self, rendered: &Rendered) -> bool {
         let is = |wanted: &Option<String>, value: &Option<String>| wanted.is_none() || wanted == value;
         match &self.view {
-            View::Run { id } => is(id, &rendered.id),
+            View::Run { id, .. } => is(id, &rendered.id),
             View::Token { user, id } => rendered.owner.as_deref() == Some(user.as_str()) && is(id, &rendered.id),
             View::Namespace => self
                 .selector

@@ -7,17 +7,10 @@
 //! (§17: `?limit=1` decodes one). What is read at all is bounded by the
 //! ring (`reconciler.run_history`) and the record's cap (16 KiB).
 
-use kayra_core::Run;
+use kayra_core::{Run, run_codec};
 use kayra_store::KeyValue;
-use serde::Deserialize;
 
-use super::{Collection, Repository, Result, decode};
-
-/// A run record's id, read without the rest of the record.
-#[derive(Deserialize)]
-struct RunId {
-    id: String,
-}
+use super::{Collection, Error, Repository, Result};
 
 /// One page of runs, newest first.
 #[derive(Debug)]
@@ -37,7 +30,7 @@ impl Repository {
         if limit > 0 {
             records.truncate(limit);
         }
-        let items = records.iter().map(|(_, kv)| decode::<Run>(kv).map(|v| v.value)).collect::<Result<Vec<_>>>()?;
+        let items = records.iter().map(|(_, kv)| decode_run(kv, namespace, api)).collect::<Result<Vec<_>>>()?;
         let next = more.then(|| items.last().map(|run| run.id.clone())).flatten();
         Ok(RunPage { items, next })
     }
@@ -48,7 +41,7 @@ impl Repository {
         let Some((_, kv)) = records.iter().find(|(found, _)| found == id) else {
             return Ok(None);
         };
-        Ok(Some(decode::<Run>(kv)?.value))
+        Ok(Some(decode_run(kv, namespace, api)?))
     }
 
     /// The subscription's run records with their ids, newest first; a
@@ -56,11 +49,16 @@ impl Repository {
     async fn run_records(&self, namespace: &str, api: &str) -> Result<Vec<(String, KeyValue)>> {
         let prefix = self.layout.prefix(Collection::SubscriptionRuns { namespace, api });
         let (records, _) = self.store.list_all(&prefix).await?;
-        let mut records: Vec<(String, KeyValue)> = records
-            .into_iter()
-            .filter_map(|kv| Some((serde_json::from_slice::<RunId>(&kv.value).ok()?.id, kv)))
-            .collect();
+        let mut records: Vec<(String, KeyValue)> =
+            records.into_iter().filter_map(|kv| Some((run_codec::id(&kv.value)?, kv))).collect();
         records.sort_by(|a, b| b.0.cmp(&a.0));
         Ok(records)
     }
+}
+
+/// The run stored in `kv`, a record of `namespace`'s subscription to `api`
+/// ([`run_codec`]: the compact form, or the JSON of earlier builds).
+fn decode_run(kv: &KeyValue, namespace: &str, api: &str) -> Result<Run> {
+    run_codec::decode(&kv.value, namespace, api)
+        .map_err(|e| Error::Corrupt { key: kv.key.clone(), message: e.to_string() })
 }
