@@ -16,13 +16,18 @@
 //!   step, scale-out, round trips per reconcile, a staged rollout's fan-out
 //!   (`--rollout-only` for that figure alone);
 //! - a real `kayra reconciler`'s restart over 100,000 synced
-//!   subscriptions (`restart.rs`, `--restart`): time to ready, RSS, idle.
+//!   subscriptions (`restart.rs`, `--restart`; any number with
+//!   `--restart-subscribers`): time to ready, RSS, idle;
+//! - bytes per subscription in etcd and the local store (`space.rs`,
+//!   `--space N`), over a store filled by the generator (`generate.rs`).
 
 mod client;
 mod console;
+mod generate;
 mod reconcile;
 mod restart;
 mod serve;
+mod space;
 mod streams;
 
 use std::sync::Arc;
@@ -85,6 +90,20 @@ struct Args {
     /// Synced subscriptions the restart starts over.
     #[arg(long, default_value_t = 100_000)]
     restart_subscribers: usize,
+    /// Run records each of them keeps in the restart's store.
+    #[arg(long, default_value_t = 1)]
+    restart_runs: usize,
+    /// Only the space figures (`space.rs`): bytes per subscription of a
+    /// store the generator fills with this many.
+    #[arg(long)]
+    space: Option<usize>,
+    /// Syncs each subscription of `--space` has had (its run records: at
+    /// most the default `run_history` of 20).
+    #[arg(long, default_value_t = 20)]
+    space_runs: usize,
+    /// Steps of each run of `--space` (0: the placeholder mode's).
+    #[arg(long, default_value_t = 0)]
+    space_steps: usize,
     /// Writes whose delivery `--streams` times.
     #[arg(long, default_value_t = 20)]
     stream_writes: usize,
@@ -106,6 +125,9 @@ async fn main() -> anyhow::Result<()> {
     }
     if let Some(binary) = &args.restart {
         return restart_only(binary, &args).await;
+    }
+    if let Some(n) = args.space {
+        return space::run(n, args.space_runs, args.space_steps).await;
     }
     let dir = tempfile::tempdir()?;
     let local = kayra_testkit::local_config(dir.path());
@@ -157,12 +179,12 @@ async fn restart_only(binary: &std::path::Path, args: &Args) -> anyhow::Result<(
     let etcd = kayra_testkit::Etcd::start().await;
     let store = Store::new(kayra_store::etcd::EtcdStore::connect(&etcd.config("/restart")).await?);
     let database = format!("  etcd:\n    endpoints: [{}]\n    prefix: /restart\n", etcd.endpoint());
-    restart::run("etcd", &store, &database, binary, args.restart_subscribers).await?;
+    restart::run("etcd", &store, &database, binary, (args.restart_subscribers, args.restart_runs)).await?;
     let dir = tempfile::tempdir()?;
     let local = kayra_testkit::local_config(dir.path());
     let store = Store::new(kayra_store::local::LocalStore::open(&local.path, local.poll_interval.0)?);
     let database = format!("  local:\n    path: {}\n    poll_interval: 20ms\n", local.path.display());
-    restart::run("local", &store, &database, binary, args.restart_subscribers).await
+    restart::run("local", &store, &database, binary, (args.restart_subscribers, args.restart_runs)).await
 }
 
 async fn streams_only(binary: &std::path::Path, args: &Args) -> anyhow::Result<()> {
