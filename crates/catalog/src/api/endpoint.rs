@@ -223,6 +223,19 @@ async fn serve_watch(
             .map_err(IntoResponse::into_response)?,
         _ => None,
     };
+    // A status stream sends the page asked for; a malformed query is the
+    // GET's 400.
+    let status_page = match kind {
+        Watched::Status => Some(
+            Query::<status::StatusQuery>::from_request_parts(&mut parts, &())
+                .await
+                .map_err(IntoResponse::into_response)?
+                .0
+                .page(params.get("name").map_or("", String::as_str))
+                .map_err(IntoResponse::into_response)?,
+        ),
+        _ => None,
+    };
     // The audit trail's filters apply to its stream.
     let audit_query = match kind {
         Watched::Audit => Some(
@@ -248,7 +261,7 @@ async fn serve_watch(
     let opened = match kind {
         Watched::Status => {
             let framing = if event_stream { Framing::Sse } else { Framing::Ndjson };
-            status::open(hub, repo, &params, watcher, framing, permit).await
+            status::open(hub, repo, &params, status_page.unwrap_or_default(), watcher, framing, permit).await
         }
         Watched::Audit => {
             let framing = if event_stream { Framing::Sse } else { Framing::Ndjson };

@@ -31,7 +31,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::broadcast::error::RecvError;
 use tokio::sync::{broadcast, watch};
 use tokio::time::Instant;
-use utoipa::ToSchema;
+use utoipa::{IntoParams, ToSchema};
 
 use super::error::{ApiError, ErrorBody};
 use super::extract::{Path, Query};
@@ -44,6 +44,63 @@ use crate::repo::{Collection, RecordRef, Repository};
 
 /// A status stream sends its document at most this often.
 pub const COALESCE: Duration = Duration::from_millis(250);
+
+/// `GET …/status`'s query (§4.2): one page of the subscribers
+/// (`?limit=N&continue=TOKEN`, sorted by namespace), optionally only those
+/// of one of the counts (`?category=`); the counts always cover every
+/// subscriber. A stream (`?watch=true`) sends that page's document.
+#[derive(Debug, Default, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct StatusQuery {
+    /// At most this many subscribers; absent or 0 means all.
+    pub limit: Option<usize>,
+    /// The `continue` of the previous page.
+    #[serde(rename = "continue")]
+    #[param(rename = "continue")]
+    pub continue_token: Option<String>,
+    /// Only the subscribers this count counts.
+    pub category: Option<Category>,
+}
+
+/// One of the §4.2 counts, as a filter of the subscribers shown.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Category {
+    Synced,
+    Failed,
+    Pending,
+}
+
+impl Category {
+    fn counts(self, entry: &Entry, sync_id: &str) -> bool {
+        let synced = entry.is_synced(sync_id);
+        match self {
+            Category::Synced => synced,
+            Category::Failed => !synced && entry.state == SubscriptionState::Error,
+            Category::Pending => !synced && entry.state != SubscriptionState::Error,
+        }
+    }
+}
+
+/// The subscribers a report shows: after namespace `after` (from the
+/// first when empty), at most `limit` (0: all), of `category` if any.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Page {
+    after: String,
+    limit: usize,
+    category: Option<Category>,
+}
+
+impl StatusQuery {
+    /// The page asked for of `name`'s subscribers (400 for a continue
+    /// token of another registration's report).
+    pub(crate) fn page(self, name: &str) -> Result<Page, ApiError> {
+        let scope = format!("{name}/");
+        let list = ListQuery { limit: self.limit, continue_token: self.continue_token };
+        let after = list.after(&scope)?.map(|key| key[scope.len()..].to_string()).unwrap_or_default();
+        Ok(Page { after, limit: list.limit(), category: self.category })
+    }
+}
 
 /// `GET /apiregistrations/{name}/status`.
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
@@ -111,15 +168,16 @@ impl RegistrationStatus {
 
     /// The report of `registration` from the index as it is now: the
     /// counts kept current by the index, what `holds` holds back of them,
-    /// and the subscribers after namespace `after` (from the first when
-    /// empty), at most `limit` (0: all) of them.
-    fn of(registration: ApiRegistration, index: &SubscriberIndex, holds: &Holds, after: &str, limit: usize) -> Self {
+    /// and the subscribers of `page`.
+    fn of(registration: ApiRegistration, index: &SubscriberIndex, holds: &Holds, page: &Page) -> Self {
         let sync_id = registration.sync_id.as_str();
+        let limit = page.limit;
         let take = if limit == 0 { usize::MAX } else { limit.saturating_add(1) };
         // Counts, held and the page of one moment: `held ≤ pending` always.
         let (tally, held, mut subscribers) = index.snapshot(&registration.name, |snapshot| {
             let subscribers: Vec<Subscriber> = snapshot
-                .after(after)
+                .after(&page.after)
+                .filter(|(_, e)| page.category.is_none_or(|category| category.counts(e, sync_id)))
                 .take(take)
                 .map(|(namespace, e)| Subscriber {
                     namespace: namespace.to_string(),
@@ -244,14 +302,14 @@ async fn caught_up(index: &SubscriberIndex, repo: &Repository, revision: i64) ->
 /// With `?watch=true`: an `ADDED` event with this document, then a
 /// `MODIFIED` with the whole new document whenever it changes, at most
 /// every 250 ms; `DELETED` when the registration is deleted.
-#[utoipa::path(get, path = "/apiregistrations/{name}/status", tag = "apiregistrations", params(("name" = String, Path), ListQuery),
+#[utoipa::path(get, path = "/apiregistrations/{name}/status", tag = "apiregistrations", params(("name" = String, Path), StatusQuery),
     responses((status = 200, body = RegistrationStatus), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody),
         (status = 503, body = ErrorBody, description = "the subscriber index could not show it is current")))]
 pub(crate) async fn status(
     State(state): State<ApiState>,
     check: Option<Extension<WatchCheck>>,
     Path(name): Path<String>,
-    Query(query): Query<ListQuery>,
+    Query(query): Query<StatusQuery>,
 ) -> Result<Response, ApiError> {
     long_name(&state, &name).await?;
     let index = index_of(&state.hub, &state.repo);
@@ -264,11 +322,10 @@ pub(crate) async fn status(
         return Ok(StatusCode::OK.into_response());
     }
     let holds = Holds::new(&registration, state.repo.rollout(&name).await?.map(|r| Arc::new(r.value)));
-    let scope = format!("{name}/");
-    let after = query.after(&scope)?.map(|key| key[scope.len()..].to_string()).unwrap_or_default();
+    let page = query.page(&name)?;
     caught_up(&index, &state.repo, revision).await?;
     // Encoded in one piece: ~1 MB for 10,000 subscribers unpaged.
-    let report = RegistrationStatus::of(registration, &index, &holds, &after, query.limit());
+    let report = RegistrationStatus::of(registration, &index, &holds, &page);
     let body = serde_json::to_vec(&report).map_err(|e| {
         tracing::error!(error = %e, "encode a status report");
         ApiError::internal()
@@ -277,11 +334,13 @@ pub(crate) async fn status(
 }
 
 /// Opens the `?watch=true` stream of `name`'s status for `watcher` (whose
-/// right to watch and the route's GET were checked by the caller).
+/// right to watch and the route's GET were checked by the caller): the
+/// document of `page` (its subscribers as of each render).
 pub(crate) async fn open(
     hub: &Hub,
     repo: &Repository,
     params: &HashMap<String, String>,
+    page: Page,
     watcher: Watcher,
     framing: Framing,
     permit: StreamPermit,
@@ -319,6 +378,7 @@ pub(crate) async fn open(
         rollout: None,
         index,
         changes,
+        page,
         sent: None,
         dirty: false,
         outbox: Outbox::new(framing, repo.clone(), watcher, options, hub.stopping()),
@@ -347,6 +407,8 @@ struct Stream {
     rollout: Option<(Revision, Arc<RolloutRecord>)>,
     index: SubscriberIndex,
     changes: watch::Receiver<u64>,
+    /// The subscribers the document shows.
+    page: Page,
     /// The document last sent: what a render is compared with, and what a
     /// `DELETED` carries.
     sent: Option<String>,
@@ -409,7 +471,7 @@ impl Stream {
             .and_then(|record| serde_json::from_slice::<ApiRegistration>(&record.kv.value).ok());
         let holds = registration.as_ref().map(|r| Holds::new(r, self.record())).unwrap_or_default();
         let document = registration
-            .map(|r| RegistrationStatus::of(r, &self.index, &holds, "", 0))
+            .map(|r| RegistrationStatus::of(r, &self.index, &holds, &self.page))
             .and_then(|status| serde_json::to_string(&status).ok());
         let framing = self.outbox.framing();
         let event = match (document, self.sent.take()) {

@@ -129,6 +129,64 @@ both_backends! {
         server.get(&format!("/apiregistrations/storage.example.com/status?continue={token}")).await.error(400, &["continue"]);
     }
 
+    /// `?category=` pages only the subscribers one count counts, and a
+    /// stream sends the page it was opened with, its counts covering all:
+    /// what the console's API page reads instead of every subscriber.
+    async fn a_category_pages_what_its_count_counts_and_a_stream_sends_its_page(server: Server) {
+        server.registration(API, json!({"sync_id": "s1"})).await;
+        let names = ["ns-a", "ns-b", "ns-c", "ns-d", "ns-e", "ns-f", "ns-g"];
+        subscribers(&server, &names).await;
+        for ns in ["ns-a", "ns-c", "ns-f"] {
+            succeed(&server, ns, "s1").await;
+        }
+        for ns in ["ns-b", "ns-g"] {
+            let seen = server.repo.get_subscription(ns, API).await.unwrap().unwrap();
+            crate::common::record_result(&server.repo, &seen, None).await;
+        }
+        let shown = |status: &Value| -> Vec<String> {
+            let subscribers = status["subscribers"].as_array().unwrap().iter();
+            subscribers.map(|s| s["namespace"].as_str().unwrap().to_string()).collect()
+        };
+        for (category, expected) in
+            [("synced", vec!["ns-a", "ns-c", "ns-f"]), ("failed", vec!["ns-b", "ns-g"]), ("pending", vec!["ns-d", "ns-e"])]
+        {
+            let status = server.get(&format!("{}?category={category}", status_path())).await.expect(200);
+            assert_eq!(shown(&status), expected, "{category}: {status}");
+            assert_eq!(counts(&status), [7, 3, 2, 2], "the counts cover everyone");
+            // Paged one at a time, the same subscribers in the same order.
+            let (mut seen, mut token) = (Vec::new(), String::new());
+            loop {
+                let path = format!("{}?category={category}&limit=1&continue={token}", status_path());
+                let page = server.get(&path).await.expect(200);
+                seen.extend(shown(&page));
+                token = page["continue"].as_str().unwrap_or_default().to_string();
+                if token.is_empty() {
+                    break;
+                }
+            }
+            assert_eq!(seen, expected, "{category}, paged");
+        }
+        for bad in ["error", "SYNCED", "", "all"] {
+            server.get(&format!("{}?category={bad}", status_path())).await.error(400, &["category"]);
+        }
+
+        // A stream of one page: its subscribers, every count, and a change
+        // on another page still moves the counts it sends.
+        let path = format!("{}?category=failed&limit=1", status_path());
+        let mut events = Events::open(&server, &path, &server.admin, false).await;
+        let (kind, first) = events.next().await;
+        assert_eq!(kind, "ADDED");
+        assert_eq!(first, server.get(&path).await.expect(200), "the page a GET answers");
+        assert_eq!(shown(&first), ["ns-b"]);
+        assert!(!first["continue"].as_str().unwrap_or_default().is_empty(), "{first}");
+        succeed(&server, "ns-d", "s1").await;
+        let (kind, moved) = events.next().await;
+        assert_eq!(kind, "MODIFIED");
+        assert_eq!((counts(&moved), shown(&moved)), ([7, 4, 2, 1], vec!["ns-b".to_string()]), "{moved}");
+        let refused = Events::request(&server, &format!("{}?category=bogus", status_path()), &server.admin, false).await;
+        assert_eq!(refused.status(), 400, "a stream's bad category is the GET's 400");
+    }
+
     async fn the_status_stream_follows_a_fan_out_in_coalesced_documents(server: Server) {
         server.registration(API, json!({"sync_id": "s1"})).await;
         let names: Vec<String> = (0..20).map(|i| format!("t{i:02}")).collect();
