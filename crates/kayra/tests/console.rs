@@ -168,12 +168,16 @@ async fn fan_out(backend: Backend) {
     w.backend.release(3);
     b.until("all synced", &counts_are(COMPUTE, "5/5 synced, 0 failed, 0 pending")).await;
     let during = b.requests().await;
+    // The fleet reads each API's counts alone (§16): never every subscriber.
     let status_path = format!("/apiregistrations/{COMPUTE}/status");
+    let counts_path = format!("{status_path}?limit=1");
     let urls: Vec<&str> = during.iter().map(|(url, _)| url.as_str()).collect();
-    assert!(urls.iter().any(|u| u.ends_with(&format!("{status_path}?watch=true"))), "no status stream: {urls:?}");
+    assert!(urls.iter().any(|u| u.ends_with(&format!("{counts_path}&watch=true"))), "no status stream: {urls:?}");
+    let unpaged: Vec<_> = urls.iter().filter(|u| u.contains(&status_path) && !u.contains("limit=1")).collect();
+    assert!(unpaged.is_empty(), "status read for more than its counts: {unpaged:?}");
     // At most the poll that may have been under way at the bump, and the
     // one that takes over when the fan-out has settled.
-    let polls = urls.iter().filter(|u| u.ends_with(&status_path)).count();
+    let polls = urls.iter().filter(|u| u.ends_with(&counts_path)).count();
     assert!(polls <= 2, "the fan-out's status was polled {polls} times: {urls:?}");
     requests.extend(during);
     assert_eq!(b.js("return window.__samePage").await, "yes", "the page was reloaded");
@@ -498,6 +502,16 @@ async fn console_pages_ten_thousand_subscribers() {
     b.client.find(Locator::Css("select#state-filter")).await.unwrap().select_by_value("synced").await.unwrap();
     b.until("synced only", "return document.querySelector('.pager-info').textContent === '1–100 of 1000'").await;
     assert_eq!(b.text("#subscribers tbody tr td").await, "tenant-00007");
+
+    // Every page, filter and count came from the server a page at a time:
+    // no request read more subscribers than the 100 a page shows (§16).
+    let requests = b.requests().await;
+    let reads: Vec<&str> = requests.iter().map(|(url, _)| url.as_str()).filter(|url| url.contains("/status")).collect();
+    assert!(reads.iter().any(|url| url.contains("category=synced")), "the filter is the server's: {reads:?}");
+    for url in &reads {
+        let limit = url.split(['?', '&']).find_map(|p| p.strip_prefix("limit=")).and_then(|n| n.parse::<u32>().ok());
+        assert!(limit.is_some_and(|n| (1..=100).contains(&n)), "{url} reads more than a page");
+    }
 }
 
 /// An API's page shows who last changed its SyncID and why, from the

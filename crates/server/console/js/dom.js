@@ -115,18 +115,43 @@ export function setText(node, text) {
   if (node.textContent !== value) node.textContent = value;
 }
 
+/** A pager's Previous/Next buttons around its "1–100 of N" text. */
+function pagerNav(label, onPrev, onNext) {
+  const info = el('span', { class: 'pager-info', 'aria-live': 'polite' });
+  const prev = el('button', { type: 'button' }, 'Previous');
+  const next = el('button', { type: 'button' }, 'Next');
+  prev.addEventListener('click', onPrev);
+  next.addEventListener('click', onNext);
+  const nav = el('nav', { class: 'pager', 'aria-label': label }, prev, info, next);
+  return { nav, info, prev, next };
+}
+
+/**
+ * Previous/Next paging over pages a server cuts (`?limit=&continue=`):
+ * the caller fetches on `onPrev`/`onNext` and then calls
+ * `show({from, shown, total, more})` with what the page holds.
+ */
+export function serverPager(label, onPrev, onNext) {
+  const { nav, info, prev, next } = pagerNav(label, onPrev, onNext);
+  return {
+    nav,
+    show({ from, shown, total, more }) {
+      info.textContent = shown ? `${from + 1}–${from + shown} of ${total}` : '0 of 0';
+      prev.disabled = from === 0;
+      next.disabled = !more;
+      nav.hidden = from === 0 && !more;
+    },
+  };
+}
+
 /**
  * Previous/Next paging over an in-memory array. Returns {nav, slice(items)};
  * `onChange` re-renders.
  */
 export function pager(label, size, onChange) {
   let page = 0;
-  const info = el('span', { class: 'pager-info', 'aria-live': 'polite' });
-  const prev = el('button', { type: 'button' }, 'Previous');
-  const next = el('button', { type: 'button' }, 'Next');
-  prev.addEventListener('click', () => { page -= 1; onChange(); });
-  next.addEventListener('click', () => { page += 1; onChange(); });
-  const nav = el('nav', { class: 'pager', 'aria-label': label }, prev, info, next);
+  const { nav, info, prev, next } = pagerNav(
+    label, () => { page -= 1; onChange(); }, () => { page += 1; onChange(); });
   return {
     nav,
     reset() { page = 0; },

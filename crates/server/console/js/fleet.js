@@ -2,6 +2,8 @@
 // status (§4.2 `/status`). Shared by the APIs and Namespaces pages.
 //
 // Registrations come from their watch stream. A registration's /status is
+// asked for its counts alone (`?limit=1`: one subscriber, never the whole
+// list, so a fleet of a million subscriptions is a few small documents) and
 // streamed (`?watch=true`: the server sends the document again, coalesced,
 // whenever it changes) while its fan-out has pending subscribers, and
 // polled every 5 s otherwise. A browser holds at most six connections to a
@@ -128,7 +130,7 @@ export function followFleet(signal, onChange) {
     const follower = { controller, wake, syncId, streaming };
     followers.set(name, follower);
     const interval = () => (pending(name) ? 1000 : 5000);
-    followObject(`/apiregistrations/${seg(name)}/status`, (status, e) => {
+    followObject(`/apiregistrations/${seg(name)}/status?limit=1`, (status, e) => {
       if (controller.signal.aborted) return;
       if (status) statuses.set(name, status);
       if (e) statusErrors.set(name, e);

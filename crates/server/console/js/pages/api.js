@@ -1,13 +1,16 @@
 // #/apis/NAME: one registration, its fan-out progress, and its subscribers,
-// filterable by state and paged (10,000 subscribers render as 100 rows).
-// The status document is streamed (`/status?watch=true`, coalesced by the
-// server), and polled only where the server or the caller's rights allow
-// no stream. The rollout of the latest SyncID change (§12) is followed
-// beside it (`../rollout.js`), with each subscriber's wave in the list.
+// filterable by count and paged by the server (§4.2 `?limit&continue`,
+// `?category=`): the page never holds more than the 100 rows it shows,
+// whatever the number of subscribers. The counts are streamed
+// (`/status?limit=1&watch=true`, coalesced by the server), and polled only
+// where the server or the caller's rights allow no stream; the page shown
+// is asked for again, at most every second, while they move. The rollout
+// of the latest SyncID change (§12) is followed beside it
+// (`../rollout.js`), with each subscriber's wave in the list.
 
 import { getJSON, seg } from '../api.js';
-import { el, fields, fill, keyed, notice, pager, table, throttle, time } from '../dom.js';
-import { category, subscriptionColumns, subscriptionRows } from '../fleet.js';
+import { el, fields, fill, keyed, notice, serverPager, table, throttle, time } from '../dom.js';
+import { subscriptionColumns, subscriptionRows } from '../fleet.js';
 import { followObject, poker } from '../live.js';
 import { rolloutSection } from '../rollout.js';
 import { progress } from './apis.js';
@@ -31,17 +34,11 @@ async function lastSyncChange(name, signal) {
   const candidates = [...bumps.items, ...moved].sort((a, b) => (a.id < b.id ? 1 : -1));
   return candidates[0] ?? null;
 }
+/** The filters: every subscriber, or those one count counts (`?category=`). */
 const FILTERS = [
   ['all', 'all'], ['synced', 'synced'], ['pending', 'pending (not synced, not failed)'],
-  ['failed', 'failed (not synced, state error)'], ['init', 'state init'], ['success', 'state success'],
-  ['error', 'state error'],
+  ['failed', 'failed (not synced, state error)'],
 ];
-
-function matches(filter, subscriber) {
-  if (filter === 'all') return true;
-  if (['synced', 'pending', 'failed'].includes(filter)) return category(subscriber) === filter;
-  return subscriber.state === filter;
-}
 
 export function render(view, { name }, signal) {
   let registration = null;
@@ -54,10 +51,44 @@ export function render(view, { name }, signal) {
   const bar = progress(name);
   const errors = el('div');
   const empty = el('div');
-  let errorOf = { registration: null, status: null };
+  let errorOf = { registration: null, status: null, page: null };
+  // The page shown: its rows, the continue token of each page up to it.
+  let rows = null;
+  let tokens = [''];
+  let at = 0;
+  let more = false;
+  let loading = 0;
+  const load = async () => {
+    const ticket = ++loading;
+    const query = new URLSearchParams({ limit: String(PAGE) });
+    if (tokens[at]) query.set('continue', tokens[at]);
+    if (filter !== 'all') query.set('category', filter);
+    try {
+      const page = await getJSON(`/apiregistrations/${seg(name)}/status?${query}`, { signal });
+      if (ticket !== loading) return; // a newer page was asked for
+      const first = rows === null;
+      rows = page.subscribers;
+      more = !!page.continue;
+      tokens[at + 1] = page.continue ?? '';
+      errorOf = { ...errorOf, page: null };
+      if (first) return draw.now(); // the first rows at once
+    } catch (error) {
+      if (signal.aborted || ticket !== loading) return;
+      errorOf = { ...errorOf, page: error };
+    }
+    draw();
+  };
+  const refresh = throttle(load, 1000);
+  const pages = serverPager('Subscriber pages',
+    () => { if (at > 0) { at -= 1; load(); } },
+    () => { if (more) { at += 1; load(); } });
   const select = el('select', { id: 'state-filter' }, FILTERS.map(([v, label]) => el('option', { value: v }, label)));
-  const pages = pager('Subscriber pages', PAGE, () => draw());
-  select.addEventListener('change', () => { filter = select.value; pages.reset(); draw(); });
+  select.addEventListener('change', () => {
+    filter = select.value;
+    tokens = [''];
+    at = 0;
+    load();
+  });
   const t = table({
     caption: 'Subscribers',
     id: 'subscribers',
@@ -91,16 +122,18 @@ export function render(view, { name }, signal) {
       ]));
     }
     bar.update(status, errorOf.status);
-    const subscribers = (status?.subscribers ?? []).filter((s) => matches(filter, s));
-    keyed(t.tbody, pages.slice(subscribers), (s) => s.namespace, create, update);
-    if (status && !marked) {
+    const subscribers = rows ?? [];
+    keyed(t.tbody, subscribers, (s) => s.namespace, create, update);
+    const total = status ? (filter === 'all' ? status.total : status[filter]) : subscribers.length;
+    pages.show({ from: at * PAGE, shown: subscribers.length, total: Math.max(total, at * PAGE + subscribers.length), more });
+    if (rows && status && !marked) {
       marked = true;
       performance.mark('kayra:data'); // the first render with data (timed by the tests)
     }
     const messages = new Set(Object.values(errorOf).filter(Boolean).map((e) => e.message));
     fill(errors, [...messages].map((m) => notice(m, 'error')));
     const none = filter === 'all' ? 'No subscribers yet.' : 'No subscriber in this state.';
-    fill(empty, status && !subscribers.length ? notice(none) : null);
+    fill(empty, rows && !subscribers.length ? notice(none) : null);
   }, 100);
 
   let asked = null;
@@ -127,16 +160,20 @@ export function render(view, { name }, signal) {
     errorOf = { ...errorOf, registration: error };
     draw();
   }, { signal });
-  followObject(`/apiregistrations/${seg(name)}/status`, (s, error) => {
+  load();
+  followObject(`/apiregistrations/${seg(name)}/status?limit=1`, (s, error) => {
     const first = s && !status;
+    const counted = (d) => JSON.stringify([d.sync_id, d.total, d.synced, d.failed, d.pending, d.held]);
+    const moved = s && status && counted(s) !== counted(status);
     status = s;
     rollout.status(s);
     errorOf = { ...errorOf, status: error };
-    if (first) draw.now(); // the counts and first rows at once, then throttled
+    if (moved) refresh(); // the rows shown may have moved with the counts
+    if (first) draw.now(); // the counts at once, then throttled
     else draw();
   }, {
     signal,
     wake, // polling only: a SyncID bump fetches at once
-    interval: () => (status && status.subscribers.some((s) => !s.synced && s.state !== 'error') ? 1000 : 3000),
+    interval: () => (status && status.pending > 0 ? 1000 : 3000),
   });
 }
