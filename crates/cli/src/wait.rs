@@ -226,13 +226,16 @@ async fn current_rollout(client: &Client, request: &Request, status: &Value) -> 
 /// At most this many failed namespaces are named in the error.
 const NAMED_FAILURES: usize = 100;
 
-/// The failed subscribers' namespaces (at most [`NAMED_FAILURES`]), read a
-/// page of the report at a time.
+/// The failed subscribers' namespaces (at most [`NAMED_FAILURES`]): the
+/// report's page of its failed ones (`?category=failed`), never every
+/// subscriber (a server that pages without the filter is read on until
+/// enough are found).
 async fn failed_namespaces(client: &Client, request: &Request) -> Result<Vec<String>, Error> {
     let mut failed = Vec::new();
     let mut token = String::new();
+    let limit = NAMED_FAILURES.to_string();
     loop {
-        let query = [("limit", "500"), ("continue", token.as_str())];
+        let query = [("category", "failed"), ("limit", limit.as_str()), ("continue", token.as_str())];
         let Body::Json(page) = client.send_with_query(request, &query).await? else {
             return Err(Error::Transport("the status answer is not JSON".into()));
         };
