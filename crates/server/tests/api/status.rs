@@ -187,6 +187,75 @@ both_backends! {
         assert_eq!(refused.status(), 400, "a stream's bad category is the GET's 400");
     }
 
+    /// §16 during a real fan-out (an in-process reconciler, a backend that
+    /// fails some tenants): every report's counts are what its own list of
+    /// subscribers counts, pages of a category only ever hold that
+    /// category, and the settled report is exact, page by page.
+    async fn counts_and_pages_stay_exact_through_a_fan_out_with_failures(server: Server) {
+        const N: usize = 300;
+        let backend = kayra_testkit::backend::TestBackend::start().await;
+        let mut config = kayra_config::ReconcilerConfig { max_concurrent_reconciles: 8, ..Default::default() };
+        let endpoint = format!("{}/ns/{{{{ .Subscription.Namespace }}}}/sync", backend.base);
+        let yaml = format!("- method: post\n  endpoint: '{endpoint}'\n  timeout: 30s\n");
+        config.mode.insert("api".into(), serde_norway::from_str(&yaml).unwrap());
+        server.registration(API, json!({"sync_id": "s1", "mode": "api"})).await;
+        // One in ten fails (the backend refuses namespaces named bad…).
+        let names: Vec<String> =
+            (0..N).map(|i| if i % 10 == 3 { format!("bad-{i:03}") } else { format!("ok-{i:03}") }).collect();
+        let names: Vec<&str> = names.iter().map(String::as_str).collect();
+        subscribers(&server, &names).await;
+        let stop = tokio_util::sync::CancellationToken::new();
+        let reconciler = kayra_reconciler::Reconciler::new(server.repo.clone(), config, stop.clone()).unwrap();
+        let running = tokio::spawn(reconciler.run());
+
+        let listed = |status: &Value, sync_id: &str| -> [u64; 4] {
+            let subscribers = status["subscribers"].as_array().unwrap();
+            let synced = subscribers.iter().filter(|s| s["active"] == true && s["current_sync_id"] == sync_id).count();
+            let failed =
+                subscribers.iter().filter(|s| !(s["active"] == true && s["current_sync_id"] == sync_id) && s["state"] == "error").count();
+            let total = subscribers.len();
+            [total, synced, failed, total - synced - failed].map(|n| n as u64)
+        };
+        let settled = [N as u64, (N - N / 10) as u64, (N / 10) as u64, 0];
+        let mut reports = 0;
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
+        loop {
+            let whole = server.get(&status_path()).await.expect(200);
+            assert_eq!(counts(&whole), listed(&whole, "s1"), "the counts are the list's own: {}", counts(&whole)[1]);
+            let page = server.get(&format!("{}?category=failed&limit=7", status_path())).await.expect(200);
+            for s in page["subscribers"].as_array().unwrap() {
+                assert_eq!(s["state"], "error", "a failed page holds failed subscribers: {s}");
+                assert!(s["namespace"].as_str().unwrap().starts_with("bad-"), "{s}");
+            }
+            reports += 1;
+            if counts(&whole) == settled {
+                break;
+            }
+            assert!(tokio::time::Instant::now() < deadline, "not settled within 120 s: {:?}", counts(&whole));
+        }
+        assert!(reports > 1, "the fan-out was read while it moved ({reports} reports)");
+        for (category, expected) in [
+            ("failed", names.iter().filter(|n| n.starts_with("bad-")).copied().collect::<Vec<_>>()),
+            ("synced", names.iter().filter(|n| n.starts_with("ok-")).copied().collect()),
+            ("pending", Vec::new()),
+        ] {
+            let (mut seen, mut token) = (Vec::new(), String::new());
+            loop {
+                let path = format!("{}?category={category}&limit=25&continue={token}", status_path());
+                let page = server.get(&path).await.expect(200);
+                assert_eq!(counts(&page), settled, "every page counts everyone");
+                seen.extend(page["subscribers"].as_array().unwrap().iter().map(|s| s["namespace"].as_str().unwrap().to_string()));
+                token = page["continue"].as_str().unwrap_or_default().to_string();
+                if token.is_empty() {
+                    break;
+                }
+            }
+            assert_eq!(seen, expected, "{category}, page by page");
+        }
+        stop.cancel();
+        running.await.unwrap().unwrap();
+    }
+
     async fn the_status_stream_follows_a_fan_out_in_coalesced_documents(server: Server) {
         server.registration(API, json!({"sync_id": "s1"})).await;
         let names: Vec<String> = (0..20).map(|i| format!("t{i:02}")).collect();
