@@ -50,46 +50,23 @@ pub async fn run(
 
     let dir = tempfile::tempdir()?;
     let listen = format!("127.0.0.1:{}", kayra_testkit::free_port());
+    let serve_listen = format!("127.0.0.1:{}", kayra_testkit::free_port());
     let config = dir.path().join("kayra.yaml");
     std::fs::write(
         &config,
         format!(
-            "platform: {PLATFORM}\nregion: {REGION}\ndatabase:\n{database_yaml}reconciler:\n  listen: {listen}\n  max_concurrent_reconciles: 30\n"
+            "platform: {PLATFORM}\nregion: {REGION}\ndatabase:\n{database_yaml}reconciler:\n  listen: {listen}\n  max_concurrent_reconciles: 30\n\
+             server:\n  listen: {serve_listen}\nauth:\n  bootstrap_token: {TOKEN}\n"
         ),
     )?;
     let binary = std::fs::canonicalize(binary).with_context(|| format!("find {}", binary.display()))?;
-    let spawned = Instant::now();
-    let mut child = tokio::process::Command::new(&binary)
-        .args(["reconciler", "--config"])
-        .arg(&config)
-        .env("KAYRA_LOG", "warn")
-        .stdout(std::process::Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .with_context(|| format!("start {}", binary.display()))?;
     let _ = rustls::crypto::ring::default_provider().install_default();
     let http = reqwest::Client::new();
     let base = format!("http://{listen}");
-    loop {
-        if let Some(status) = child.try_wait()? {
-            anyhow::bail!("{backend}: the reconciler exited during startup ({status})");
-        }
-        if http.get(format!("{base}/readyz")).send().await.is_ok_and(|r| r.status().is_success()) {
-            break;
-        }
-        anyhow::ensure!(spawned.elapsed() < Duration::from_secs(120), "{backend}: not ready in 120 s");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    let ready = spawned.elapsed();
+    let (mut child, ready) = start(&binary, "reconciler", &config, &format!("{base}/readyz"), &http).await?;
     tokio::time::sleep(QUIET).await;
     let metrics = http.get(format!("{base}/metrics")).send().await?.text().await?;
-    let pid = child.id().context("pid")?;
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
-    let kib = |field: &str| -> anyhow::Result<u64> {
-        let line = status.lines().find(|l| l.starts_with(field)).with_context(|| field.to_string())?;
-        Ok(line[field.len()..].trim().trim_end_matches("kB").trim().parse()?)
-    };
-    let (peak, rss) = (kib("VmHWM:")?, kib("VmRSS:")?);
+    let (peak, rss) = memory(child.id().context("pid")?)?;
     let writes = store.revision().await? - revision;
     child.kill().await?;
 
@@ -118,7 +95,89 @@ pub async fn run(
         depth.map_or("absent".into(), |d| format!("{d}")),
         if writes == 0 && depth.unwrap_or(0.0) == 0.0 && reconciles == 0.0 { "idle" } else { "NOT idle" }
     );
+
+    // `kayra serve` over the same store: its caches and the subscriber
+    // index hold the deployment; then a page of one API's status and a
+    // subscription GET, and what it holds after them.
+    let serve_base = format!("http://{serve_listen}");
+    let (mut serve, ready) = start(&binary, "serve", &config, &format!("{serve_base}/readyz"), &http).await?;
+    let catalog = format!("{serve_base}/apis/catalog.example.com/v1");
+    let status_url = format!("{catalog}/apiregistrations/{}/status?limit=500", generate::api(0));
+    let mut page = Duration::MAX;
+    for _ in 0..20 {
+        let started = Instant::now();
+        let answer = http.get(&status_url).bearer_auth(TOKEN).send().await?;
+        anyhow::ensure!(answer.status().is_success(), "{backend}: /status answered {}", answer.status());
+        answer.bytes().await?;
+        page = page.min(started.elapsed());
+    }
+    let subscription = format!("{catalog}/namespaces/{}/subscriptions/{}", generate::namespace(7), generate::api(0));
+    let answer = http.get(&subscription).bearer_auth(TOKEN).send().await?;
+    anyhow::ensure!(answer.status().is_success(), "{backend}: GET subscription answered {}", answer.status());
+    let (peak, rss) = memory(serve.id().context("pid")?)?;
+    serve.kill().await?;
+    println!(
+        "| {backend} | kayra serve over them: spawn to ready; one /status page of 500 of {} subscribers (best of 20) | {:.2} s; {:.1} ms | ready: no goal; page ≤ 20 ms at 100,000 of one API |",
+        shape.namespaces,
+        ready.as_secs_f64(),
+        page.as_secs_f64() * 1000.0
+    );
+    println!(
+        "| {backend} |   its RSS: peak (VmHWM), after the reads | {} MiB, {} MiB | {} |",
+        peak / 1024,
+        rss / 1024,
+        if n <= 100_000 {
+            "—".to_string()
+        } else if peak <= 400 * 1024 {
+            "≤ 400 MiB".into()
+        } else {
+            "over 400 MiB".into()
+        }
+    );
     Ok(())
+}
+
+/// The bootstrap token of the serve started over the store.
+const TOKEN: &str = "kayra-bench-restart-bootstrap-token-0123456789abcdef";
+
+/// Spawns `kayra <command> --config <config>` and waits until `readyz`
+/// answers 200: the process and the time that took.
+async fn start(
+    binary: &std::path::Path,
+    command: &str,
+    config: &std::path::Path,
+    readyz: &str,
+    http: &reqwest::Client,
+) -> anyhow::Result<(tokio::process::Child, Duration)> {
+    let spawned = Instant::now();
+    let mut child = tokio::process::Command::new(binary)
+        .args([command, "--config"])
+        .arg(config)
+        .env("KAYRA_LOG", "warn")
+        .stdout(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .with_context(|| format!("start {}", binary.display()))?;
+    loop {
+        if let Some(status) = child.try_wait()? {
+            anyhow::bail!("kayra {command} exited during startup ({status})");
+        }
+        if http.get(readyz).send().await.is_ok_and(|r| r.status().is_success()) {
+            return Ok((child, spawned.elapsed()));
+        }
+        anyhow::ensure!(spawned.elapsed() < Duration::from_secs(300), "kayra {command}: not ready in 300 s");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// A process's peak and current resident set, in KiB.
+fn memory(pid: u32) -> anyhow::Result<(u64, u64)> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    let kib = |field: &str| -> anyhow::Result<u64> {
+        let line = status.lines().find(|l| l.starts_with(field)).with_context(|| field.to_string())?;
+        Ok(line[field.len()..].trim().trim_end_matches("kB").trim().parse()?)
+    };
+    Ok((kib("VmHWM:")?, kib("VmRSS:")?))
 }
 
 /// A gauge's value in Prometheus text, when present.
