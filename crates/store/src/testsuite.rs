@@ -698,11 +698,13 @@ pub struct Switched<B> {
     failing: Arc<Mutex<Failing>>,
 }
 
-/// Transactions a [`Switched`] backend fails: the next `left` that `matches`.
+/// Transactions a [`Switched`] backend fails: the next `left` that
+/// `matches`; and how long each of its snapshots (lists) takes at least.
 #[derive(Default)]
 struct Failing {
     left: usize,
     matches: Option<TxnFilter>,
+    snapshot_delay: Duration,
 }
 
 type TxnFilter = Box<dyn Fn(&Txn) -> bool + Send + Sync>;
@@ -727,7 +729,15 @@ impl FeedSwitch {
     /// Fails the next `n` transactions that `matches` with
     /// [`Error::Unavailable`], applying nothing of them.
     pub fn fail_txns(&self, n: usize, matches: impl Fn(&Txn) -> bool + Send + Sync + 'static) {
-        *self.1.lock().unwrap_or_else(PoisonError::into_inner) = Failing { left: n, matches: Some(Box::new(matches)) };
+        let mut failing = self.1.lock().unwrap_or_else(PoisonError::into_inner);
+        failing.left = n;
+        failing.matches = Some(Box::new(matches));
+    }
+
+    /// Makes every snapshot (a watcher's list) take at least `delay`, as a
+    /// large prefix does.
+    pub fn delay_snapshots(&self, delay: Duration) {
+        self.1.lock().unwrap_or_else(PoisonError::into_inner).snapshot_delay = delay;
     }
 
     /// How many of the transactions [`FeedSwitch::fail_txns`] asked for are
@@ -806,6 +816,8 @@ impl<B: Backend> Backend for Switched<B> {
         self.inner.group_limits()
     }
     async fn snapshot(&self, prefix: &str) -> Result<(Vec<KeyValue>, Revision)> {
+        let delay = self.failing.lock().unwrap_or_else(PoisonError::into_inner).snapshot_delay;
+        tokio::time::sleep(delay).await;
         self.inner.snapshot(prefix).await
     }
     async fn snapshot_many(&self, prefixes: &[String]) -> Result<(Vec<Vec<KeyValue>>, Revision)> {
@@ -916,4 +928,23 @@ where
 /// The next event of `watcher` within [`WAIT`], `Progress` included.
 pub async fn next_event_or_progress(watcher: &mut BoxStream<'static, WatcherEvent>) -> WatcherEvent {
     tokio::time::timeout(WAIT, watcher.next()).await.expect("a watcher event in time").expect("the watcher ended")
+}
+
+/// A watcher's list that takes longer than the store's request timeout (a
+/// million subscriptions do) still lists: the list is bounded by each of
+/// its reads, not as a whole, so a large prefix is never unlistable.
+pub async fn a_list_longer_than_the_request_timeout_still_lists(store: Store, switch: &FeedSwitch) {
+    let timeout = Duration::from_millis(200);
+    let store = store.with_request_timeout(timeout);
+    for i in 0..3 {
+        store.create(&format!("/long/{i}"), b"v".to_vec()).await.expect("create");
+    }
+    switch.delay_snapshots(timeout * 3);
+    let mut watcher = store.watcher("/long/");
+    let mut view = BTreeMap::new();
+    let listed = tokio::time::timeout(Duration::from_secs(30), follow_until(&mut watcher, &mut view, |v| v.len() == 3));
+    assert!(listed.await.is_ok(), "a list three request timeouts long never completed");
+    switch.delay_snapshots(Duration::ZERO);
+    store.create("/long/after", b"v".to_vec()).await.expect("create");
+    follow_until(&mut watcher, &mut view, |v| v.contains_key("/long/after")).await;
 }

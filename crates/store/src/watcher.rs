@@ -17,7 +17,13 @@
 //! The machine holds only a weak reference to the backend: the stream ends
 //! when the last [`crate::Store`] handle is dropped, not never. Every
 //! backend call is bounded by the store's request timeout, so a hung store
-//! shows as missing `Progress`, never as a wedged consumer.
+//! shows as missing `Progress`, never as a wedged consumer — except the
+//! list as a whole: it takes as long as the prefix is large (a million
+//! subscriptions are some hundred megabytes, more than one request
+//! timeout's worth on any link), so what bounds it is each of its reads:
+//! etcd's snapshot is read a page at a time, each page one request within
+//! the timeout (`etcd::cluster`'s failover loop); the local store reads
+//! its own file.
 
 use std::collections::VecDeque;
 use std::future::Future;
@@ -137,7 +143,10 @@ impl Machine {
     }
 
     async fn list(&mut self) -> Option<State> {
-        let listed = self.call(|backend, prefix| async move { backend.snapshot(&prefix).await }).await?;
+        // Bounded page by page by the backend, not as a whole (module docs).
+        let backend = self.backend.upgrade()?;
+        let listed = backend.snapshot(&self.prefix).await;
+        drop(backend);
         let (items, revision) = match listed {
             Ok(listed) => listed,
             Err(e) => {

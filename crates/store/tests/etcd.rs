@@ -465,6 +465,14 @@ async fn tls_with_a_client_certificate() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_list_longer_than_the_request_timeout_still_lists() {
+    let etcd = Etcd::start().await;
+    let (backend, switch) =
+        kayra_store::testsuite::Switched::new(EtcdStore::connect(&etcd.config("/kayra")).await.expect("connect"));
+    kayra_store::testsuite::a_list_longer_than_the_request_timeout_still_lists(Store::new(backend), &switch).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn watcher_resumes_or_relists_after_compaction() {
     let etcd = Etcd::start().await;
     let (backend, switch) =

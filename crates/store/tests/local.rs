@@ -189,6 +189,14 @@ async fn watcher_resumes_or_relists_after_the_log_is_trimmed() {
     .await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_list_longer_than_the_request_timeout_still_lists() {
+    let dir = tempfile::tempdir().unwrap();
+    let local = LocalStore::open(&dir.path().join("kayra.db"), Duration::from_millis(20)).unwrap();
+    let (backend, switch) = kayra_store::testsuite::Switched::new(local);
+    kayra_store::testsuite::a_list_longer_than_the_request_timeout_still_lists(Store::new(backend), &switch).await;
+}
+
 fn open_config(path: &Path, request_timeout: Duration) -> kayra_config::DatabaseConfig {
     let mut config = kayra_config::DatabaseConfig::local(kayra_config::LocalConfig {
         path: path.to_path_buf(),
