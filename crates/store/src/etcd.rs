@@ -303,19 +303,29 @@ impl Keyspace {
     }
 
     /// Every key in `[start, end)` at revision `at` (the current one when
-    /// `None`), read page by page.
+    /// `None`), read page by page, each page one request.
+    ///
+    /// etcd answers a limited range after counting every key left in it
+    /// (its `count`; etcd-io/etcd#11057), so a list of `n` keys in pages of
+    /// `p` costs it `n² / 2p` index steps: a million subscriptions in pages
+    /// of 1,000 kept it busy for minutes. Pages therefore grow to about
+    /// [`PAGE_BYTES`] each (from [`PAGE_MIN`] keys, at most [`PAGE_MAX`]),
+    /// as many records as fit, which makes large lists of small records
+    /// cheap and keeps every answer far below the transport's limit.
     async fn snapshot_at(&self, start: &[u8], end: &[u8], at: Option<Revision>) -> Result<(Vec<KeyValue>, Revision)> {
-        const PAGE: i64 = 1000;
         let mut items = Vec::new();
         let mut from = start.to_vec();
         let mut at = at;
+        let mut limit = PAGE_MIN;
         loop {
-            let mut options = GetOptions::new().with_range(end.to_vec()).with_limit(PAGE);
+            let mut options = GetOptions::new().with_range(end.to_vec()).with_limit(limit as i64);
             if let Some(revision) = at {
                 options = options.with_revision(revision);
             }
             let resp = self.cluster.get(from.clone(), Some(options)).await?;
             let revision = *at.get_or_insert(revision_of(resp.header())?);
+            let bytes: usize = resp.kvs().iter().map(|kv| kv.key().len() + kv.value().len()).sum();
+            limit = next_page(limit, resp.kvs().len(), bytes);
             items.extend(resp.kvs().iter().filter_map(|kv| self.record(kv)));
             match resp.kvs().last() {
                 Some(last) if resp.more() => from = successor(last.key()),
@@ -323,6 +333,23 @@ impl Keyspace {
             }
         }
     }
+}
+
+/// What a snapshot's page aims to weigh (keys and values).
+const PAGE_BYTES: usize = 2 << 20;
+/// A snapshot's first page, and its fewest keys a page.
+const PAGE_MIN: usize = 1_000;
+/// A snapshot's most keys a page.
+const PAGE_MAX: usize = 50_000;
+
+/// The next page's size after one of `keys` keys weighing `bytes`, sized
+/// to weigh about [`PAGE_BYTES`].
+fn next_page(limit: usize, keys: usize, bytes: usize) -> usize {
+    if keys == 0 {
+        return limit;
+    }
+    let per_key = bytes.div_ceil(keys).max(1);
+    (PAGE_BYTES / per_key).clamp(PAGE_MIN, PAGE_MAX)
 }
 
 /// The smallest key after every key starting with `prefix`; `[0]` (etcd's
@@ -555,6 +582,14 @@ mod tests {
         // Connecting is lazy: no etcd is needed to build a client.
         let cluster = Cluster::new(&["http://127.0.0.1:1".into()], ConnectOptions::new(), Duration::from_secs(1));
         Keyspace { cluster, root: root.into() }
+    }
+
+    #[test]
+    fn snapshot_pages_grow_to_their_weight_within_bounds() {
+        assert_eq!(next_page(1_000, 1_000, 300_000), PAGE_BYTES / 300, "small records: larger pages");
+        assert_eq!(next_page(1_000, 1_000, 1_000 * 16_384), PAGE_MIN, "large records: never below the least");
+        assert_eq!(next_page(1_000, 1_000, 1_000), PAGE_MAX, "tiny records: never above the most");
+        assert_eq!(next_page(7_000, 0, 0), 7_000, "an empty page says nothing");
     }
 
     #[tokio::test]
