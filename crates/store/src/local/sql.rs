@@ -95,13 +95,24 @@ pub(super) fn page_in(
     // `limit + 1` tells whether more remain; a huge limit (u64::MAX from an
     // API caller) must clamp, never wrap to a negative or zero LIMIT.
     let fetch = if limit == 0 { -1 } else { i64::try_from(limit).unwrap_or(i64::MAX).saturating_add(1) };
-    let mut items = {
-        let mut stmt = conn.prepare_cached(
-            "SELECT key, value, create_rev, mod_rev FROM kv
-             WHERE key >= ?1 AND key < ?2 AND (?3 IS NULL OR key > ?3)
-             ORDER BY key LIMIT ?4",
-        )?;
-        stmt.query_map(params![lo, hi, start_after, fetch], read_kv)?.collect::<rusqlite::Result<Vec<_>>>()?
+    // The page starts where the index seek can: strictly after `start_after`
+    // when it lies in the prefix, else at the prefix. (One statement with
+    // `key >= lo AND (?3 IS NULL OR key > ?3)` scanned from the prefix's
+    // start on every page: a million-key list in pages of 1,000 took
+    // minutes.)
+    let mut items = match start_after.filter(|after| *after >= lo.as_slice()) {
+        Some(after) => conn
+            .prepare_cached(
+                "SELECT key, value, create_rev, mod_rev FROM kv WHERE key > ?1 AND key < ?2 ORDER BY key LIMIT ?3",
+            )?
+            .query_map(params![after, hi, fetch], read_kv)?
+            .collect::<rusqlite::Result<Vec<_>>>()?,
+        None => conn
+            .prepare_cached(
+                "SELECT key, value, create_rev, mod_rev FROM kv WHERE key >= ?1 AND key < ?2 ORDER BY key LIMIT ?3",
+            )?
+            .query_map(params![lo, hi, fetch], read_kv)?
+            .collect::<rusqlite::Result<Vec<_>>>()?,
     };
     let more = limit != 0 && items.len() > limit;
     if more {
