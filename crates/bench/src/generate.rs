@@ -126,21 +126,7 @@ pub async fn fill(repo: &Repository, shape: &Shape, in_flight: usize) -> anyhow:
     }
 
     let kept = shape.runs.min(DEFAULT_RUN_HISTORY);
-    let per_txn = (MAX_TXN_KEYS / kept.max(1)).max(1);
-    let batches = (0..shape.subscriptions).step_by(per_txn).map(|from| {
-        let to = (from + per_txn).min(shape.subscriptions);
-        let runs: Vec<(Run, u64)> = (from..to).flat_map(|i| history(shape, i)).collect();
-        async move {
-            let riders: Vec<Rider<'_>> = runs.iter().map(|(run, slot)| Rider::Run { run, slot: *slot }).collect();
-            let txn = repo.rider_puts(&riders).into_iter().fold(Txn::new(), Txn::then);
-            repo.store().txn(txn).await.map(|_| ())
-        }
-    });
-    let mut writes = futures::stream::iter(batches).buffer_unordered(in_flight);
-    while let Some(done) = writes.next().await {
-        done.context("run records")?;
-        transactions += 1;
-    }
+    transactions += write_runs(repo, shape, in_flight, Values::Encoded).await.context("run records")?;
     Ok(Filled {
         records: catalog.len() + shape.subscriptions,
         run_records: shape.subscriptions * kept,
@@ -155,6 +141,22 @@ pub async fn fill(repo: &Repository, shape: &Shape, in_flight: usize) -> anyhow:
 /// key names), `in_flight` transactions at a time. What every record of
 /// its own costs the store whatever it holds.
 pub async fn fill_run_keys(repo: &Repository, shape: &Shape, in_flight: usize) -> anyhow::Result<usize> {
+    write_runs(repo, shape, in_flight, Values::Empty).await.context("run keys")?;
+    Ok(shape.subscriptions * shape.runs.min(DEFAULT_RUN_HISTORY))
+}
+
+/// What [`write_runs`] stores under each run key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Values {
+    /// The run as a result write's rider encodes it.
+    Encoded,
+    /// Nothing (the keys' own cost).
+    Empty,
+}
+
+/// Writes every subscription's run history, as many subscriptions a
+/// transaction as fit, `in_flight` at a time: the transactions it took.
+async fn write_runs(repo: &Repository, shape: &Shape, in_flight: usize, values: Values) -> anyhow::Result<usize> {
     let kept = shape.runs.min(DEFAULT_RUN_HISTORY);
     let per_txn = (MAX_TXN_KEYS / kept.max(1)).max(1);
     let batches = (0..shape.subscriptions).step_by(per_txn).map(|from| {
@@ -162,22 +164,20 @@ pub async fn fill_run_keys(repo: &Repository, shape: &Shape, in_flight: usize) -
         let runs: Vec<(Run, u64)> = (from..to).flat_map(|i| history(shape, i)).collect();
         async move {
             let riders: Vec<Rider<'_>> = runs.iter().map(|(run, slot)| Rider::Run { run, slot: *slot }).collect();
-            let txn = repo
-                .rider_puts(&riders)
-                .into_iter()
-                .map(|op| match op {
-                    kayra_store::Op::Put { key, .. } => kayra_store::Op::Put { key, value: Vec::new() },
-                    other => other,
-                })
-                .fold(Txn::new(), Txn::then);
-            repo.store().txn(txn).await.map(|_| ())
+            let ops = repo.rider_puts(&riders).into_iter().map(|op| match (op, values) {
+                (kayra_store::Op::Put { key, .. }, Values::Empty) => kayra_store::Op::Put { key, value: Vec::new() },
+                (op, _) => op,
+            });
+            repo.store().txn(ops.fold(Txn::new(), Txn::then)).await.map(|_| ())
         }
     });
     let mut writes = futures::stream::iter(batches).buffer_unordered(in_flight);
+    let mut transactions = 0;
     while let Some(done) = writes.next().await {
-        done.context("run keys")?;
+        done?;
+        transactions += 1;
     }
-    Ok(shape.subscriptions * kept)
+    Ok(transactions)
 }
 
 fn active(name: &str) -> Namespace {
