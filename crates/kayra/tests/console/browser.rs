@@ -40,12 +40,21 @@ impl Drop for Browser {
             let _ = conn.write_all(request.as_bytes());
             let _ = conn.read(&mut [0; 512]);
         }
-        if let Ok(pid) = i32::try_from(self.driver.id()) {
-            let _ = nix::sys::signal::killpg(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
-        }
-        let _ = self.driver.kill();
-        let _ = self.driver.wait();
+        kill_group_of(&mut self.driver);
     }
+}
+
+/// Kills a driver's whole process group (it and the chromium it started).
+fn kill_group_of(driver: &mut Child) {
+    if let Ok(pid) = i32::try_from(driver.id()) {
+        let _ = nix::sys::signal::killpg(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
+    }
+    let _ = driver.kill();
+    let _ = driver.wait();
+}
+
+fn kill_group(mut driver: Child) {
+    kill_group_of(&mut driver);
 }
 
 fn ensure_installed() -> PathBuf {
@@ -58,10 +67,26 @@ fn ensure_installed() -> PathBuf {
     CHROMIUM.iter().map(PathBuf::from).find(|p| p.exists()).expect("chromium is missing after scripts/setup.sh")
 }
 
+/// How many times a browser is started before its test fails: a free port
+/// another test's server took before chromedriver bound it, or a driver
+/// that answered before it was ready, is a failed start, not a failed test.
+const STARTS: usize = 3;
+
 impl Browser {
     /// A fresh browser at 1280×900.
     pub async fn start() -> Browser {
         let chromium = ensure_installed();
+        for attempt in 1..=STARTS {
+            match Self::try_start(&chromium).await {
+                Ok(browser) => return browser,
+                Err(e) if attempt < STARTS => eprintln!("starting chromium failed ({e}); starting it again"),
+                Err(e) => panic!("start a chromium session: {e} ({STARTS} attempts)"),
+            }
+        }
+        unreachable!("the last attempt returns or panics")
+    }
+
+    async fn try_start(chromium: &Path) -> Result<Browser, String> {
         let port = free_port();
         let driver = Command::new(DRIVER)
             .arg(format!("--port={port}"))
@@ -96,13 +121,21 @@ impl Browser {
             "goog:loggingPrefs": {"performance": "ALL", "browser": "ALL"},
         });
         let Value::Object(capabilities) = capabilities else { unreachable!() };
-        let client = ClientBuilder::new(hyper_util::client::legacy::connect::HttpConnector::new())
+        let connected = ClientBuilder::new(hyper_util::client::legacy::connect::HttpConnector::new())
             .capabilities(capabilities)
             .connect(&format!("http://127.0.0.1:{port}"))
-            .await
-            .expect("start a chromium session");
-        let session = client.session_id().await.unwrap().expect("a session id");
-        Browser { client, driver, port, session, _profile: profile }
+            .await;
+        let session = match &connected {
+            Ok(client) => client.session_id().await.ok().flatten(),
+            Err(_) => None,
+        };
+        match (connected, session) {
+            (Ok(client), Some(session)) => Ok(Browser { client, driver, port, session, _profile: profile }),
+            (connected, _) => {
+                kill_group(driver);
+                Err(connected.err().map_or_else(|| "no session id".to_string(), |e| e.to_string()))
+            }
+        }
     }
 
     /// Runs `script` (a function body) in the page and returns its value.

@@ -54,12 +54,14 @@ export function render(view, { name }, signal) {
   let errorOf = { registration: null, status: null, page: null };
   // The page shown: its rows, the continue token of each page up to it.
   let rows = null;
+  let rowsOf = { at: 0, filter: 'all' }; // the page and filter `rows` are of
   let tokens = [''];
   let at = 0;
   let more = false;
   let loading = 0;
   const load = async () => {
     const ticket = ++loading;
+    const asked = { at, filter };
     const query = new URLSearchParams({ limit: String(PAGE) });
     if (tokens[at]) query.set('continue', tokens[at]);
     if (filter !== 'all') query.set('category', filter);
@@ -68,6 +70,7 @@ export function render(view, { name }, signal) {
       if (ticket !== loading) return; // a newer page was asked for
       const first = rows === null;
       rows = page.subscribers;
+      rowsOf = asked;
       more = !!page.continue;
       tokens[at + 1] = page.continue ?? '';
       errorOf = { ...errorOf, page: null };
@@ -124,8 +127,10 @@ export function render(view, { name }, signal) {
     bar.update(status, errorOf.status);
     const subscribers = rows ?? [];
     keyed(t.tbody, subscribers, (s) => s.namespace, create, update);
-    const total = status ? (filter === 'all' ? status.total : status[filter]) : subscribers.length;
-    pages.show({ from: at * PAGE, shown: subscribers.length, total: Math.max(total, at * PAGE + subscribers.length), more });
+    // The pager tells of the rows shown, not of a page still on its way.
+    const from = rowsOf.at * PAGE;
+    const total = status ? (rowsOf.filter === 'all' ? status.total : status[rowsOf.filter]) : subscribers.length;
+    pages.show({ from, shown: subscribers.length, total: Math.max(total, from + subscribers.length), more });
     if (rows && status && !marked) {
       marked = true;
       performance.mark('kayra:data'); // the first render with data (timed by the tests)
