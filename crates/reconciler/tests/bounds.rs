@@ -9,11 +9,10 @@
 
 mod common;
 
-use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
 
 use common::backend::TestBackend;
-use common::{Kind, Seed, eventually, start_reconciler, store};
+use common::{Kind, Seed, eventually, logs, start_reconciler, store};
 use kayra_catalog::repo::Repository;
 use kayra_config::ReconcilerConfig;
 use kayra_core::{Run, RunResult, SubscriptionState};
@@ -96,7 +95,7 @@ async fn outputs_are_cut_to_a_kibibyte_in_run_records(kind: Kind) {
 /// `…(N bytes)` in the run record, the run's `error`, the step lines and
 /// the `reconcile failed` line.
 async fn long_outputs_errors_and_endpoints_are_cut_in_log_lines_and_run_errors(kind: Kind) {
-    capture_logs();
+    logs::capture(logs::Format::Json);
     let ns = match kind {
         Kind::Local => "cut-logs-local",
         Kind::Etcd => "cut-logs-etcd",
@@ -163,32 +162,7 @@ async fn long_outputs_errors_and_endpoints_are_cut_in_log_lines_and_run_errors(k
 /// Every log line of this test binary, as JSON (the event's fields
 /// flattened, the current span's under `span`).
 fn log_lines() -> Vec<Value> {
-    let buf = LOGS.get().expect("logging installed").lock().unwrap_or_else(|p| p.into_inner());
-    String::from_utf8_lossy(&buf).lines().filter_map(|line| serde_json::from_str(line).ok()).collect()
-}
-
-static LOGS: OnceLock<Mutex<Vec<u8>>> = OnceLock::new();
-
-struct Capture;
-
-impl std::io::Write for Capture {
-    fn write(&mut self, data: &[u8]) -> std::io::Result<usize> {
-        LOGS.get_or_init(Mutex::default).lock().unwrap_or_else(|p| p.into_inner()).extend_from_slice(data);
-        Ok(data.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-/// Installs the capturing subscriber once per test binary (a global one:
-/// the reconciler's tasks run on every worker thread).
-fn capture_logs() {
-    static ONCE: OnceLock<()> = OnceLock::new();
-    ONCE.get_or_init(|| {
-        LOGS.get_or_init(Mutex::default);
-        let _ = tracing_subscriber::fmt().json().flatten_event(true).with_writer(|| Capture).try_init();
-    });
+    logs::captured().lines().filter_map(|line| serde_json::from_str(line).ok()).collect()
 }
 
 /// An etcd of `flags` and a store on it.

@@ -5,7 +5,6 @@
 mod common;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::io::Write as _;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -624,31 +623,12 @@ async fn deliveries_are_counted_by_sink_and_result() {
 
 // ------------------------------------------------------------ logs
 
-static LOGS: OnceLock<Mutex<Vec<u8>>> = OnceLock::new();
-
-struct Capture;
-
-impl std::io::Write for Capture {
-    fn write(&mut self, data: &[u8]) -> std::io::Result<usize> {
-        LOGS.get_or_init(Mutex::default).lock().unwrap().extend_from_slice(data);
-        Ok(data.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
 fn capture_logs() {
-    static ONCE: OnceLock<()> = OnceLock::new();
-    ONCE.get_or_init(|| {
-        LOGS.get_or_init(Mutex::default);
-        let _ = tracing_subscriber::fmt().with_ansi(false).with_writer(|| Capture).try_init();
-        let _ = Capture.flush();
-    });
+    common::logs::capture(common::logs::Format::Text);
 }
 
 fn logs() -> String {
-    String::from_utf8_lossy(&LOGS.get().expect("logging installed").lock().unwrap()).into_owned()
+    common::logs::captured()
 }
 
 macro_rules! notify_tests {

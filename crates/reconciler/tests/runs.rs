@@ -5,8 +5,6 @@
 
 mod common;
 
-use std::io::Write as _;
-use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
 
 use common::backend::TestBackend;
@@ -416,32 +414,12 @@ async fn a_run_stopped_by_shutdown_is_recorded_as_cancelled(kind: Kind) {
 
 /// Every log line of this test binary, as text (`key=value` span fields).
 fn log_lines() -> Vec<String> {
-    let buf = LOGS.get().expect("logging installed").lock().unwrap();
-    String::from_utf8_lossy(&buf).lines().map(str::to_string).collect()
-}
-
-static LOGS: OnceLock<Mutex<Vec<u8>>> = OnceLock::new();
-
-struct Capture;
-
-impl std::io::Write for Capture {
-    fn write(&mut self, data: &[u8]) -> std::io::Result<usize> {
-        LOGS.get_or_init(Mutex::default).lock().unwrap().extend_from_slice(data);
-        Ok(data.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
+    common::logs::captured().lines().map(str::to_string).collect()
 }
 
 /// Installs the capturing subscriber once per test binary.
 fn capture_logs() {
-    static ONCE: OnceLock<()> = OnceLock::new();
-    ONCE.get_or_init(|| {
-        LOGS.get_or_init(Mutex::default);
-        let _ = tracing_subscriber::fmt().with_ansi(false).with_writer(|| Capture).try_init();
-        let _ = Capture.flush();
-    });
+    common::logs::capture(common::logs::Format::Text);
 }
 
 macro_rules! runs_tests {

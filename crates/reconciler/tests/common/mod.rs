@@ -5,6 +5,7 @@
 #![allow(dead_code)]
 
 pub mod echo;
+pub mod logs;
 
 #[allow(unused_imports)]
 pub use kayra_testkit::{backend, eventually};
