@@ -8,8 +8,8 @@
 //! It writes exactly what kayra writes, through the Repository: the
 //! namespaces, registrations and subscriptions by [`Repository::import`]'s
 //! bulk create (guard and index keys included, each key compared absent),
-//! and the run records as the result writes' riders encode them
-//! ([`Repository::rider_puts`]).
+//! and each subscription's run history record as the result writes'
+//! riders encode it ([`Repository::rider_puts`]).
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -18,6 +18,7 @@ use anyhow::Context;
 use futures::StreamExt;
 use kayra_catalog::repo::backup::{MAX_TXN_KEYS, Record};
 use kayra_catalog::repo::{Repository, Rider};
+use kayra_core::run_ring::RunRing;
 use kayra_core::{ApiRegistration, Namespace, Run, RunResult, RunStep, RunTrigger, Subscription, SubscriptionState};
 use kayra_store::{Revision, Txn};
 
@@ -34,7 +35,7 @@ pub struct Shape {
     /// At most `namespaces × apis`: subscription `i` is namespace
     /// `i % namespaces`'s to API `i / namespaces`.
     pub subscriptions: usize,
-    /// Syncs each subscription has had; its records keep the last
+    /// Syncs each subscription has had; its history keeps the last
     /// `min(runs, DEFAULT_RUN_HISTORY)`.
     pub runs: usize,
     /// Steps of each run: 0 is the `placeholder` mode's run.
@@ -81,7 +82,8 @@ pub fn api(a: usize) -> String {
 pub struct Filled {
     /// Catalog records (namespaces, registrations, subscriptions).
     pub records: usize,
-    pub run_records: usize,
+    /// Runs kept, in one history record a subscription.
+    pub runs: usize,
     pub transactions: usize,
     pub took: Duration,
     /// The store's revision once every write is in.
@@ -126,44 +128,53 @@ pub async fn fill(repo: &Repository, shape: &Shape, in_flight: usize) -> anyhow:
     }
 
     let kept = shape.runs.min(DEFAULT_RUN_HISTORY);
-    transactions += write_runs(repo, shape, in_flight, Values::Encoded).await.context("run records")?;
+    transactions += write_runs(repo, shape, in_flight, Values::Encoded).await.context("run history")?;
     Ok(Filled {
         records: catalog.len() + shape.subscriptions,
-        run_records: shape.subscriptions * kept,
+        runs: shape.subscriptions * kept,
         transactions,
         took: started.elapsed(),
         revision: repo.store().revision().await?,
     })
 }
 
-/// The floor of the run records' space: the keys [`fill`] writes them
+/// The floor of the run history's space: the keys [`fill`] writes it
 /// under, each with an empty value, written raw (no kayra code but the
-/// key names), `in_flight` transactions at a time. What every record of
-/// its own costs the store whatever it holds.
+/// key names), `in_flight` transactions at a time: what a record of its
+/// own costs the store whatever it holds. The keys written.
 pub async fn fill_run_keys(repo: &Repository, shape: &Shape, in_flight: usize) -> anyhow::Result<usize> {
-    write_runs(repo, shape, in_flight, Values::Empty).await.context("run keys")?;
-    Ok(shape.subscriptions * shape.runs.min(DEFAULT_RUN_HISTORY))
+    if shape.runs == 0 {
+        return Ok(0);
+    }
+    write_runs(repo, shape, in_flight, Values::Empty).await.context("run history keys")?;
+    Ok(shape.subscriptions)
 }
 
-/// What [`write_runs`] stores under each run key.
+/// What [`write_runs`] stores under each history key.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Values {
-    /// The run as a result write's rider encodes it.
+    /// The history as a result write's rider encodes it.
     Encoded,
     /// Nothing (the keys' own cost).
     Empty,
 }
 
-/// Writes every subscription's run history, as many subscriptions a
-/// transaction as fit, `in_flight` at a time: the transactions it took.
+/// Writes every subscription's run history record, as many a transaction
+/// as one may hold, `in_flight` at a time: the transactions it took.
 async fn write_runs(repo: &Repository, shape: &Shape, in_flight: usize, values: Values) -> anyhow::Result<usize> {
-    let kept = shape.runs.min(DEFAULT_RUN_HISTORY);
-    let per_txn = (MAX_TXN_KEYS / kept.max(1)).max(1);
-    let batches = (0..shape.subscriptions).step_by(per_txn).map(|from| {
-        let to = (from + per_txn).min(shape.subscriptions);
-        let runs: Vec<(Run, u64)> = (from..to).flat_map(|i| history(shape, i)).collect();
+    if shape.runs == 0 {
+        return Ok(0);
+    }
+    let batches = (0..shape.subscriptions).step_by(MAX_TXN_KEYS).map(|from| {
+        let to = (from + MAX_TXN_KEYS).min(shape.subscriptions);
+        let histories: Vec<(String, String, RunRing)> = (from..to)
+            .map(|i| (namespace(i % shape.namespaces), api(i / shape.namespaces), history(shape, i)))
+            .collect();
         async move {
-            let riders: Vec<Rider<'_>> = runs.iter().map(|(run, slot)| Rider::Run { run, slot: *slot }).collect();
+            let riders: Vec<Rider<'_>> = histories
+                .iter()
+                .map(|(namespace, api, ring)| Rider::Runs { namespace, api, ring, first: false })
+                .collect();
             let ops = repo.rider_puts(&riders).into_iter().map(|op| match (op, values) {
                 (kayra_store::Op::Put { key, .. }, Values::Empty) => kayra_store::Op::Put { key, value: Vec::new() },
                 (op, _) => op,
@@ -186,21 +197,19 @@ fn active(name: &str) -> Namespace {
 
 /// Subscription `i`, as the reconciler leaves it after `shape.runs` syncs.
 fn synced(shape: &Shape, i: usize) -> Subscription {
-    let kept = shape.runs.min(DEFAULT_RUN_HISTORY);
     Subscription {
         active: true,
         state: SubscriptionState::Success,
         current_sync_id: shape.sync_id(),
-        // The number of the next run (its slot is that modulo the history).
-        runs: if kept == 0 { 0 } else { shape.runs as u64 },
         ..Subscription::new(namespace(i % shape.namespaces), api(i / shape.namespaces))
     }
 }
 
-/// The run records subscription `i` keeps, with their slots.
-fn history(shape: &Shape, i: usize) -> impl Iterator<Item = (Run, u64)> + '_ {
+/// The run history subscription `i` keeps.
+fn history(shape: &Shape, i: usize) -> RunRing {
     let kept = shape.runs.min(DEFAULT_RUN_HISTORY);
-    (shape.runs - kept..shape.runs).map(move |seq| (run(shape, i, seq), (seq % DEFAULT_RUN_HISTORY) as u64))
+    let newest_first: Vec<Run> = (shape.runs - kept..shape.runs).rev().map(|seq| run(shape, i, seq)).collect();
+    RunRing::of(&newest_first, DEFAULT_RUN_HISTORY)
 }
 
 /// Run `seq` of subscription `i`: its sync to SyncID [`sync_id`]`(seq)`,
@@ -272,7 +281,7 @@ mod tests {
         let repo = Repository::new(kayra_store::Store::open(&config).await.unwrap(), "dev", "local");
         let shape = Shape { namespaces: 300, apis: 4, subscriptions: 1_000, runs: 23, steps: 1 };
         let filled = fill(&repo, &shape, 4).await.unwrap();
-        assert_eq!((filled.records, filled.run_records), (4 + 300 + 1_000, 20_000));
+        assert_eq!((filled.records, filled.runs), (4 + 300 + 1_000, 20_000));
 
         let runs = repo.runs_page("t00007", &api(2), None, 0).await.unwrap().items;
         assert_eq!(runs.len(), 20, "the newest 20 of 23");
@@ -283,16 +292,15 @@ mod tests {
         );
         let (subs, _) = repo.list_all::<Subscription>(Collection::Subscriptions).await.unwrap();
         assert_eq!(subs.len(), 1_000);
-        assert!(
-            subs.iter().all(|s| s.value.active && s.value.current_sync_id == shape.sync_id() && s.value.runs == 23)
-        );
+        assert!(subs.iter().all(|s| s.value.active && s.value.current_sync_id == shape.sync_id()));
         let (namespace_subs, _) =
             repo.list_all::<Subscription>(Collection::NamespaceSubscriptions("t00007")).await.unwrap();
         assert_eq!(namespace_subs.len(), 4);
         // Every record and, beside each subscription, its two index keys
-        // (by API and by namespace), as a create through the API writes them.
+        // (by API and by namespace), as a create through the API writes
+        // them, and its one run history record.
         let (everything, _) = repo.store().list_all("/").await.unwrap();
-        assert_eq!(everything.len(), 4 + 300 + 1_000 * 3 + 20_000, "the index keys are written too");
+        assert_eq!(everything.len(), 4 + 300 + 1_000 * 4, "the index keys are written too");
 
         let cancel = CancellationToken::new();
         let config = ReconcilerConfig::default();

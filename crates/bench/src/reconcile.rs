@@ -1,8 +1,8 @@
 //! The reconciler's figures (issue 12, issue 14), each against the raw
 //! store or the pool's ideal time measured in the same run:
 //! - placeholder fan-out after a SyncID bump, pool 30, with `run_history`
-//!   20 and 0 (four bumps each, alternating, while the ring of runs fills;
-//!   then its other slots filled, four more with it full), against raw single-key puts
+//!   20 and 0 (four bumps each, alternating, while the history of runs
+//!   fills; then filled, four more with it full), against raw single-key puts
 //!   at 32 in flight (the mean of a run before and one after the bumps,
 //!   which grow the store) and raw read + CAS updates at 30, with the
 //!   store round trips per reconcile, and the raw store's own cost of a
@@ -37,9 +37,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
-use kayra_catalog::repo::{Change, Collection, RecordRef, Repository};
+use kayra_catalog::repo::{Change, Collection, RecordRef, Repository, Rider};
 use kayra_config::{NotificationsConfig, ReconcilerConfig};
 use kayra_core::rollout::{Approval, RolloutPolicy, RolloutRecord, RolloutState, WavePolicy};
+use kayra_core::run_ring::RunRing;
 use kayra_core::{ApiRegistration, Subscription};
 use kayra_reconciler::Reconciler;
 use kayra_store::{Op, Store, Txn};
@@ -168,9 +169,9 @@ pub async fn run(backend: &str, connect: Connect, compact: Option<Compact>, size
     // Run recording's cost: bumps of a deployment recording runs and of one
     // recording none, alternating (20, 0, 0, 20, 20, 0, …) so that drift of
     // the machine or the store's size weighs on both alike. First while the
-    // ring of 20 runs per subscription fills (each run a new record), then
-    // with it full (each run overwrites the oldest: a subscription's every
-    // sync after its twentieth).
+    // history of 20 runs per subscription fills (a record growing from one
+    // run), then with it full (each run displaces the oldest: a
+    // subscription's every sync after its twentieth).
     let mut deployments = Vec::new();
     for history in HISTORIES {
         deployments.push(Deployment::seed(&probe, &format!("fan{history}"), "placeholder", sizes.fan_out).await?);
@@ -178,8 +179,8 @@ pub async fn run(backend: &str, connect: Connect, compact: Option<Compact>, size
     let mut rates: [Vec<f64>; 2] = Default::default();
     let mut trips = [0.0; 2];
     alternate_bumps(&store, compact.as_ref(), &deployments, 0..FAN_OUT_BUMPS, &mut rates, &mut trips).await?;
-    // The initial sync and each bump recorded a run: fill the rest.
-    deployments[0].fill_runs(FAN_OUT_BUMPS + 1, HISTORIES[0]).await?;
+    // Fill every history: each run from now on displaces the oldest.
+    deployments[0].fill_runs(HISTORIES[0]).await?;
     let mut full: [Vec<f64>; 2] = Default::default();
     alternate_bumps(&store, compact.as_ref(), &deployments, FAN_OUT_BUMPS..2 * FAN_OUT_BUMPS, &mut full, &mut trips)
         .await?;
@@ -204,7 +205,7 @@ pub async fn run(backend: &str, connect: Connect, compact: Option<Compact>, size
         row(&what, format!("{fan:.0}/s"), format!("{:.2} of puts, {:.2} of CAS", fan / raw_put, fan / raw_cas));
         row(&format!("store round trips per reconcile, run_history {history}"), format!("{:.2}", trips[i]), "-".into());
     }
-    for (what, rates) in [("while the ring fills", &rates), ("with the ring full", &full)] {
+    for (what, rates) in [("while the history fills", &rates), ("with the history full", &full)] {
         let each: Vec<String> = rates[0]
             .iter()
             .zip(&rates[1])
@@ -522,18 +523,18 @@ impl Deployment {
         Ok(Self { repo, region: region.into(), n })
     }
 
-    /// Writes placeholder runs into ring slots `from..to` of every
-    /// subscriber: with slots `0..from` recorded already, every slot then
-    /// holds a run and each new run overwrites one.
-    async fn fill_runs(&self, from: usize, to: usize) -> anyhow::Result<()> {
+    /// Gives every subscriber a full history: `kept` placeholder runs, so
+    /// that each new run displaces the oldest.
+    async fn fill_runs(&self, kept: usize) -> anyhow::Result<()> {
         let filled: Vec<anyhow::Result<()>> = futures::stream::iter(0..self.n)
             .map(|i| async move {
                 let namespace = format!("t{i}");
-                let txn = (from..to).fold(Txn::new(), |txn, slot| {
-                    let value = placeholder_run(format!("filled-{i}-{slot}"), &namespace, &format!("filled{slot}"));
-                    let record = RecordRef::Run { namespace: &namespace, api: API, slot: slot as u64 };
-                    txn.then(Op::Put { key: self.repo.store_key_of(record), value })
-                });
+                let runs: Vec<kayra_core::Run> = (0..kept)
+                    .map(|slot| placeholder_run(format!("filled-{i}-{slot}"), &namespace, &format!("filled{slot}")))
+                    .collect();
+                let ring = RunRing::of(&runs, kept);
+                let rider = Rider::Runs { namespace: &namespace, api: API, ring: &ring, first: false };
+                let txn = self.repo.rider_puts(&[rider]).into_iter().fold(Txn::new(), Txn::then);
                 self.repo.store().txn(txn).await?;
                 Ok(())
             })
@@ -931,9 +932,9 @@ async fn raw_cas(store: &Store, n: usize) -> anyhow::Result<f64> {
     .await
 }
 
-/// A placeholder run's record (no steps) as the reconciler stores it.
-fn placeholder_run(id: String, namespace: &str, sync_id: &str) -> Vec<u8> {
-    let run = kayra_core::Run {
+/// A placeholder run (no steps).
+fn placeholder_run(id: String, namespace: &str, sync_id: &str) -> kayra_core::Run {
+    kayra_core::Run {
         id,
         namespace: namespace.into(),
         api: API.into(),
@@ -943,15 +944,13 @@ fn placeholder_run(id: String, namespace: &str, sync_id: &str) -> Vec<u8> {
         finished_at: "2026-01-01T00:00:00.001Z".into(),
         reconciler: "bench:1".into(),
         ..Default::default()
-    };
-    // Serializing a plain struct cannot fail.
-    serde_json::to_vec(&run).unwrap_or_default()
+    }
 }
 
 /// The raw store's rates of `n` writes of a subscription-sized record (its
 /// value as the reconciler writes it), 30 in flight by group commit as the
 /// reconciler's results are, each transaction alone and each with a
-/// placeholder run's record (a ring slot of its own) added: what a second
+/// first run's history record (a record of its own) added: what a second
 /// record in the same transaction costs the store itself. Eight rounds,
 /// alternating which goes first, as the fan-outs above.
 async fn second_record_cost(store: &Store, n: usize) -> anyhow::Result<(f64, f64)> {
@@ -959,11 +958,12 @@ async fn second_record_cost(store: &Store, n: usize) -> anyhow::Result<(f64, f64
         let mut sub = Subscription::new(format!("t{i}"), API);
         (sub.active, sub.state) = (true, kayra_core::SubscriptionState::Success);
         sub.current_sync_id = "s1".into();
-        sub.runs = 1;
         serde_json::to_vec(&sub).unwrap_or_default()
     };
+    // A first run's history record.
     let run = |i: usize, round: usize| {
-        placeholder_run(format!("0193a6c1-0000-7000-8000-{i:012}"), &format!("t{i}"), &format!("s{round}"))
+        let run = placeholder_run(format!("0193a6c1-0000-7000-8000-{i:012}"), &format!("t{i}"), &format!("s{round}"));
+        RunRing::of(&[run], 20).encode()
     };
     let mut rates = [Vec::new(), Vec::new()];
     for round in 0..2 * FAN_OUT_BUMPS {

@@ -3,7 +3,7 @@
 //! a million in ≤ 15 s with ≤ 250 MiB; and idle means idle): a real
 //! `kayra reconciler` process starts over `n` subscriptions the generator
 //! wrote ([`crate::generate`]: 10,000 active namespaces, placeholder
-//! registrations, index keys and run records as kayra writes them), every
+//! registrations, index keys and run history as kayra writes them), every
 //! one synced to its registration's SyncID, and
 //!
 //! - the time from its spawn to `/readyz` answering 200 (the startup list
@@ -43,9 +43,9 @@ pub async fn run(
     let filled = generate::fill(&repo, &shape, IN_FLIGHT).await?;
     let revision = filled.revision;
     eprintln!(
-        "{backend}: generated {} records and {} run records in {:.1}s",
+        "{backend}: generated {} records and {} runs in {:.1}s",
         filled.records,
-        filled.run_records,
+        filled.runs,
         filled.took.as_secs_f64()
     );
 
@@ -94,7 +94,7 @@ pub async fn run(
     // Issue 12's targets up to 100,000 subscriptions, issue 34's above.
     let (ready_goal, rss_goal) = if n <= 100_000 { (10, 100) } else { (15, 250) };
     println!(
-        "| {backend} | restart over {n} synced subscriptions ({runs} run records each): spawn to ready | {:.2} s | {} |",
+        "| {backend} | restart over {n} synced subscriptions ({runs} runs of history each): spawn to ready | {:.2} s | {} |",
         ready.as_secs_f64(),
         if ready <= Duration::from_secs(ready_goal) {
             format!("≤ {ready_goal} s")

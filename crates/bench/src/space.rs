@@ -29,7 +29,7 @@ pub async fn run(n: usize, runs: usize, steps: usize) -> anyhow::Result<()> {
     println!("|---|---|---:|---|");
     let shape = Shape::spread(n, runs, steps);
     let what = format!(
-        "{n} synced subscriptions ({} namespaces × {} APIs), {} run records each of {steps} steps",
+        "{n} synced subscriptions ({} namespaces × {} APIs), a history of {} runs each of {steps} steps",
         shape.namespaces,
         shape.apis,
         runs.min(generate::DEFAULT_RUN_HISTORY)
@@ -54,7 +54,7 @@ pub async fn run(n: usize, runs: usize, steps: usize) -> anyhow::Result<()> {
         (per * 1_000_000) as f64 / f64::from(1u32 << 30)
     );
 
-    // The floor: the same run keys, empty, in an etcd of their own.
+    // The floor: the same history keys, empty, in an etcd of their own.
     let floor = kayra_testkit::Etcd::start_with(&["--quota-backend-bytes=8589934592"]).await;
     let empty = db_size(&floor.endpoint())?;
     let repo = Repository::new(
@@ -67,9 +67,8 @@ pub async fn run(n: usize, runs: usize, steps: usize) -> anyhow::Result<()> {
     if keys > 0 {
         let key = (floor_size - empty) / keys as u64;
         println!(
-            "| etcd | floor: the {keys} run records' keys alone (empty values, written raw); per key, per subscription | {key} B, {} B | {} run records of their own: ≥ {} B a subscription before any byte of a run |",
+            "| etcd | floor: the {keys} history records' keys alone (empty values, written raw); per key, per subscription | {key} B, {} B | one record a subscription: ≥ {} B before any byte of a run |",
             (floor_size - empty) / n as u64,
-            runs.min(generate::DEFAULT_RUN_HISTORY),
             (floor_size - empty) / n as u64
         );
     }
@@ -97,9 +96,9 @@ pub async fn run(n: usize, runs: usize, steps: usize) -> anyhow::Result<()> {
 
 fn filled_row(backend: &str, what: &str, filled: &generate::Filled) {
     println!(
-        "| {backend} | generated {what}: {} records, {} run records in {} transactions | {:.1} s | minutes, not hours |",
+        "| {backend} | generated {what}: {} records, {} runs in {} transactions | {:.1} s | minutes, not hours |",
         filled.records,
-        filled.run_records,
+        filled.runs,
         filled.transactions,
         filled.took.as_secs_f64()
     );

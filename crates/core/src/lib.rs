@@ -9,7 +9,8 @@
 //!   subscriptions, users, tokens, roles, bindings) and their wire forms.
 //! - [`audit`]: audit records (platform §13) and the reason header's rules.
 //! - [`notifications`]: events and their delivery records (§14).
-//! - [`runs`]: run records (§4.4), and [`run_codec`] their compact stored form (§16).
+//! - [`runs`]: run records (§4.4), [`run_codec`] their compact stored form
+//!   and [`run_ring`] the one record that holds a subscription's (§16).
 //! - [`labels`]: namespace labels and label selectors (§4.1).
 //! - [`names`]: DNS label / subdomain validation of resource names.
 //! - [`validation`]: path segments, `sync_id`, endpoints, reserved names,
@@ -22,6 +23,7 @@ pub mod notifications;
 pub mod resources;
 pub mod rollout;
 pub mod run_codec;
+pub mod run_ring;
 pub mod runs;
 pub mod validation;
 

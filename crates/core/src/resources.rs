@@ -101,12 +101,11 @@ pub struct Subscription {
     /// The subscription's own last-reconciled-to SyncID.
     #[serde(default)]
     pub current_sync_id: String,
-    /// How many runs (platform §4.4) had been recorded for it when the
-    /// reconciler last wrote it. Stored only (the wire form,
-    /// [`SubscriptionView`], has no such field): the reconciler numbers a
-    /// run's ring slot from the greater of this and its run cursor, and
-    /// advances whichever of the two the run's transaction writes anyway.
-    #[serde(default, skip_serializing_if = "is_zero")]
+    /// The run counter earlier builds kept here (one run record a ring
+    /// slot). Read, so their stored records and exports still load, and
+    /// never written again: a subscription's runs are one record now
+    /// (`run_ring`), which needs no counter.
+    #[serde(default, skip_serializing)]
     pub runs: u64,
     /// Whether the write that left the record so is a `/sync` re-sync
     /// request: set by the reset, cleared by every other write (the
@@ -117,10 +116,6 @@ pub struct Subscription {
     /// body sets it.
     #[serde(default, skip_serializing_if = "is_false")]
     pub resync_requested: bool,
-}
-
-fn is_zero(n: &u64) -> bool {
-    *n == 0
 }
 
 fn is_false(b: &bool) -> bool {

@@ -34,7 +34,7 @@ pub const COMPACT_V1: u8 = 1;
 /// Why a stored run record does not decode.
 #[derive(Debug, thiserror::Error)]
 #[error("run record does not decode: {0}")]
-pub struct DecodeError(String);
+pub struct DecodeError(pub(crate) String);
 
 /// `run` in its stored form. Its namespace and API are its key's.
 pub fn encode(run: &Run) -> Vec<u8> {

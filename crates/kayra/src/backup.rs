@@ -588,7 +588,6 @@ mod tests {
                 active: true,
                 state: kayra_core::SubscriptionState::Success,
                 current_sync_id: "s1".into(),
-                runs: 3,
                 ..Subscription::new("core", "compute.example.com")
             }),
         ]
@@ -620,6 +619,29 @@ mod tests {
         parsed.sort_by_key(|r| (r.rank(), r.describe()));
         want.sort_by_key(|r| (r.rank(), r.describe()));
         assert_eq!(parsed, want);
+    }
+
+    /// Earlier builds exported a subscription's run counter in `status`;
+    /// their files still import, the counter read and ignored.
+    #[test]
+    fn an_earlier_builds_run_counter_is_read_and_ignored() {
+        let text = file(&sample());
+        assert!(!text.contains("runs:"), "{text}");
+        let earlier = text.replace(
+            "  current_sync_id: s1
+",
+            "  current_sync_id: s1
+  runs: 3
+",
+        );
+        assert_ne!(earlier, text);
+        let parsed = parse(earlier.as_bytes(), "dev", "local").unwrap();
+        assert_eq!(parsed.len(), sample().len());
+        let Some(Record::Subscription(sub)) = parsed.iter().find(|r| matches!(r, Record::Subscription(_))) else {
+            panic!("the subscription imports: {parsed:?}")
+        };
+        let stored = serde_json::to_string(sub).unwrap();
+        assert!(!stored.contains("runs"), "the counter is never stored again: {stored}");
     }
 
     #[test]

@@ -741,8 +741,8 @@ async fn console_renders_recorded_runs_newest_first_with_every_step_field() {
         HOSTILE_SCRIPT,
         vec![step(0, "POST", 500, HOSTILE_IMG)],
     );
-    for (slot, r) in [&older, &newer].into_iter().enumerate() {
-        repo.create(RecordRef::Run { namespace: "core", api: COMPUTE, slot: slot as u64 }, r, "run").await.unwrap();
+    for r in [&older, &newer] {
+        repo.add_run(r, 20).await.unwrap();
     }
 
     let b = Browser::start().await;
@@ -786,7 +786,7 @@ async fn console_renders_recorded_runs_newest_first_with_every_step_field() {
     // A new run shows on top without a reload, the open <details> stays open.
     b.js("window.__samePage = 'yes'; return true").await;
     let newest = run("0193a6c1-0000-7000-8000-000000000003", "s2", RunTrigger::Retry, RunResult::Success, "", vec![]);
-    repo.create(RecordRef::Run { namespace: "core", api: COMPUTE, slot: 2 }, &newest, "run").await.unwrap();
+    repo.add_run(&newest, 20).await.unwrap();
     b.until("three runs", "return document.querySelectorAll('#runs tbody.run').length === 3").await;
     let top = b.js("return document.querySelector('#runs tbody.run').rows[0].cells[1].textContent").await;
     assert_eq!(top, "retry");

@@ -34,8 +34,9 @@ use crate::cancels::{Cancels, Stop};
 use crate::decide::{self, Attempt, Decision, Observed, Outcome, Then, Write};
 use crate::locks::{Acquired, JobGuard, JobLocks};
 use crate::queue::{Cause, JobKey};
-use crate::runs::{self, Begun};
+use crate::runs::{self, Begun, History};
 use crate::view::View;
+use kayra_core::run_ring::RunRing;
 
 /// A test-only fault injection: called with the job's key right before it
 /// reconciles (under its lock).
@@ -282,7 +283,7 @@ impl Worker {
             if self.cancel.is_cancelled() {
                 return Ok(JobEnd::Done);
             }
-            let (sub, reg, given_up, read_at, seq) = match prefetched.take() {
+            let (sub, reg, given_up, read_at, stored_runs) = match prefetched.take() {
                 Some((gets, revision)) => fresh(self.repo.decode_job_read(&gets, revision)?),
                 None => fresh(self.repo.read_job(namespace, api).await?),
             };
@@ -341,11 +342,12 @@ impl Worker {
             // record says what that write was.
             let trigger = next_trigger.unwrap_or_else(|| written_trigger(&sub.value));
             let begun = Begun::new(trigger);
+            let history = History::read(&self.repo, (namespace, api), stored_runs, self.config.run_history).await?;
             // One span per attempt, instrumenting (never entered across an
             // await), so every line inside carries all five fields.
             let span =
                 tracing::info_span!("reconcile", namespace, api, lock_id, sync_id = %sync_id, run_id = %begun.id);
-            match self.attempt(sub, reg, failures, run, &begun, seq).instrument(span).await? {
+            match self.attempt(sub, reg, failures, run, &begun, &history).instrument(span).await? {
                 Step::Done => return Ok(JobEnd::Done),
                 Step::Fenced => return Ok(JobEnd::Fenced),
                 Step::Again { failures: f, trigger } => {
@@ -364,7 +366,7 @@ impl Worker {
         failures: u32,
         run: RunIds<'_>,
         begun: &Begun,
-        seq: u64,
+        history: &History,
     ) -> kayra_catalog::repo::Result<Step> {
         let sync_id = &reg.value.sync_id;
         let started = Instant::now();
@@ -447,7 +449,7 @@ impl Worker {
             Some(Stop::Cancel(request)) => Some(request.answered(&record)),
             _ => None,
         };
-        let result = (&record, seq, answer.as_ref());
+        let result = (&record, history, answer.as_ref());
         let recorded = match self.record_patiently(sub, (&write, then, &reg.value), result, run, unlock).await {
             // §17: a result the store refuses (too large, out of space) is
             // recorded once as a failed run without its outputs, and the
@@ -456,7 +458,7 @@ impl Worker {
                 tracing::warn!(error = %shown(&why), "the store refused the result; recording the run as failed");
                 (write, then) = decide::after(&sub.value, sync_id, Outcome::Failed, failures);
                 let failed = runs::refused(&record, &why);
-                let result = (&failed, seq, None);
+                let result = (&failed, history, None);
                 match self
                     .record_patiently(sub, (&write, then, &reg.value), result, run, matches!(then, Then::Done))
                     .await
@@ -547,7 +549,7 @@ impl Worker {
         &self,
         seen: &Versioned<Subscription>,
         write: (&Write, Then, &ApiRegistration),
-        result: (&Run, u64, Option<&CancelRequest>),
+        result: (&Run, &History, Option<&CancelRequest>),
         run: RunIds<'_>,
         unlock: bool,
     ) -> kayra_catalog::repo::Result<Recorded> {
@@ -572,13 +574,12 @@ impl Worker {
         }
     }
 
-    /// Writes the result and its run record (`run`, number `seq`) in one
-    /// transaction that commits only if the subscription is still at the
-    /// revision the decision was made on and, on etcd, the job lock is still
-    /// ours (fencing, platform contract §7). When only the run is new (a
-    /// second failure, a superseded run) the subscription is not rewritten,
-    /// so its watchers see no event, and the run cursor counts the run;
-    /// otherwise the rewritten subscription does. With `unlock`, the
+    /// Writes the result and its run record (`run`, added to the run
+    /// history as the job read it) in one transaction that commits only if
+    /// the subscription is still at the revision the decision was made on
+    /// and, on etcd, the job lock is still ours (fencing, platform contract
+    /// §7). When only the run is new (a second failure, a superseded run)
+    /// the subscription is not rewritten, so its watchers see no event. With `unlock`, the
     /// transaction also deletes the lock key (etcd), and `run.unlocked`
     /// says whether it did. The results of jobs finishing together share
     /// one transaction (group commit, [`kayra_store::Store::txn_grouped`]).
@@ -588,19 +589,15 @@ impl Worker {
         &self,
         seen: &Versioned<Subscription>,
         (write, then, reg): (&Write, Then, &ApiRegistration),
-        (record, seq, answer): (&Run, u64, Option<&CancelRequest>),
+        (record, read, answer): (&Run, &History, Option<&CancelRequest>),
         run: RunIds<'_>,
         unlock: bool,
     ) -> kayra_catalog::repo::Result<Recorded> {
         let fence = run.fence;
         let history = self.config.run_history;
-        let mut next = written(&seen.value, write).filter(|next| *next != seen.value);
-        if let Some(next) = next.as_mut()
-            && history > 0
-        {
-            next.runs = seq + 1;
-        }
-        let mut riders = runs::riders(history, seq, record, next.is_none());
+        let next = written(&seen.value, write).filter(|next| *next != seen.value);
+        let ring = runs::recorded(history, read, record);
+        let mut riders: Vec<Rider<'_>> = ring.iter().map(|ring| runs::rider(record, ring, read)).collect();
         let deliveries = self.deliveries(&seen.value, write, then, record);
         riders.extend(deliveries.iter().map(Rider::Delivery));
         riders.extend(answer.map(Rider::CancelAnswer));
@@ -835,16 +832,20 @@ pub async fn forget_given_up(repo: &Repository, namespace: &str, api: &str) {
     }
 }
 
-/// The fresh read as the job decides on it, with the subscription's next run number.
+/// The fresh read as the job decides on it.
 fn fresh(read: JobRead<Attempt>) -> Fresh {
-    let seq = runs::next_seq(read.subscription.as_ref().map(|s| &s.value), read.cursor);
-    (read.subscription, read.registration, read.attempt, read.revision, seq)
+    (read.subscription, read.registration, read.attempt, read.revision, read.runs)
 }
 
 /// The fresh read: subscription, registration, given-up record, the read's
-/// store revision and the subscription's next run number.
-type Fresh =
-    (Option<Versioned<Subscription>>, Option<Versioned<ApiRegistration>>, Option<Attempt>, kayra_store::Revision, u64);
+/// store revision and the subscription's run history.
+type Fresh = (
+    Option<Versioned<Subscription>>,
+    Option<Versioned<ApiRegistration>>,
+    Option<Attempt>,
+    kayra_store::Revision,
+    Option<RunRing>,
+);
 
 /// The trigger of a run caused by a write to the subscription itself: the
 /// `/sync` reset (which marks the record it writes) or any other write.

@@ -1,28 +1,21 @@
 //! Run records (platform §4.4): one per reconcile attempt, written in the
 //! same store transaction as the attempt's result.
 //!
-//! Records: ring slot `seq % run_history` of the subscription's runs
-//! ([`kayra_catalog::repo::Rider::Run`]),
-//! so each new run overwrites the oldest and a subscription never holds more
-//! than `run_history` runs, with no extra read or delete. `seq` counts the
-//! subscription's runs. It is kept where the run's transaction writes
-//! anyway: in the subscription record (`Subscription::runs`, stored only)
-//! when the result rewrites it, as nearly every run's does; otherwise (a
-//! second failure, a superseded or cancelled run, which leave the
-//! subscription untouched) in a small cursor record ([`Cursor`], kept
-//! apart from the run records so their readers never see it). The next run's
-//! number is the greater of the two, both read in the job's one fresh read
-//! under the lock; both go with the subscription (the cursor in the
-//! catalog's delete transaction).
+//! A subscription's runs are one record, its history
+//! ([`kayra_core::run_ring::RunRing`]): the job's one fresh read under its
+//! lock reads it with the subscription, and the result's transaction
+//! rewrites it with the run added as the newest and the oldest past
+//! `run_history` dropped ([`kayra_catalog::repo::Rider::Runs`]). No other
+//! writer touches it while the job holds the lock, and the result commits
+//! only while the subscription is as read, so the history read is the one
+//! replaced. It goes with the subscription (the catalog's delete).
 
 use std::sync::OnceLock;
 use std::time::SystemTime;
 
-use kayra_catalog::repo::Rider;
-use kayra_core::{ApiRegistration, Run, RunResult, RunTrigger, Subscription};
-
-/// The per-subscription run counter.
-pub use kayra_catalog::repo::RunCursor as Cursor;
+use kayra_catalog::repo::{Repository, Rider};
+use kayra_core::run_ring::RunRing;
+use kayra_core::{ApiRegistration, Run, RunResult, RunTrigger};
 
 /// A run as it started: what the record needs before the result is known.
 #[derive(Debug, Clone)]
@@ -57,26 +50,49 @@ pub fn identity() -> &'static str {
     })
 }
 
-/// The number of the next run of a subscription whose record says `sub`
-/// and whose run cursor says `cursor`.
-pub fn next_seq(sub: Option<&Subscription>, cursor: Option<Cursor>) -> u64 {
-    sub.map_or(0, |s| s.runs).max(cursor.map_or(0, |c| c.next))
+/// A subscription's run history as its job read it.
+#[derive(Debug, Clone, Default)]
+pub struct History {
+    pub ring: RunRing,
+    /// No history record was read: the result's write is the first, and
+    /// replaces the run records an earlier build kept (`ring` holds them).
+    pub first: bool,
 }
 
-/// The riders that record `run` as run number `seq` of its subscription,
-/// keeping `history` runs; with `cursor`, also the cursor's advance (the
-/// caller advances `Subscription::runs` instead when it rewrites the
-/// subscription). Empty when `history` is 0 (the caller clears the runs
-/// when it writes the subscription anyway).
-pub fn riders(history: usize, seq: u64, run: &Run, cursor: bool) -> Vec<Rider<'_>> {
-    if history == 0 {
-        return Vec::new();
+impl History {
+    /// The history of a job that read `stored`: that record, or, without
+    /// one, the runs an earlier build recorded one a record (a read of
+    /// its own, made only then; none when no runs are kept).
+    pub async fn read(
+        repo: &Repository,
+        (namespace, api): (&str, &str),
+        stored: Option<RunRing>,
+        keep: usize,
+    ) -> kayra_catalog::repo::Result<Self> {
+        Ok(match stored {
+            Some(ring) => History { ring, first: false },
+            None if keep == 0 => History { ring: RunRing::default(), first: true },
+            None => History { ring: repo.earlier_runs(namespace, api).await?, first: true },
+        })
     }
-    let mut riders = vec![Rider::Run { run, slot: seq % history as u64 }];
-    if cursor {
-        riders.push(Rider::RunCursor { namespace: &run.namespace, api: &run.api, cursor: Cursor { next: seq + 1 } });
+}
+
+/// The subscription's run history as the job read it, with `run` added,
+/// keeping `keep` runs; `None` when `keep` is 0 (the caller clears the
+/// runs when it writes the subscription anyway).
+pub fn recorded(keep: usize, read: &History, run: &Run) -> Option<RunRing> {
+    if keep == 0 {
+        return None;
     }
-    riders
+    let mut ring = read.ring.clone();
+    ring.push(run, keep);
+    Some(ring)
+}
+
+/// The rider that writes `ring`, the history of `run`'s subscription as
+/// [`recorded`] left it from `read`.
+pub fn rider<'a>(run: &'a Run, ring: &'a RunRing, read: &History) -> Rider<'a> {
+    Rider::Runs { namespace: &run.namespace, api: &run.api, ring, first: read.first }
 }
 
 /// `run` as it is recorded when the store refused its result (§17): a
@@ -114,14 +130,23 @@ mod tests {
     }
 
     #[test]
-    fn the_next_run_is_numbered_from_the_greater_count() {
-        let sub = |runs| Subscription { runs, ..Subscription::new("core", "x.io") };
-        let cursor = |next| Some(Cursor { next });
-        assert_eq!(next_seq(None, None), 0, "a subscription's first run");
-        assert_eq!(next_seq(Some(&sub(4)), None), 4);
-        assert_eq!(next_seq(Some(&sub(4)), cursor(2)), 4, "later runs rewrote the subscription");
-        assert_eq!(next_seq(Some(&sub(4)), cursor(5)), 5, "the last run left it untouched");
-        assert_eq!(next_seq(None, cursor(3)), 3);
+    fn a_run_is_added_to_the_history_as_read() {
+        let run = |id: &str| Run { id: id.into(), namespace: "core".into(), api: "x.io".into(), ..Run::default() };
+        let read = |ring: &RunRing| History { ring: ring.clone(), first: false };
+        let none = History { first: true, ..History::default() };
+        assert_eq!(recorded(0, &none, &run("a")), None, "a history of 0 records nothing");
+        let first = recorded(2, &none, &run("a")).unwrap();
+        let second = recorded(2, &read(&first), &run("b")).unwrap();
+        let third = recorded(2, &read(&second), &run("c")).unwrap();
+        let ids = |ring: &RunRing| ring.ids().into_iter().flatten().collect::<Vec<_>>();
+        assert_eq!(ids(&second), ["b", "a"]);
+        assert_eq!(ids(&third), ["c", "b"], "the oldest past the history goes");
+        assert_eq!(ids(&recorded(5, &read(&third), &run("d")).unwrap()), ["d", "c", "b"]);
+        let earlier = RunRing::of(&[run("y"), run("x")], 2);
+        let migrated = History { ring: earlier, first: true };
+        assert_eq!(ids(&recorded(3, &migrated, &run("z")).unwrap()), ["z", "y", "x"], "an earlier build's runs stay");
+        let (z, ring) = (run("z"), RunRing::default());
+        assert!(matches!(rider(&z, &ring, &migrated), Rider::Runs { first: true, .. }), "and their records go");
     }
 
     #[test]

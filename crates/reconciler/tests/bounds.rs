@@ -11,7 +11,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::backend::TestBackend;
+use common::backend::{TestBackend, noise};
 use common::{Kind, Seed, eventually, logs, start_reconciler, store};
 use kayra_catalog::repo::Repository;
 use kayra_config::ReconcilerConfig;
@@ -85,7 +85,7 @@ async fn outputs_are_cut_to_a_kibibyte_in_run_records(kind: Kind) {
     let runs = runs(&repo, "core").await;
     assert_eq!(runs[0].result, RunResult::Success);
     let shown = &runs[0].steps[0].outputs["ID"];
-    assert_eq!(shown, &format!("{}…(5000 bytes)", "x".repeat(1024)));
+    assert_eq!(shown, &format!("{}…(5000 bytes)", noise(1024, 1)));
     running.stop().await;
 }
 
@@ -103,7 +103,7 @@ async fn long_outputs_errors_and_endpoints_are_cut_in_log_lines_and_run_errors(k
     let store = store(kind).await;
     let repo = Repository::new(store.store.clone(), "dev", "local");
     let (seed, backend) = (Seed(&repo), TestBackend::start().await);
-    let (output, failure) = ("x".repeat(5000), "x".repeat(3000));
+    let (output, failure) = (noise(5000, 1), noise(3000, 1));
     let yaml = format!(
         "- method: post\n  endpoint: \"{base}/big/5000/x\"\n  outputs: {{ID: .id}}\n\
          - method: get\n  endpoint: \"{base}/big/3000/{{{{ .Previous.Outputs.ID }}}}\"\n  timeout: 30s\n\
@@ -185,12 +185,16 @@ async fn re_syncs_against_a_megabyte_answer_stay_within_a_small_etcd_quota() {
     seed.registration(API, "api", "s1").await;
     let running = start_reconciler(&repo, cfg);
     seed.subscription("core", API).await;
+    let mut newest = String::new();
     for round in 1..=40u64 {
         eventually(&format!("run {round}"), || async {
             let sub = seed.get("core", API).await;
-            sub.runs >= round && sub.is_synced("s1") && sub.state == SubscriptionState::Success
+            let runs = repo.runs_page("core", API, None, 1).await.unwrap().items;
+            let new = runs.first().is_some_and(|run| run.id != newest && run.result == RunResult::Success);
+            new && sub.is_synced("s1") && sub.state == SubscriptionState::Success
         })
         .await;
+        newest = repo.runs_page("core", API, None, 1).await.unwrap().items[0].id.clone();
         if round < 40 {
             seed.force_resync("core", API).await;
         }
@@ -206,15 +210,16 @@ async fn re_syncs_against_a_megabyte_answer_stay_within_a_small_etcd_quota() {
     running.stop().await;
 }
 
-/// A result etcd refuses (here: over a small `--max-request-bytes`) is
+/// A result etcd refuses (here: over a `--max-request-bytes` of 2 KiB) is
 /// recorded once as a failed run without its outputs; the retry does the
 /// same and the decision gives up: two calls, never a loop.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_result_the_store_refuses_is_recorded_as_a_failure_without_outputs() {
-    let (_etcd, store) = etcd_with(&["--max-request-bytes", "4096"]).await;
+    let (_etcd, store) = etcd_with(&["--max-request-bytes", "2048"]).await;
     let repo = Repository::new(store, "dev", "local");
     let (seed, backend) = (Seed(&repo), TestBackend::start().await);
-    // Four outputs of 3000 bytes, each cut to 1 KiB: a record over 4 KiB.
+    // Four outputs of 3000 bytes that do not compress, each cut to 1 KiB:
+    // a record of about 3 KiB even deflated.
     let outputs = [("ID", ".id"), ("A", ".a"), ("B", ".b"), ("C", ".c")];
     let cfg = config(&format!("{}/wide/3000/x", backend.base), &outputs, 1 << 20);
     seed.registration(API, "api", "s1").await;

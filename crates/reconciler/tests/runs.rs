@@ -319,15 +319,14 @@ async fn placeholder_runs_have_no_steps_and_retention_holds(kind: Kind) {
     // Runs go with their subscription.
     repo.delete_subscription("core", API).await.unwrap();
     assert!(runs(&repo, "core", API).await.is_empty());
-    let cursor = repo.get::<kayra_catalog::repo::RunCursor>(RecordRef::RunCursor { namespace: "core", api: API });
-    assert!(cursor.await.unwrap().is_none(), "the run cursor went too");
+    let history = repo.store_key_of(RecordRef::Runs { namespace: "core", api: API });
+    assert!(repo.store().get(&history).await.unwrap().0.is_none(), "the history record went too");
 }
 
-/// A run that rewrites the subscription counts itself there, one that does
-/// not (the immediate retry's second failure) in the run cursor; the ring
-/// numbers every run from the greater of the two, so retention keeps the
-/// newest runs whichever way each was counted.
-async fn the_ring_counts_runs_that_leave_the_subscription_untouched(kind: Kind) {
+/// A run that rewrites the subscription and one that does not (the
+/// immediate retry's second failure) both enter the history record, so
+/// retention keeps the newest runs whichever kind each was.
+async fn the_history_keeps_runs_that_leave_the_subscription_untouched(kind: Kind) {
     let store = store(kind).await;
     let repo = Repository::new(store.store.clone(), "dev", "local");
     let (seed, backend) = (Seed(&repo), TestBackend::start().await);
@@ -364,6 +363,41 @@ async fn the_ring_counts_runs_that_leave_the_subscription_untouched(kind: Kind) 
         ],
         "the three newest of four runs: {kept:?}"
     );
+}
+
+/// Runs an earlier build recorded one a record (in ring slots, as JSON or
+/// compact) are read until the subscription's next run, whose result
+/// writes them into its history with the new run and deletes their
+/// records: an upgrade loses no run.
+async fn an_earlier_builds_run_records_join_the_history(kind: Kind) {
+    let store = store(kind).await;
+    let repo = Repository::new(store.store.clone(), "dev", "local");
+    let seed = Seed(&repo);
+    seed.registration(API, "placeholder", "s1").await;
+    seed.subscription("core", API).await;
+    let earlier = |n: u64| Run {
+        id: format!("00000000-0000-7000-8000-{n:012}"),
+        namespace: "core".into(),
+        api: API.into(),
+        sync_id: format!("s0-{n}"),
+        mode: "placeholder".into(),
+        ..Run::default()
+    };
+    let slot = |slot: u64| repo.store_key_of(RecordRef::RunSlot { namespace: "core", api: API, slot });
+    repo.store().create(&slot(0), serde_json::to_vec(&earlier(1)).unwrap()).await.unwrap();
+    repo.store().create(&slot(1), kayra_core::run_codec::encode(&earlier(2))).await.unwrap();
+    let ids = |runs: &[Run]| runs.iter().map(|r| r.sync_id.clone()).collect::<Vec<_>>();
+    assert_eq!(ids(&runs(&repo, "core", API).await), ["s0-1", "s0-2"], "read before any new run");
+
+    let running = start_reconciler(&repo, ReconcilerConfig { run_history: 3, ..config() });
+    eventually("synced s1", || synced(&seed, "core", API, "s1")).await;
+    assert_eq!(ids(&runs(&repo, "core", API).await), ["s0-1", "s0-2", "s1"], "the earlier runs stay");
+    let slots = repo.store().list_all(&format!("{}/", slot(0).rsplit_once('/').unwrap().0)).await.unwrap().0;
+    assert!(slots.is_empty(), "their records went with the first history's write: {slots:?}");
+    seed.bump(API, "s2").await;
+    eventually("synced s2", || synced(&seed, "core", API, "s2")).await;
+    running.stop().await;
+    assert_eq!(ids(&runs(&repo, "core", API).await), ["s0-2", "s1", "s2"], "and age out as any run");
 }
 
 async fn run_history_zero_records_none_and_clears_older_ones(kind: Kind) {
@@ -453,7 +487,8 @@ runs_tests!(
     a_retry_held_by_retry_after_is_recorded_as_the_retry,
     steps_are_recorded_exactly_and_carry_the_run_id,
     placeholder_runs_have_no_steps_and_retention_holds,
-    the_ring_counts_runs_that_leave_the_subscription_untouched,
+    the_history_keeps_runs_that_leave_the_subscription_untouched,
+    an_earlier_builds_run_records_join_the_history,
     run_history_zero_records_none_and_clears_older_ones,
     a_run_stopped_by_shutdown_is_recorded_as_cancelled,
 );

@@ -106,15 +106,32 @@ async fn answer(state: &State, uri: Uri) -> axum::response::Response {
     if matches!(first, Some("big" | "wide")) {
         let _ = status(state, uri.clone()).await;
         let n = path.split('/').nth(2).and_then(|n| n.parse().ok()).unwrap_or(0);
-        let value = "x".repeat(n);
         let body = if first == Some("big") {
-            format!(r#"{{"id":"{value}"}}"#)
+            format!(r#"{{"id":"{}"}}"#, noise(n, 1))
         } else {
-            format!(r#"{{"id":"{value}","a":"{value}","b":"{value}","c":"{value}"}}"#)
+            let [id, a, b, c] = [1, 2, 3, 4].map(|seed| noise(n, seed));
+            format!(r#"{{"id":"{id}","a":"{a}","b":"{b}","c":"{c}"}}"#)
         };
         return (StatusCode::OK, [(axum::http::header::CONTENT_TYPE, "application/json")], body).into_response();
     }
     status(state, uri).await.into_response()
+}
+
+/// `n` letters and digits of a xorshift sequence from `seed`: as good as
+/// random to a compressor (under 6 bits a character), and the same on
+/// every call (a shorter one is a prefix of a longer). `/big/<n>` answers
+/// `noise(n, 1)` as its `id`, and `/wide/<n>` seeds 2–4 for `a`–`c`.
+pub fn noise(n: usize, seed: u64) -> String {
+    const ALPHABET: &[u8] = b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..n)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            char::from(ALPHABET[(x % ALPHABET.len() as u64) as usize])
+        })
+        .collect()
 }
 
 async fn status(state: &State, uri: Uri) -> StatusCode {

@@ -1,15 +1,14 @@
 //! `/namespaces/{namespace}/subscriptions/{api}/runs`: the record of every
 //! reconcile attempt of one subscription (§4.4), newest first.
 //!
-//! The reconciler writes the records (in the same store transaction as the
-//! attempt's result); this module only reads them. A record's key ends in a
-//! segment of the reconciler's choosing (a ring slot), so the Repository
-//! orders a subscription's runs by the record's `id`, a UUIDv7, whose text
-//! sorts by time, reading each record's id alone and decoding only the
-//! page asked for (§17; [`crate::repo::runs`]).
+//! The reconciler writes them (in the same store transaction as the
+//! attempt's result, one record holding the subscription's run history);
+//! this module only reads them. The Repository reads that one record and
+//! decodes only the page asked for (§17; [`crate::repo::runs`]).
 //!
-//! The continue token is the base64url of the prefix and the last id
-//! returned, so a token only works for the subscription it came from.
+//! The continue token is the base64url of the subscription's runs' key
+//! prefix and the last id returned, so a token only works for the
+//! subscription it came from.
 //!
 //! `PUT …/runs/{id}/cancel` (§12) stops a run in flight wherever it runs:
 //! it writes a cancel request, which the reconciler holding the run
@@ -52,11 +51,11 @@ impl RequestBody for CancelBody {
     const EMPTY_IS_OBJECT: bool = true;
 }
 
-/// The prefix of the subscription's runs, which continue tokens carry.
+/// The key prefix of the subscription's runs, which continue tokens carry.
 /// 404 (as a GET of the subscription) when it does not exist.
 async fn runs_of(state: &ApiState, namespace: &str, api: &str) -> Result<String, ApiError> {
     existing(state, namespace, api).await?;
-    Ok(state.repo.layout().prefix(Collection::SubscriptionRuns { namespace, api }))
+    Ok(state.repo.layout().prefix(Collection::RunSlots { namespace, api }))
 }
 
 #[utoipa::path(get, path = "/namespaces/{namespace}/subscriptions/{api}/runs", tag = "subscriptions",

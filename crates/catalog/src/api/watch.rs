@@ -22,6 +22,11 @@
 //! from the record the stream showed last, when its registration's change
 //! comes from the registrations feed.
 //!
+//! A runs stream shows the runs of one subscription's history record
+//! ([`kayra_core::run_ring`]): each run an object of its own, `ADDED` when
+//! a change of the record brings it, `DELETED` when one drops it (the
+//! oldest, past `run_history`, or all with the subscription).
+//!
 //! A namespaces stream may have a label selector (`?labelSelector=`): it
 //! shows only the namespaces that match, so a namespace that stops
 //! matching is a `DELETED` event of that stream (carrying the object as
@@ -80,7 +85,8 @@ enum View {
     Subscription {
         registrations: String,
     },
-    /// One subscription's runs (their stored form leaves its names to the key).
+    /// One subscription's runs: the runs in its history record (their
+    /// stored form leaves its names to the key), each an object.
     Run {
         namespace: String,
         api: String,
@@ -154,17 +160,20 @@ impl Target {
                 selector: None,
             },
             // One subscription's runs, in a feed of their own (§17): a feed
-            // of every run record, kept for the process's life, would hold
-            // the whole deployment's for one console page.
-            Watched::Runs => Target {
-                feed: layout.prefix(Collection::SubscriptionRuns { namespace: &namespace, api: &p("api") }),
-                private: true,
-                range: KeyRange::Prefix(
-                    layout.prefix(Collection::SubscriptionRuns { namespace: &namespace, api: &p("api") }),
-                ),
-                view: View::Run { namespace: namespace.clone(), api: p("api"), id: params.get("id").cloned() },
-                selector: None,
-            },
+            // of every history record, kept for the process's life, would
+            // hold the whole deployment's for one console page. The feed is
+            // the key's prefix, so it also mirrors a history whose API's
+            // name starts with this one's; the stream shows only its own.
+            Watched::Runs => {
+                let history = layout.key(RecordRef::Runs { namespace: &namespace, api: &p("api") });
+                Target {
+                    feed: history.clone(),
+                    private: true,
+                    range: KeyRange::Exact(history),
+                    view: View::Run { namespace: namespace.clone(), api: p("api"), id: params.get("id").cloned() },
+                    selector: None,
+                }
+            }
             Watched::Rollout => Target {
                 feed: layout.prefix(Collection::Rollouts),
                 private: false,
@@ -251,10 +260,8 @@ impl Target {
                     .unwrap_or_default();
                 (to_text(&subscription.view(&expected))?, None, None)
             }
-            View::Run { namespace, api, .. } => {
-                let run = kayra_core::run_codec::decode(&kv.value, namespace, api).ok()?;
-                (to_text(&run)?, Some(run.id), None)
-            }
+            // Each run is an object of its own ([`Stream::show_runs`]).
+            View::Run { .. } => return None,
             View::Token { .. } => {
                 let token: TokenRecord = serde_json::from_slice(&kv.value).ok()?;
                 let object = to_text(&TokenInfo { id: token.id.clone(), created_at: token.created_at })?;
@@ -451,6 +458,10 @@ impl Stream {
     /// Renders `key`'s record as of its change (`None`: gone) and queues
     /// the event that tells the client, if any.
     fn show(&mut self, key: Arc<str>, record: Option<Arc<Record>>) {
+        if let View::Run { namespace, api, .. } = &self.target.view {
+            let (namespace, api) = (namespace.clone(), api.clone());
+            return self.show_runs(&key, record, &namespace, &api);
+        }
         let registrations = self.dependency.as_ref().map(|(feed, _)| feed.as_ref());
         let target = &self.target;
         let shown = record.and_then(|record| {
@@ -484,6 +495,55 @@ impl Stream {
             (None, None) => return,
         };
         self.outbox.push(event);
+    }
+
+    /// A runs stream's change of the history record `key` (`None`: gone):
+    /// each run in it is an object, under `<key>#<id>`. Runs new to the
+    /// record are `ADDED`, oldest first, decoded only then (a run never
+    /// changes once recorded); runs gone from it are `DELETED`.
+    fn show_runs(&mut self, key: &str, record: Option<Arc<Record>>, namespace: &str, api: &str) {
+        let ring = record.as_ref().and_then(|record| kayra_core::run_ring::RunRing::decode(&record.kv.value).ok());
+        let ids: Vec<(usize, String)> = ring
+            .as_ref()
+            .map(|ring| ring.ids().into_iter().enumerate().filter_map(|(i, id)| Some((i, id?))).collect())
+            .unwrap_or_default();
+        let run_key = |id: &str| -> Arc<str> { Arc::from(format!("{key}#{id}")) };
+        let kept: std::collections::HashSet<Arc<str>> = ids.iter().map(|(_, id)| run_key(id)).collect();
+        let framing = self.outbox.framing();
+        let mut gone: Vec<Arc<str>> = self
+            .sent
+            .keys()
+            .filter(|sent| sent.strip_prefix(key).is_some_and(|rest| rest.starts_with('#')) && !kept.contains(*sent))
+            .cloned()
+            .collect();
+        gone.sort();
+        for sent in gone {
+            if let Some(previous) = self.sent.remove(&sent) {
+                self.outbox.push(previous.rendered.frame(Kind::Deleted, framing));
+            }
+        }
+        let (Some(ring), Some(record)) = (ring, record) else {
+            return;
+        };
+        for (index, id) in ids.into_iter().rev() {
+            let run_key = run_key(&id);
+            if self.sent.contains_key(&run_key) {
+                continue;
+            }
+            let Some(Ok(run)) = ring.run(index, namespace, api) else {
+                continue;
+            };
+            let Some(object) = to_text(&run) else {
+                continue;
+            };
+            let rendered = Rendered::new(object, Some(id), None);
+            if !self.target.shows(&rendered) {
+                continue;
+            }
+            let rendered = Arc::new(rendered);
+            self.outbox.push(rendered.frame(Kind::Added, framing));
+            self.sent.insert(run_key, Shown { record: record.clone(), rendered });
+        }
     }
 }
 

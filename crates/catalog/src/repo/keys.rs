@@ -98,17 +98,24 @@ pub fn user_token(user: &str, hash: &str) -> String {
 }
 /// The hash of the token the last bootstrap installed (platform §5.4: one bootstrap token).
 pub const BOOTSTRAP_TOKEN: &str = "/bootstraptoken";
-/// Every run record of one deployment.
+/// Every run history record of one deployment.
 pub fn all_runs(platform: &str, region: &str) -> String {
     format!("/runs/{platform}/{region}/")
 }
-/// The run records of one subscription; the last key segment is the
-/// reconciler's choice, so readers list this prefix.
+/// The run history of one subscription: one record holding its newest
+/// runs (`kayra_core::run_ring`).
 pub fn runs(platform: &str, region: &str, namespace: &str, api: &str) -> String {
+    format!("/runs/{platform}/{region}/{namespace}/{api}")
+}
+/// The run records earlier builds wrote for one subscription, one a ring
+/// slot under its history's key: still read until the subscription's next
+/// run, whose history write deletes them (never the history itself: the
+/// history's key sorts before this prefix, outside it).
+pub fn run_slots(platform: &str, region: &str, namespace: &str, api: &str) -> String {
     format!("/runs/{platform}/{region}/{namespace}/{api}/")
 }
-/// The reconciler's run counter of one subscription (which ring slot under
-/// [`runs`] its next run takes); deleted with the subscription.
+/// The run counter an earlier build kept for one subscription: unused,
+/// deleted by the subscription's first history write and with it.
 pub fn run_cursor(platform: &str, region: &str, namespace: &str, api: &str) -> String {
     format!("/runcursors/{platform}/{region}/{namespace}/{api}")
 }

@@ -38,16 +38,25 @@ pub enum RecordRef<'a> {
         namespace: &'a str,
         api: &'a str,
     },
-    /// The reconciler's run counter of one subscription ([`super::RunCursor`]).
-    RunCursor {
+    /// A subscription's run history: one record holding its newest runs
+    /// (`kayra_core::run_ring::RunRing`, platform §4.4).
+    Runs {
         namespace: &'a str,
         api: &'a str,
     },
-    /// One run record: ring slot `slot` of the subscription's run history.
-    Run {
+    /// A run record of an earlier build: ring slot `slot` of the
+    /// subscription's runs, one record a run (read until the next run).
+    RunSlot {
         namespace: &'a str,
         api: &'a str,
         slot: u64,
+    },
+    /// An earlier build's run counter of a subscription (which slot its
+    /// next run took): unused, deleted by the subscription's first history
+    /// write and with the subscription.
+    RunCursor {
+        namespace: &'a str,
+        api: &'a str,
     },
     /// One audit record (platform §13), by its order key
     /// ([`super::audit::order_key`] of its id).
@@ -82,10 +91,11 @@ pub enum Collection<'a> {
     Subscriptions,
     /// One namespace's subscriptions in this deployment.
     NamespaceSubscriptions(&'a str),
-    /// Every run record of this deployment.
+    /// Every run history record of this deployment (and earlier builds' run records).
     Runs,
-    /// The run records of one subscription.
-    SubscriptionRuns {
+    /// The run records an earlier build wrote for one subscription, one a
+    /// ring slot ([`RecordRef::RunSlot`]).
+    RunSlots {
         namespace: &'a str,
         api: &'a str,
     },
@@ -133,8 +143,9 @@ impl Layout {
             RecordRef::Registration(name) => registration(p, r, name),
             RecordRef::Subscription { namespace, api } => subscription(p, r, namespace, api),
             RecordRef::Attempt { namespace, api } => attempt(p, r, namespace, api),
+            RecordRef::Runs { namespace, api } => runs(p, r, namespace, api),
+            RecordRef::RunSlot { namespace, api, slot } => format!("{}{slot}", run_slots(p, r, namespace, api)),
             RecordRef::RunCursor { namespace, api } => run_cursor(p, r, namespace, api),
-            RecordRef::Run { namespace, api, slot } => format!("{}{slot}", runs(p, r, namespace, api)),
             RecordRef::Audit(order) => format!("{}{order}", audit(p, r)),
             RecordRef::Delivery(id) => format!("{}{id}", deliveries(p, r)),
             RecordRef::FanoutMarker(api) => format!("{}{api}", fanout_markers(p, r)),
@@ -160,7 +171,7 @@ impl Layout {
             Collection::Subscriptions => subscriptions(p, r),
             Collection::NamespaceSubscriptions(namespace) => namespace_subscriptions(p, r, namespace),
             Collection::Runs => all_runs(p, r),
-            Collection::SubscriptionRuns { namespace, api } => runs(p, r, namespace, api),
+            Collection::RunSlots { namespace, api } => run_slots(p, r, namespace, api),
             Collection::Attempts => format!("/reconcileattempts/{p}/{r}/"),
             Collection::Limits => limits(p, r),
             Collection::Audit => audit(p, r),
@@ -196,10 +207,13 @@ impl Layout {
             "subscriptions" => two(&scoped(root)).map(|[namespace, api]| RecordRef::Subscription { namespace, api })?,
             "reconcileattempts" => two(&scoped(root)).map(|[namespace, api]| RecordRef::Attempt { namespace, api })?,
             "runcursors" => two(&scoped(root)).map(|[namespace, api]| RecordRef::RunCursor { namespace, api })?,
-            "runs" => {
-                let [namespace, api, slot] = segments::<3>(key, &scoped(root))?;
-                RecordRef::Run { namespace, api, slot: slot.parse().ok()? }
-            }
+            "runs" => match two(&scoped(root)) {
+                Some([namespace, api]) => RecordRef::Runs { namespace, api },
+                None => {
+                    let [namespace, api, slot] = segments::<3>(key, &scoped(root))?;
+                    RecordRef::RunSlot { namespace, api, slot: slot.parse().ok()? }
+                }
+            },
             "audit" => RecordRef::Audit(one(&scoped(root))?),
             "rollouts" => RecordRef::Rollout(one(&scoped(root))?),
             "cancelrequests" => {
@@ -269,8 +283,9 @@ mod tests {
             RecordRef::Registration("compute.example.com"),
             RecordRef::Subscription { namespace: "core", api: "compute.example.com" },
             RecordRef::Attempt { namespace: "core", api: "compute.example.com" },
+            RecordRef::Runs { namespace: "core", api: "compute.example.com" },
+            RecordRef::RunSlot { namespace: "core", api: "compute.example.com", slot: 7 },
             RecordRef::RunCursor { namespace: "core", api: "compute.example.com" },
-            RecordRef::Run { namespace: "core", api: "compute.example.com", slot: 7 },
             RecordRef::Audit("fe6c4d"),
             RecordRef::Delivery("0190.subscription.failed.ops"),
             RecordRef::FanoutMarker("compute.example.com"),
@@ -326,8 +341,9 @@ mod tests {
             (RecordRef::Registration(api), Collection::Registrations),
             (RecordRef::Subscription { namespace, api }, Collection::NamespaceSubscriptions(namespace)),
             (RecordRef::Subscription { namespace, api }, Collection::Subscriptions),
-            (RecordRef::Run { namespace, api, slot: 0 }, Collection::SubscriptionRuns { namespace, api }),
-            (RecordRef::Run { namespace, api, slot: 0 }, Collection::Runs),
+            (RecordRef::RunSlot { namespace, api, slot: 0 }, Collection::RunSlots { namespace, api }),
+            (RecordRef::RunSlot { namespace, api, slot: 0 }, Collection::Runs),
+            (RecordRef::Runs { namespace, api }, Collection::Runs),
             (RecordRef::Attempt { namespace, api }, Collection::Attempts),
             (RecordRef::Audit("fe6c4d"), Collection::Audit),
             (RecordRef::Delivery("e.ops"), Collection::Deliveries),
@@ -340,8 +356,10 @@ mod tests {
         // The markers stay outside the deliveries, so the notifier's watch never sees them.
         let marker = layout.key(RecordRef::FanoutMarker(api));
         assert!(!marker.starts_with(&layout.prefix(Collection::Deliveries)));
-        // The run cursor stays outside the runs, so readers of run records never see it.
-        let cursor = layout.key(RecordRef::RunCursor { namespace, api });
-        assert!(!cursor.starts_with(&layout.prefix(Collection::Runs)));
+        // A history's key is outside its earlier slots' prefix, so the
+        // write that deletes them can write it in the same transaction
+        // (etcd refuses a put inside a deleted range).
+        let history = layout.key(RecordRef::Runs { namespace, api });
+        assert!(!history.starts_with(&layout.prefix(Collection::RunSlots { namespace, api })));
     }
 }

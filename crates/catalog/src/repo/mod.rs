@@ -58,7 +58,8 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use thiserror::Error;
 
-use kayra_core::{Run, Subscription};
+use kayra_core::Subscription;
+use kayra_core::run_ring::RunRing;
 use kayra_store::{Compare, JobLock, Op, Revision, Store, Txn};
 
 use crate::cache::AuthCache;
@@ -166,12 +167,18 @@ impl Repository {
     /// The ops that write `rider`.
     fn rider_ops(&self, rider: &Rider<'_>) -> Vec<Op> {
         let (key, value) = match rider {
-            Rider::Run { run, slot } => {
-                let record = RecordRef::Run { namespace: &run.namespace, api: &run.api, slot: *slot };
-                (self.layout.key(record), kayra_core::run_codec::encode(run))
-            }
-            Rider::RunCursor { namespace, api, cursor } => {
-                (self.layout.key(RecordRef::RunCursor { namespace, api }), encode(cursor))
+            Rider::Runs { namespace, api, ring, first } => {
+                let history =
+                    Op::Put { key: self.layout.key(RecordRef::Runs { namespace, api }), value: ring.encode() };
+                if !first {
+                    return vec![history];
+                }
+                // The first history of a subscription replaces the run
+                // records an earlier build kept for it, one a slot, and
+                // that build's run counter.
+                let slots = Op::DeletePrefix { prefix: self.layout.prefix(Collection::RunSlots { namespace, api }) };
+                let cursor = Op::Delete { key: self.layout.key(RecordRef::RunCursor { namespace, api }) };
+                return vec![slots, cursor, history];
             }
             Rider::Audit(record) => return self.audit_ops(record),
             Rider::Delivery(delivery) => (self.layout.key(RecordRef::Delivery(&delivery.id)), encode(delivery)),
@@ -401,7 +408,7 @@ impl Repository {
 
     /// The store keys of what one reconcile job reads fresh under its lock:
     /// the subscription, its registration, its given-up attempt record and
-    /// its run cursor. The lock's own transaction can carry these reads
+    /// its run history (which the result's write rewrites with its run). The lock's own transaction can carry these reads
     /// (`kayra_store::JobLocker::try_lock_and_get`); decode its gets with
     /// [`Repository::decode_job_read`].
     pub fn job_read_keys(&self, namespace: &str, api: &str) -> Vec<String> {
@@ -409,7 +416,7 @@ impl Repository {
             RecordRef::Subscription { namespace, api },
             RecordRef::Registration(api),
             RecordRef::Attempt { namespace, api },
-            RecordRef::RunCursor { namespace, api },
+            RecordRef::Runs { namespace, api },
         ]
         .into_iter()
         .map(|record| self.layout.key(record))
@@ -430,7 +437,14 @@ impl Repository {
             subscription: one(gets, 0)?,
             registration: one(gets, 1)?,
             attempt: one(gets, 2)?.map(|v: Versioned<A>| v.value),
-            cursor: one(gets, 3)?.map(|v: Versioned<RunCursor>| v.value),
+            runs: gets.get(3).and_then(Option::as_ref).map(|kv| {
+                // Runs are history, not state: a history that does not
+                // read is replaced by the next run's, never a job's end.
+                RunRing::decode(&kv.value).unwrap_or_else(|e| {
+                    tracing::warn!(key = %kv.key, error = %e, "run history unreadable; the next run starts it anew");
+                    RunRing::default()
+                })
+            }),
             revision,
         })
     }
@@ -494,9 +508,9 @@ impl Repository {
             let value =
                 serde_json::to_vec(next).map_err(|e| Error::Corrupt { key: key.clone(), message: e.to_string() })?;
             if write.clear_runs {
-                txn = txn.then(Op::DeletePrefix {
-                    prefix: self.layout.prefix(Collection::SubscriptionRuns { namespace, api }),
-                });
+                txn = txn
+                    .then(Op::DeletePrefix { prefix: self.layout.prefix(Collection::RunSlots { namespace, api }) })
+                    .then(Op::Delete { key: self.layout.key(RecordRef::Runs { namespace, api }) });
             }
             txn = txn.then(Op::Put { key, value });
         }
@@ -521,12 +535,11 @@ impl Repository {
 /// (see the module docs). The Repository knows each one's key.
 #[derive(Debug, Clone, Copy)]
 pub enum Rider<'a> {
-    /// A run record (platform §4.4), into ring slot `slot` of its
-    /// subscription's run history.
-    Run { run: &'a Run, slot: u64 },
-    /// The run cursor of a subscription whose result leaves the
-    /// subscription record untouched.
-    RunCursor { namespace: &'a str, api: &'a str, cursor: RunCursor },
+    /// A subscription's run history (platform §4.4) as a run leaves it:
+    /// `ring` replaces the record. `first` when the job read none (an
+    /// earlier build's run records of the subscription, one a ring slot,
+    /// are deleted with it).
+    Runs { namespace: &'a str, api: &'a str, ring: &'a RunRing, first: bool },
     /// The audit record of a catalog change (platform §13), keyed newest
     /// first ([`audit::order_key`]).
     Audit(&'a kayra_core::AuditRecord),
@@ -540,16 +553,6 @@ pub enum Rider<'a> {
     CancelAnswer(&'a cancels::CancelRequest),
 }
 
-/// The reconciler's run counter of one subscription: which ring slot of its
-/// run history the next run takes. Kept where the run's transaction writes
-/// anyway: in the subscription record (`Subscription::runs`) when the
-/// result rewrites it, else here; deleted with the subscription.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, serde::Deserialize)]
-pub struct RunCursor {
-    /// The sequence number of the next run.
-    pub next: u64,
-}
-
 /// What one reconcile job reads fresh under its lock ([`Repository::read_job`]).
 #[derive(Debug, Clone)]
 pub struct JobRead<A> {
@@ -557,7 +560,8 @@ pub struct JobRead<A> {
     pub registration: Option<Versioned<kayra_core::ApiRegistration>>,
     /// The reconciler's given-up attempt record.
     pub attempt: Option<A>,
-    pub cursor: Option<RunCursor>,
+    /// The subscription's run history (`None`: no record yet).
+    pub runs: Option<RunRing>,
     /// The store revision of the read.
     pub revision: Revision,
 }
@@ -571,8 +575,8 @@ pub struct ResultWrite<'a> {
     /// The subscription as the result leaves it; `None` leaves it
     /// untouched (its watchers see no event).
     pub next: Option<&'a Subscription>,
-    /// With `next`, also delete the subscription's run records (a run
-    /// history of 0: older runs go at the next write).
+    /// With `next`, also delete the subscription's run history (a
+    /// `run_history` of 0: older runs go at the next write).
     pub clear_runs: bool,
     /// The job lock the result is fenced by (etcd): the write commits only
     /// while its key exists.
@@ -621,7 +625,7 @@ pub(crate) fn decode<T: DeserializeOwned>(kv: &kayra_store::KeyValue) -> Result<
 
 #[cfg(test)]
 mod tests {
-    use kayra_core::Namespace;
+    use kayra_core::{Namespace, Run};
 
     use super::*;
 
@@ -638,6 +642,15 @@ mod tests {
         Run { id: id.into(), namespace: "core".into(), api: "compute.example.com".into(), ..Run::default() }
     }
 
+    /// A history of the runs `ids`, given newest first.
+    fn history(ids: &[&str]) -> RunRing {
+        RunRing::of(&ids.iter().map(|id| run(id)).collect::<Vec<_>>(), 20)
+    }
+
+    fn rider(ring: &RunRing, first: bool) -> Rider<'_> {
+        Rider::Runs { namespace: "core", api: "compute.example.com", ring, first }
+    }
+
     /// The subscription's run ids, in order.
     async fn runs(repo: &Repository) -> Vec<String> {
         let page = repo.runs_page("core", "compute.example.com", None, 0).await.unwrap();
@@ -649,15 +662,15 @@ mod tests {
     #[tokio::test]
     async fn a_rider_commits_with_its_write_and_only_with_it() {
         let (_dir, repo) = local_repo().await;
-        let first = run("r1");
-        let riding = repo.with_riders(&[Rider::Run { run: &first, slot: 0 }]);
+        let first = history(&["r1"]);
+        let riding = repo.with_riders(&[rider(&first, true)]);
         let ns = Namespace { name: "core".into(), ..Namespace::default() };
         riding.create(RecordRef::Namespace("core"), &ns, "namespace").await.unwrap();
         assert_eq!(runs(&repo).await, ["r1"], "written with the create");
 
         // A write that fails writes none of its riders.
-        let second = run("r2");
-        let riding = repo.with_riders(&[Rider::Run { run: &second, slot: 1 }]);
+        let second = history(&["r2", "r1"]);
+        let riding = repo.with_riders(&[rider(&second, false)]);
         let e = riding.create(RecordRef::Namespace("core"), &ns, "namespace").await.unwrap_err();
         assert!(matches!(e, Error::Conflict(_)), "{e}");
         let e = riding.update(RecordRef::Namespace("core"), &ns, 999, "namespace").await.unwrap_err();
@@ -670,11 +683,11 @@ mod tests {
         // and the Repository's own multi-record transactions.
         riding.modify::<Namespace, _>(RecordRef::Namespace("core"), "namespace", |_| Change::Write).await.unwrap();
         assert_eq!(runs(&repo).await, ["r1", "r2"]);
-        let third = run("r3");
-        repo.with_riders(&[Rider::Run { run: &third, slot: 0 }]).delete_namespace("core").await.unwrap();
-        assert_eq!(runs(&repo).await, ["r2", "r3"], "r3 took r1's slot");
-        let fourth = run("r4");
-        let riding = repo.with_riders(&[Rider::Run { run: &fourth, slot: 1 }]);
+        let third = history(&["r3", "r2"]);
+        repo.with_riders(&[rider(&third, false)]).delete_namespace("core").await.unwrap();
+        assert_eq!(runs(&repo).await, ["r2", "r3"], "r1 went past the history");
+        let fourth = history(&["r4", "r3"]);
+        let riding = repo.with_riders(&[rider(&fourth, false)]);
         assert!(matches!(
             riding.delete(RecordRef::Namespace("core"), None, "namespace").await,
             Err(Error::NotFound(_))
@@ -690,12 +703,15 @@ mod tests {
         let revision = repo.create(RecordRef::Subscription { namespace, api }, &sub, "subscription").await.unwrap();
         let seen = Versioned { value: sub.clone(), revision };
         let next = Subscription { active: true, ..sub.clone() };
-        let record = run("r1");
-        let riders = [Rider::Run { run: &record, slot: 0 }];
-        let cursor = |repo: &Repository| {
-            let repo = repo.clone();
-            async move { repo.get::<RunCursor>(RecordRef::RunCursor { namespace, api }).await.unwrap() }
-        };
+        let first = history(&["r1"]);
+        let riders = [rider(&first, true)];
+        // A run record and run counter an earlier build left: the first
+        // history replaces them.
+        let slot = repo.layout().key(RecordRef::RunSlot { namespace, api, slot: 3 });
+        repo.store().create(&slot, kayra_core::run_codec::encode(&run("r0"))).await.unwrap();
+        let cursor = repo.layout().key(RecordRef::RunCursor { namespace, api });
+        repo.store().create(&cursor, br#"{"next":4}"#.to_vec()).await.unwrap();
+        assert_eq!(runs(&repo).await, ["r0"], "read while there is no history");
 
         // A lock that is no longer held: nothing is written.
         let lock_at = |store_key: &str| JobLock {
@@ -715,7 +731,7 @@ mod tests {
         };
         assert_eq!(repo.write_result(&write, &riders).await.unwrap(), ResultCommit::Fenced);
         assert_eq!(repo.get::<Subscription>(RecordRef::Subscription { namespace, api }).await.unwrap().unwrap(), seen);
-        assert!(runs(&repo).await.is_empty());
+        assert_eq!(runs(&repo).await, ["r0"]);
 
         // Held: the subscription, the run and the lock's delete commit together.
         let held = repo.store().create("/locks/held", Vec::new()).await.unwrap();
@@ -729,24 +745,24 @@ mod tests {
         assert_eq!(stored.value, next);
         assert_eq!(stored.revision, at, "the commit's revision is the subscription's own, riders or not");
         assert_eq!(runs(&repo).await, ["r1"]);
+        assert_eq!(repo.store().get(&slot).await.unwrap().0, None, "the earlier build's record went");
+        assert_eq!(repo.store().get(&cursor).await.unwrap().0, None, "and its run counter");
         assert!(repo.store().get("/locks/held").await.unwrap().0.is_none(), "unlocked in the same transaction");
 
         // Decided on an old revision: stale, and its riders are not written.
-        let second = run("r2");
-        let cursor_rider = Rider::RunCursor { namespace, api, cursor: RunCursor { next: 2 } };
+        let second = history(&["r2", "r1"]);
         let write = ResultWrite { seen: &seen, next: None, clear_runs: false, lock: None, unlock: false, fanout: None };
-        let riders = [Rider::Run { run: &second, slot: 1 }, cursor_rider];
+        let riders = [rider(&second, false)];
         assert_eq!(repo.write_result(&write, &riders).await.unwrap(), ResultCommit::Stale);
-        assert_eq!((runs(&repo).await, cursor(&repo).await), (vec!["r1".to_string()], None));
+        assert_eq!(runs(&repo).await, ["r1"]);
 
-        // Only the run is new: the subscription is left as it is, the cursor counts the run.
+        // Only the run is new: the subscription is left as it is.
         let current = stored;
         let write = ResultWrite { seen: &current, ..write };
         assert!(matches!(repo.write_result(&write, &riders).await.unwrap(), ResultCommit::Committed(_)));
         let stored = repo.get::<Subscription>(RecordRef::Subscription { namespace, api }).await.unwrap().unwrap();
         assert_eq!(stored, current, "the subscription was not rewritten");
         assert_eq!(runs(&repo).await, ["r1", "r2"]);
-        assert_eq!(cursor(&repo).await.map(|c| c.value), Some(RunCursor { next: 2 }));
 
         // A run history of 0: the rewrite clears the runs.
         let last = Subscription { state: kayra_core::SubscriptionState::Error, ..next.clone() };

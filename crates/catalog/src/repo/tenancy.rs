@@ -497,7 +497,8 @@ impl Repository {
                 .otherwise(Op::Get { key: key.clone() })
                 .then(Op::Delete { key: keys::subscriber(p, r, api, namespace) })
                 .then(Op::Delete { key: keys::namespace_subscriber(namespace, p, r, api) })
-                .then(Op::DeletePrefix { prefix: keys::runs(p, r, namespace, api) })
+                .then(Op::Delete { key: keys::runs(p, r, namespace, api) })
+                .then(Op::DeletePrefix { prefix: keys::run_slots(p, r, namespace, api) })
                 .then(Op::Delete { key: keys::run_cursor(p, r, namespace, api) })
                 .then(Op::Delete { key: keys::attempt(p, r, namespace, api) });
             let resp = handle.txn(txn).await?;

@@ -7,7 +7,7 @@
 
 use std::time::Duration;
 
-use kayra_catalog::repo::{RecordRef, Repository, ResultWrite, Versioned};
+use kayra_catalog::repo::{Repository, ResultWrite, Versioned};
 use kayra_core::{Run, RunResult, Subscription, SubscriptionState};
 
 use crate::common::server::Kayra;
@@ -158,8 +158,7 @@ async fn runs_show_as_a_table_and_one_run_as_yaml() {
         ("", "No runs found for the subscription of namespace core to compute.example.com.\n")
     );
     for (n, result) in [(1, RunResult::Success), (2, RunResult::Error)] {
-        let record = RecordRef::Run { namespace: "core", api: API, slot: n };
-        kayra.repo.create(record, &run_record(n, result), "run").await.unwrap();
+        kayra.repo.add_run(&run_record(n, result), 20).await.unwrap();
     }
     let run = kayra.cli.run(&["get", "catalog", "-n", "core", "subscriptions", &format!("{API}/runs")]).await.ok();
     let lines: Vec<&str> = run.stdout.lines().collect();

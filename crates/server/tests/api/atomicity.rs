@@ -133,20 +133,31 @@ both_backends! {
         server.subscribe("core", "compute.example.com").await;
         let (store, repo) = (server.repo.store(), &server.repo);
         let (namespace, api, neighbour) = ("core", "compute.example.com", "compute.example.comx");
+        // Its run history, and run records and a run counter an earlier
+        // build left.
+        let run = |api: &str| kayra_core::Run { id: "r".into(), namespace: namespace.into(), api: api.into(), ..Default::default() };
+        repo.add_run(&run(api), 20).await.unwrap();
         for slot in [1, 2] {
-            store.create(&repo.store_key_of(RecordRef::Run { namespace, api, slot }), b"{}".to_vec()).await.unwrap();
+            store.create(&repo.store_key_of(RecordRef::RunSlot { namespace, api, slot }), b"{}".to_vec()).await.unwrap();
         }
-        let neighbour_run = repo.store_key_of(RecordRef::Run { namespace, api: neighbour, slot: 1 });
+        repo.add_run(&run(neighbour), 20).await.unwrap();
+        let neighbour_run = repo.store_key_of(RecordRef::RunSlot { namespace, api: neighbour, slot: 1 });
         store.create(&neighbour_run, b"{}".to_vec()).await.unwrap();
         let attempt = repo.store_key_of(RecordRef::Attempt { namespace, api });
         store.create(&attempt, b"{}".to_vec()).await.unwrap();
-        let runs = repo.layout().prefix(Collection::SubscriptionRuns { namespace, api });
-        let neighbour = repo.layout().prefix(Collection::SubscriptionRuns { namespace, api: neighbour });
+        let cursor = repo.store_key_of(RecordRef::RunCursor { namespace, api });
+        store.create(&cursor, b"{}".to_vec()).await.unwrap();
+        let history = repo.store_key_of(RecordRef::Runs { namespace, api });
+        let runs = repo.layout().prefix(Collection::RunSlots { namespace, api });
+        let neighbour = repo.store_key_of(RecordRef::Runs { namespace, api: neighbour });
 
         server.delete("/namespaces/core/subscriptions/compute.example.com").await.expect(204);
-        assert!(store.list_all(&runs).await.unwrap().0.is_empty(), "runs deleted with the subscription");
+        assert_eq!(store.get(&history).await.unwrap().0, None, "the run history deleted with the subscription");
+        assert!(store.list_all(&runs).await.unwrap().0.is_empty(), "earlier builds' runs deleted with it");
         assert_eq!(store.get(&attempt).await.unwrap().0, None, "attempt record deleted with the subscription");
-        assert_eq!(store.list_all(&neighbour).await.unwrap().0.len(), 1, "another subscription's runs stay");
+        assert_eq!(store.get(&cursor).await.unwrap().0, None, "an earlier build's run counter too");
+        // Another subscription's runs stay (its key starts with this one's).
+        assert_eq!(store.list_all(&neighbour).await.unwrap().0.len(), 2, "its history and its earlier run");
         // And the registration and the namespace can go now.
         server.delete("/apiregistrations/compute.example.com").await.expect(204);
         server.delete("/namespaces/core").await.expect(204);

@@ -130,8 +130,7 @@ fn hold_run(repo: &Repository, api: &str, id: &str) -> tokio::task::JoinHandle<(
         let mut cancelled: Run = run("core", 7, RunResult::Cancelled);
         cancelled.id.clone_from(&id);
         cancelled.error = request.value.message();
-        let slot = RecordRef::Run { namespace: "core", api: &api, slot: 0 };
-        repo.create(slot, &cancelled, "run").await.expect("store the run");
+        repo.add_run(&cancelled, 20).await.expect("store the run");
         repo.update(record, &request.value.answered(&cancelled), request.revision, "cancel request").await.unwrap();
     })
 }

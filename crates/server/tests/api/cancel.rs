@@ -57,8 +57,7 @@ fn hold(repo: &Repository, id: &str) -> tokio::task::JoinHandle<CancelRequest> {
 }
 
 async fn put_run_record(repo: &Repository, run: &Run) {
-    let record = RecordRef::Run { namespace: &run.namespace, api: &run.api, slot: 0 };
-    repo.create(record, run, "run").await.expect("store the run");
+    repo.add_run(run, 20).await.expect("store the run");
 }
 
 both_backends! {
@@ -104,7 +103,7 @@ both_backends! {
 
     async fn a_finished_run_is_409_and_an_unknown_one_404(server: Server) {
         setup(&server).await;
-        put_run(&server, &run("core", 1, RunResult::Success), 0).await;
+        put_run(&server, &run("core", 1, RunResult::Success)).await;
         let id = run_id(1);
         server.put(&format!("{RUNS}/{id}/cancel"), json!({})).await.error(409, &[&id, "finished", "success"]);
         let unknown = run_id(99);
@@ -131,7 +130,7 @@ both_backends! {
 
     async fn cancelling_needs_subscriptions_cancel_patch(server: Server) {
         setup(&server).await;
-        put_run(&server, &run("core", 1, RunResult::Success), 0).await;
+        put_run(&server, &run("core", 1, RunResult::Success)).await;
         let cancel = format!("{RUNS}/{}/cancel", run_id(1));
         let reader = server.user_with_rules("reader", rule(&["subscriptions", "subscriptions/runs"], &["*"])).await;
         server.call(Method::PUT, &cancel, Some(&reader), Some(json!({}))).await

@@ -6,7 +6,6 @@
 //! only its own records, and a runs watch holds only its subscription's
 //! runs, in a feed that goes with the stream (§17).
 
-use kayra_catalog::repo::RecordRef;
 use kayra_core::{Run, RunResult};
 use reqwest::Method;
 use serde_json::{Value, json};
@@ -26,11 +25,10 @@ pub fn run(namespace: &str, n: u64, result: RunResult) -> Run {
     kayra_testkit::fixtures::run(namespace, API, n, result)
 }
 
-/// Stores `run` as the reconciler would, in ring slot `slot` (a choice of
-/// the reconciler's that readers do not depend on).
-pub async fn put_run(server: &Server, run: &Run, slot: u64) {
-    let record = RecordRef::Run { namespace: &run.namespace, api: &run.api, slot };
-    server.repo.create(record, run, "run").await.expect("store the run");
+/// Stores `run` as the newest of its subscription's run history, as the
+/// reconciler's result would.
+pub async fn put_run(server: &Server, run: &Run) {
+    server.repo.add_run(run, 20).await.expect("store the run");
 }
 
 async fn setup(server: &Server) {
@@ -51,15 +49,14 @@ both_backends! {
     async fn runs_are_listed_newest_first_and_paginated(server: Server) {
         setup(&server).await;
         assert_eq!(server.get(RUNS).await.expect(200), json!({"items": [], "continue": ""}));
-        // Key segments sort opposite to the ids.
         for n in 1..=5u64 {
             let result = if n % 2 == 0 { RunResult::Error } else { RunResult::Success };
-            put_run(&server, &run("core", n, result), 9 - n).await;
+            put_run(&server, &run("core", n, result)).await;
         }
         // Another subscription's runs stay out of this one's list.
         server.namespace("web").await;
         server.subscribe("web", API).await;
-        put_run(&server, &run("web", 9, RunResult::Success), 0).await;
+        put_run(&server, &run("web", 9, RunResult::Success)).await;
 
         let all = server.get(RUNS).await.expect(200);
         assert_eq!(ids(&all), (1..=5).rev().map(run_id).collect::<Vec<_>>());
@@ -90,14 +87,13 @@ both_backends! {
 
     async fn a_page_decodes_only_its_own_runs(server: Server) {
         setup(&server).await;
+        // An older run that no longer decodes (its id still reads): a page
+        // that does not reach it never decodes it.
+        let damaged = kayra_core::run_codec::encode(&run("core", 0, RunResult::Success));
+        server.repo.add_stored_run("core", API, damaged[..1 + 1 + 16 + 3].to_vec(), 20).await.unwrap();
         for n in 1..=3u64 {
-            put_run(&server, &run("core", n, RunResult::Success), n).await;
+            put_run(&server, &run("core", n, RunResult::Success)).await;
         }
-        // An older record that no longer decodes as a run (its id still
-        // reads): a page that does not reach it never decodes it.
-        let key = server.repo.store_key_of(RecordRef::Run { namespace: "core", api: API, slot: 0 });
-        let damaged = json!({"id": run_id(0), "steps": "not a list"}).to_string().into_bytes();
-        server.repo.store().create(&key, damaged).await.unwrap();
         let newest = server.get(&format!("{RUNS}?limit=1")).await.expect(200);
         assert_eq!(ids(&newest), vec![run_id(3)]);
         let page = server.get(&format!("{RUNS}?limit=3")).await.expect(200);
@@ -108,22 +104,27 @@ both_backends! {
 
     async fn a_runs_watch_holds_only_its_subscriptions_runs(server: Server) {
         setup(&server).await;
-        put_run(&server, &run("core", 1, RunResult::Success), 0).await;
-        put_run(&server, &run("core", 2, RunResult::Error), 1).await;
+        put_run(&server, &run("core", 1, RunResult::Success)).await;
+        put_run(&server, &run("core", 2, RunResult::Error)).await;
         // Many runs of other subscriptions.
         server.namespace("web").await;
         server.subscribe("web", API).await;
         for slot in 0..300u64 {
-            put_run(&server, &run("web", 10 + slot, RunResult::Success), slot).await;
+            put_run(&server, &run("web", 10 + slot, RunResult::Success)).await;
         }
         let before = server.hub.held_records();
         let mut events = Events::open(&server, RUNS, &server.admin, false).await;
         events.expect("ADDED", "id", &run_id(1)).await;
         events.expect("ADDED", "id", &run_id(2)).await;
         let held = server.hub.held_records() - before;
-        assert_eq!(held, 2, "the stream's feed holds its subscription's two runs, not the other 300");
-        put_run(&server, &run("core", 3, RunResult::Success), 2).await;
+        assert_eq!(held, 1, "the stream's feed holds its subscription's history, not the other's");
+        put_run(&server, &run("core", 3, RunResult::Success)).await;
         events.expect("ADDED", "id", &run_id(3)).await;
+        // A history kept to two runs: the two oldest leave it.
+        server.repo.add_run(&run("core", 4, RunResult::Success), 2).await.unwrap();
+        events.expect("DELETED", "id", &run_id(1)).await;
+        events.expect("DELETED", "id", &run_id(2)).await;
+        events.expect("ADDED", "id", &run_id(4)).await;
         drop(events);
         eventually("the stream's feed goes with it", || async { server.hub.held_records() == before }).await;
     }
@@ -131,7 +132,7 @@ both_backends! {
     async fn one_run_by_id(server: Server) {
         setup(&server).await;
         let stored = run("core", 7, RunResult::Error);
-        put_run(&server, &stored, 0).await;
+        put_run(&server, &stored).await;
         let got = server.get(&format!("{RUNS}/{}", run_id(7))).await.expect(200);
         assert_eq!(got, serde_json::to_value(&stored).unwrap());
         server.get(&format!("{RUNS}/{}", run_id(8))).await.error(404, &[&run_id(8)]);
@@ -146,7 +147,7 @@ both_backends! {
             .error(404, &["other.example.com"]);
         server.get(&format!("/namespaces/missing/subscriptions/{API}/runs")).await.error(404, &["missing"]);
         // A deleted subscription's leftover runs are not served.
-        put_run(&server, &run("core", 1, RunResult::Success), 0).await;
+        put_run(&server, &run("core", 1, RunResult::Success)).await;
         server.delete(&format!("/namespaces/core/subscriptions/{API}")).await.expect(204);
         server.get(RUNS).await.error(404, &["core", API]);
         server.get(&format!("{RUNS}/{}", run_id(1))).await.error(404, &[API]);
@@ -154,7 +155,7 @@ both_backends! {
 
     async fn runs_need_subscriptions_runs(server: Server) {
         setup(&server).await;
-        put_run(&server, &run("core", 1, RunResult::Success), 0).await;
+        put_run(&server, &run("core", 1, RunResult::Success)).await;
         let one = format!("{RUNS}/{}", run_id(1));
         let reader = server.user_with_rules("reader", rule(&["subscriptions"], &["get", "list"])).await;
         server.call(Method::GET, RUNS, Some(&reader), None).await

@@ -1,0 +1,254 @@
+//! A subscription's run history as one stored record (platform §4.4, §16).
+//!
+//! A subscription keeps its newest `reconciler.run_history` runs. Stored
+//! as a record each, they cost etcd about 103 B of key and bookkeeping a
+//! run before a byte of the run itself (`docs/decisions.md`, "Run records
+//! at a million subscriptions"), which alone is past what a million
+//! subscriptions may take of etcd's 2 GiB. So the runs of one subscription
+//! are one record, its **ring**: the runs newest first, each in the
+//! compact form of [`run_codec`], the whole deflated. The runs of one
+//! subscription repeat their SyncID, mode, reconciler, endpoints and most
+//! of their times, which the compression takes back: twenty placeholder
+//! runs take about 600 B.
+//!
+//! - **Tagged.** The first byte is the format ([`RING_V1`]), apart from a
+//!   single run record's ([`run_codec::COMPACT_V1`]) and JSON's.
+//! - **Bounded.** A ring holds at most [`MAX_RING_BYTES`] of runs (their
+//!   compact form, before compression): past that its oldest runs go,
+//!   whatever `run_history` allows, so a ring always fits one store write
+//!   (etcd takes at most 1.5 MiB a request). The newest run always stays
+//!   (a run is at most [`crate::runs::MAX_RUN_RECORD_BYTES`]). Decoding
+//!   stops at [`MAX_DECODED_BYTES`], so no stored value can make a reader
+//!   inflate more than that.
+//! - **Read in part.** [`RunRing::ids`] reads every run's id without
+//!   decoding the rest, and [`RunRing::run`] decodes one run: a page of
+//!   runs decodes only its own (§17).
+
+use std::io::{Read, Write};
+
+use crate::Run;
+use crate::run_codec::{self, DecodeError};
+
+/// The first byte of a ring in format version 1.
+pub const RING_V1: u8 = 2;
+
+/// The most a ring holds of runs, in their compact form before
+/// compression: sixteen of the largest runs a record may hold.
+pub const MAX_RING_BYTES: usize = 16 * crate::runs::MAX_RUN_RECORD_BYTES;
+
+/// The most a stored ring may inflate to before it is refused as broken.
+pub const MAX_DECODED_BYTES: usize = 4 * MAX_RING_BYTES;
+
+/// A subscription's runs, newest first, each in the compact form of
+/// [`run_codec`] (without its namespace and API: the key says them).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RunRing {
+    records: Vec<Vec<u8>>,
+}
+
+impl RunRing {
+    /// A ring of `runs`, given newest first, as [`RunRing::push`] keeps
+    /// them with `keep` (the generator's and tests' way to plant runs).
+    pub fn of(runs: &[Run], keep: usize) -> Self {
+        let mut ring = RunRing::default();
+        for run in runs.iter().rev() {
+            ring.push(run, keep);
+        }
+        ring
+    }
+
+    /// The ring stored as `bytes`.
+    pub fn decode(bytes: &[u8]) -> Result<Self, DecodeError> {
+        let Some(deflated) = bytes.strip_prefix(&[RING_V1]) else {
+            return Err(DecodeError("not a run history record".into()));
+        };
+        let mut inflated = Vec::new();
+        flate2::read::DeflateDecoder::new(deflated)
+            .take(MAX_DECODED_BYTES as u64 + 1)
+            .read_to_end(&mut inflated)
+            .map_err(|e| DecodeError(e.to_string()))?;
+        if inflated.len() > MAX_DECODED_BYTES {
+            return Err(DecodeError(format!("run history record inflates past {MAX_DECODED_BYTES} bytes")));
+        }
+        let records: Vec<&[u8]> = postcard::from_bytes(&inflated).map_err(|e| DecodeError(e.to_string()))?;
+        Ok(RunRing { records: records.into_iter().map(<[u8]>::to_vec).collect() })
+    }
+
+    /// The ring's stored form.
+    pub fn encode(&self) -> Vec<u8> {
+        let records: Vec<&[u8]> = self.records.iter().map(Vec::as_slice).collect();
+        // Serializing plain data into a Vec cannot fail, nor can
+        // compressing into one.
+        let plain = postcard::to_allocvec(&records).unwrap_or_default();
+        let mut deflate = flate2::write::DeflateEncoder::new(vec![RING_V1], flate2::Compression::default());
+        let _ = deflate.write_all(&plain);
+        deflate.finish().unwrap_or_else(|_| vec![RING_V1])
+    }
+
+    /// Adds `run` as the newest and keeps at most `keep` runs, the newest,
+    /// and at most [`MAX_RING_BYTES`] of them (the newest always).
+    pub fn push(&mut self, run: &Run, keep: usize) {
+        self.push_stored(run_codec::encode(run), keep);
+    }
+
+    /// [`RunRing::push`] of a run already in its compact form (`record`
+    /// is not checked: for tests that plant one that does not decode).
+    #[doc(hidden)]
+    pub fn push_stored(&mut self, record: Vec<u8>, keep: usize) {
+        self.records.insert(0, record);
+        self.records.truncate(keep.max(1));
+        let mut total = 0;
+        let kept = self.records.iter().take_while(|record| {
+            total += record.len();
+            total <= MAX_RING_BYTES
+        });
+        let kept = kept.count().max(1);
+        self.records.truncate(kept);
+    }
+
+    pub fn len(&self) -> usize {
+        self.records.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.records.is_empty()
+    }
+
+    /// Every run's id, newest first, read without the rest of the run
+    /// (`None` for a record whose id does not read).
+    pub fn ids(&self) -> Vec<Option<String>> {
+        self.records.iter().map(|record| run_codec::id(record)).collect()
+    }
+
+    /// Run `index` (0: the newest) of `namespace`'s subscription to `api`.
+    pub fn run(&self, index: usize, namespace: &str, api: &str) -> Option<Result<Run, DecodeError>> {
+        self.records.get(index).map(|record| run_codec::decode(record, namespace, api))
+    }
+
+    /// Every run, newest first.
+    pub fn runs(&self, namespace: &str, api: &str) -> Result<Vec<Run>, DecodeError> {
+        self.records.iter().map(|record| run_codec::decode(record, namespace, api)).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::{RunResult, RunStep, RunTrigger};
+
+    fn run(n: u64, steps: usize) -> Run {
+        let started = 1_780_000_000_000 + n * 60_000;
+        let time = |ms: u64| {
+            humantime::format_rfc3339_millis(std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms)).to_string()
+        };
+        Run {
+            id: uuid::Uuid::now_v7().to_string(),
+            namespace: "tenant-0042".into(),
+            api: "compute.example.com".into(),
+            sync_id: "2026-02-01T00Z".into(),
+            mode: "api".into(),
+            trigger: RunTrigger::Ongoing,
+            result: RunResult::Success,
+            error: String::new(),
+            started_at: time(started),
+            finished_at: time(started + 40 + n % 7),
+            lock_id: (n % 30) as usize,
+            reconciler: "reconciler-7f9c:48211".into(),
+            steps: (0..steps)
+                .map(|index| RunStep {
+                    index,
+                    method: "POST".into(),
+                    endpoint: "https://compute.local.services/api/v1/namespaces/tenant-0042/sync".into(),
+                    is_async: true,
+                    attempts: 1,
+                    status: 202,
+                    error: String::new(),
+                    duration_ms: 20 + n % 13,
+                    outputs: [("JobID".to_string(), format!("{}", 7000 + n))].into(),
+                })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn a_ring_keeps_the_newest_runs_newest_first() {
+        let runs: Vec<Run> = (0..25).map(|n| run(n, 0)).collect();
+        let mut ring = RunRing::default();
+        for run in &runs {
+            ring.push(run, 20);
+        }
+        let decoded = RunRing::decode(&ring.encode()).unwrap();
+        assert_eq!(decoded, ring);
+        let newest_first: Vec<Run> = runs.iter().rev().take(20).cloned().collect();
+        assert_eq!(decoded.runs("tenant-0042", "compute.example.com").unwrap(), newest_first);
+        let ids: Vec<Option<String>> = newest_first.iter().map(|r| Some(r.id.clone())).collect();
+        assert_eq!(decoded.ids(), ids);
+        assert_eq!(decoded.run(3, "tenant-0042", "compute.example.com").unwrap().unwrap(), newest_first[3]);
+        assert!(decoded.run(20, "", "").is_none());
+        assert_eq!(RunRing::of(&newest_first, 20), ring, "planted newest first, as pushed");
+        ring.push(&run(99, 0), 3);
+        assert_eq!(ring.len(), 3, "a smaller history drops the oldest at the next run");
+    }
+
+    /// The reason for the ring: twenty runs in a fraction of twenty records
+    /// (each of which etcd charges about 103 B before its value).
+    #[test]
+    fn twenty_runs_compress_to_a_few_hundred_bytes() {
+        for (steps, most) in [(0, 700), (2, 1400)] {
+            let runs: Vec<Run> = (0..20).map(|n| run(n, steps)).collect();
+            let ring = RunRing::of(&runs, 20).encode();
+            let separate: usize = runs.iter().map(|r| run_codec::encode(r).len()).sum();
+            assert!(ring.len() <= most, "{steps} steps: {} bytes (separately {separate})", ring.len());
+        }
+    }
+
+    #[test]
+    fn a_ring_is_bounded_in_bytes_keeping_the_newest_run() {
+        let mut big = run(0, 0);
+        big.error = "x".repeat(run_codec::encode(&run(0, 0)).len().max(MAX_RING_BYTES / 3));
+        let mut ring = RunRing::default();
+        for n in 0..5 {
+            ring.push(&Run { id: format!("run-{n}"), ..big.clone() }, 1000);
+        }
+        assert_eq!(ring.len(), 2, "three of these are past the bound");
+        assert_eq!(ring.ids()[0].as_deref(), Some("run-4"));
+        let mut huge = big.clone();
+        huge.error = "y".repeat(MAX_RING_BYTES * 2);
+        ring.push(&huge, 1000);
+        assert_eq!(ring.len(), 1, "the newest run stays whatever it weighs");
+        assert_eq!(RunRing::decode(&ring.encode()).unwrap(), ring);
+    }
+
+    #[test]
+    fn what_is_no_ring_is_an_error_not_a_panic() {
+        let bytes = RunRing::of(&[run(1, 1), run(2, 0)], 20).encode();
+        for len in 0..bytes.len() {
+            assert!(RunRing::decode(&bytes[..len]).is_err(), "cut at {len}");
+        }
+        assert!(RunRing::decode(&run_codec::encode(&run(1, 0))).is_err(), "a single run record");
+        assert!(RunRing::decode(b"{}").is_err());
+        // A value that inflates without bound is refused at the bound.
+        let mut bomb = flate2::write::DeflateEncoder::new(vec![RING_V1], flate2::Compression::best());
+        bomb.write_all(&vec![0u8; MAX_DECODED_BYTES + 10]).unwrap();
+        let bomb = bomb.finish().unwrap();
+        assert!(bomb.len() < 10_000);
+        assert!(RunRing::decode(&bomb).unwrap_err().to_string().contains("inflates past"));
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 300, rng_seed: proptest::test_runner::RngSeed::Fixed(34), ..ProptestConfig::default() })]
+
+        /// Any bytes after the tag decode to a ring or an error, never a panic.
+        #[test]
+        fn any_bytes_decode_or_fail(bytes in proptest::collection::vec(any::<u8>(), 0..300)) {
+            let mut tagged = vec![RING_V1];
+            tagged.extend(&bytes);
+            if let Ok(ring) = RunRing::decode(&tagged) {
+                let _ = ring.runs("core", "x.io");
+            }
+            let _ = RunRing::decode(&bytes);
+        }
+    }
+}
