@@ -1,5 +1,6 @@
 //! The unauthenticated operational endpoints: `/healthz` (the process
-//! answers), `/readyz` (and its store answers too), `/metrics`,
+//! answers), `/readyz` (its caches and subscriber index are current and
+//! its store answers), `/metrics`,
 //! `/openapi.json`.
 
 use std::time::Duration;
@@ -25,6 +26,13 @@ pub async fn readyz(State(state): State<AppState>) -> Response {
     if let Some(Err(e)) = state.api.repo.cache().map(|cache| cache.check_current()) {
         tracing::warn!(error = %e, "not ready: the auth caches are not current");
         return ApiError::unavailable(format!("not ready: {e}")).into_response();
+    }
+    // `/status` answers from the subscriber index, 503 until its first
+    // list is in: until then, neither is the process ready (at a million
+    // subscriptions that list takes etcd tens of seconds).
+    if !state.api.hub.subscribers(state.api.repo.layout()).synced() {
+        tracing::info!("not ready: the subscriber index is still listing");
+        return ApiError::unavailable("not ready: the subscriber index is still listing").into_response();
     }
     match tokio::time::timeout(READY_TIMEOUT, state.api.repo.store().revision()).await {
         Ok(Ok(_)) => Json(json!({"status": "ready"})).into_response(),

@@ -704,7 +704,8 @@ pub struct Switched<B> {
 struct Failing {
     left: usize,
     matches: Option<TxnFilter>,
-    snapshot_delay: Duration,
+    /// Snapshots of prefixes under `.0` take at least `.1`.
+    snapshot_delay: Option<(String, Duration)>,
 }
 
 type TxnFilter = Box<dyn Fn(&Txn) -> bool + Send + Sync>;
@@ -734,10 +735,10 @@ impl FeedSwitch {
         failing.matches = Some(Box::new(matches));
     }
 
-    /// Makes every snapshot (a watcher's list) take at least `delay`, as a
-    /// large prefix does.
-    pub fn delay_snapshots(&self, delay: Duration) {
-        self.1.lock().unwrap_or_else(PoisonError::into_inner).snapshot_delay = delay;
+    /// Makes every snapshot (a watcher's list) of a prefix under `under`
+    /// take at least `delay`, as a large prefix does.
+    pub fn delay_snapshots(&self, under: &str, delay: Duration) {
+        self.1.lock().unwrap_or_else(PoisonError::into_inner).snapshot_delay = Some((under.into(), delay));
     }
 
     /// How many of the transactions [`FeedSwitch::fail_txns`] asked for are
@@ -816,7 +817,10 @@ impl<B: Backend> Backend for Switched<B> {
         self.inner.group_limits()
     }
     async fn snapshot(&self, prefix: &str) -> Result<(Vec<KeyValue>, Revision)> {
-        let delay = self.failing.lock().unwrap_or_else(PoisonError::into_inner).snapshot_delay;
+        let delay = match &self.failing.lock().unwrap_or_else(PoisonError::into_inner).snapshot_delay {
+            Some((under, delay)) if prefix.starts_with(under.as_str()) => *delay,
+            _ => Duration::ZERO,
+        };
         tokio::time::sleep(delay).await;
         self.inner.snapshot(prefix).await
     }
@@ -939,12 +943,12 @@ pub async fn a_list_longer_than_the_request_timeout_still_lists(store: Store, sw
     for i in 0..3 {
         store.create(&format!("/long/{i}"), b"v".to_vec()).await.expect("create");
     }
-    switch.delay_snapshots(timeout * 3);
+    switch.delay_snapshots("", timeout * 3);
     let mut watcher = store.watcher("/long/");
     let mut view = BTreeMap::new();
     let listed = tokio::time::timeout(Duration::from_secs(30), follow_until(&mut watcher, &mut view, |v| v.len() == 3));
     assert!(listed.await.is_ok(), "a list three request timeouts long never completed");
-    switch.delay_snapshots(Duration::ZERO);
+    switch.delay_snapshots("", Duration::ZERO);
     store.create("/long/after", b"v".to_vec()).await.expect("create");
     follow_until(&mut watcher, &mut view, |v| v.contains_key("/long/after")).await;
 }

@@ -114,6 +114,24 @@ both_backends! {
     }
 }
 
+/// `/readyz` waits for the subscriber index `/status` answers from: while
+/// its first list is on its way (slow here, as a million subscriptions
+/// make it), the process is not ready; once it says ready, `/status`
+/// answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readiness_waits_for_the_subscriber_index() {
+    let slow = Duration::from_secs(5);
+    let (server, _switch, _client) =
+        Server::start_switched_with(|switch| switch.delay_snapshots("/subscriptions/", slow)).await;
+    server.registration("compute.example.com", json!({})).await;
+    server.call(Method::GET, "/readyz", None, None).await.error(503, &["subscriber index"]);
+    kayra_testkit::eventually("ready", || async {
+        server.call(Method::GET, "/readyz", None, None).await.status == 200
+    })
+    .await;
+    server.get("/apiregistrations/compute.example.com/status").await.expect(200);
+}
+
 /// `/readyz` follows the store: 503 while etcd is down, ready again once
 /// it is back. `/healthz` only says the process answers.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

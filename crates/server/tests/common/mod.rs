@@ -156,11 +156,20 @@ impl Server {
     /// lost connection would (`kayra_store::testsuite::Switched`), and a
     /// client of that etcd (to compact it, say).
     pub async fn start_switched() -> (Server, kayra_store::testsuite::FeedSwitch, etcd_client::Client) {
+        Self::start_switched_with(|_| {}).await
+    }
+
+    /// [`Server::start_switched`], with `prepare` applied to the switch
+    /// before the server starts (a list made slow from its first).
+    pub async fn start_switched_with(
+        prepare: impl FnOnce(&kayra_store::testsuite::FeedSwitch),
+    ) -> (Server, kayra_store::testsuite::FeedSwitch, etcd_client::Client) {
         let etcd = kayra_testkit::Etcd::start().await;
         let etcd_config = etcd.config("/kayra");
         let client = etcd.client().await;
         let connected = kayra_store::etcd::EtcdStore::connect(&etcd_config).await.expect("connect to etcd");
         let (switched, switch) = kayra_store::testsuite::Switched::new(connected);
+        prepare(&switch);
         let mut config = Config { database: DatabaseConfig::etcd(etcd_config), ..Config::default() };
         config.auth.bootstrap_token = "test-bootstrap-token-0123456789abcdef".into();
         let keep = Arc::new(Keep::Etcd(Box::new(tokio::sync::Mutex::new(etcd))));
