@@ -119,6 +119,9 @@ fn etcdctl(endpoint: &str, args: &[&str]) -> anyhow::Result<serde_json::Value> {
     let out = std::process::Command::new("etcdctl")
         .env("ETCDCTL_API", "3")
         .arg(format!("--endpoints={endpoint}"))
+        // A defragmentation of a million subscriptions' store takes longer
+        // than etcdctl's default 5 s.
+        .arg("--command-timeout=10m")
         .args(args)
         .output()
         .context("run etcdctl (apt-get install -y etcd-client)")?;
