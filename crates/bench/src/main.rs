@@ -75,6 +75,9 @@ struct Args {
     /// Only the console's `/status` figures (`console.rs`).
     #[arg(long)]
     console_only: bool,
+    /// Subscribers of the one API the console's `/status` figures read.
+    #[arg(long, default_value_t = 10_000)]
+    console_subscribers: usize,
     /// Also measure a real `kayra serve`'s RSS over a large store, running this binary.
     #[arg(long)]
     memory: Option<std::path::PathBuf>,
@@ -154,8 +157,10 @@ async fn main() -> anyhow::Result<()> {
     println!("| backend | measurement | p50 ms | p99 ms | ratio |");
     println!("|---|---|---:|---:|---|");
     let console_dir = tempfile::tempdir()?;
-    console::run("local", kayra_config::DatabaseConfig::local(kayra_testkit::local_config(console_dir.path()))).await?;
-    console::run("etcd", kayra_config::DatabaseConfig::etcd(etcd.config("/console"))).await?;
+    let n = args.console_subscribers;
+    console::run("local", kayra_config::DatabaseConfig::local(kayra_testkit::local_config(console_dir.path())), n)
+        .await?;
+    console::run("etcd", kayra_config::DatabaseConfig::etcd(etcd.config("/console")), n).await?;
     if let Some(binary) = &args.memory {
         serve::memory(&kayra_config::DatabaseConfig::etcd(etcd.config("/memory")), binary).await?;
     }
