@@ -37,10 +37,39 @@ pub struct Attempt {
     pub cancelled: bool,
 }
 
+/// What a decision reads of a subscription: a whole record (a job's fresh
+/// read) and the view's compact entry ([`crate::view::SubscriberRef`])
+/// answer alike.
+pub trait SubscriptionFacts {
+    fn namespace(&self) -> &str;
+    fn active(&self) -> bool;
+    fn state(&self) -> SubscriptionState;
+    fn current_sync_id(&self) -> &str;
+    /// Active and at `expected_sync_id` ([`Subscription::is_synced`]).
+    fn is_synced(&self, expected_sync_id: &str) -> bool {
+        self.active() && self.current_sync_id() == expected_sync_id
+    }
+}
+
+impl SubscriptionFacts for Subscription {
+    fn namespace(&self) -> &str {
+        &self.namespace
+    }
+    fn active(&self) -> bool {
+        self.active
+    }
+    fn state(&self) -> SubscriptionState {
+        self.state
+    }
+    fn current_sync_id(&self) -> &str {
+        &self.current_sync_id
+    }
+}
+
 /// What a decision is made on: records with the revisions they were read at.
-#[derive(Debug, Clone, Copy)]
-pub struct Observed<'a> {
-    pub subscription: Option<(&'a Subscription, Revision)>,
+#[derive(Debug)]
+pub struct Observed<'a, S = Subscription> {
+    pub subscription: Option<(&'a S, Revision)>,
     pub registration: Option<(&'a ApiRegistration, Revision)>,
     /// The last given-up attempt on this subscription, if any.
     pub given_up: Option<&'a Attempt>,
@@ -48,6 +77,14 @@ pub struct Observed<'a> {
     /// [`holds`]).
     pub held: bool,
 }
+
+impl<S> Clone for Observed<'_, S> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<S> Copy for Observed<'_, S> {}
 
 /// Why nothing is to be done.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -78,7 +115,7 @@ pub enum Decision {
 
 /// `ensureReconciled`'s question. `startup` is reconcileExisting, which
 /// retries every record unconditionally (seed), given-up ones included.
-pub fn decide(observed: &Observed<'_>, startup: bool) -> Decision {
+pub fn decide<S: SubscriptionFacts>(observed: &Observed<'_, S>, startup: bool) -> Decision {
     let Some((sub, sub_rev)) = observed.subscription else { return Decision::Nothing(Idle::Gone) };
     let Some((reg, reg_rev)) = observed.registration else { return Decision::Nothing(Idle::NoRegistration) };
     if sub.is_synced(&reg.sync_id) {
@@ -90,7 +127,7 @@ pub fn decide(observed: &Observed<'_>, startup: bool) -> Decision {
     if observed.held {
         return Decision::Nothing(Idle::Held);
     }
-    Decision::Reconcile { sync_id: reg.sync_id.clone(), activate: !sub.active }
+    Decision::Reconcile { sync_id: reg.sync_id.clone(), activate: !sub.active() }
 }
 
 /// Whether a rollout holds `sub` back from the fan-out toward `reg`'s
@@ -99,12 +136,12 @@ pub fn decide(observed: &Observed<'_>, startup: bool) -> Decision {
 /// While the registration has a policy but no rollout of its SyncID has
 /// started yet (the reconcilers are about to start one), everyone behind
 /// waits for it.
-pub fn holds(reg: &ApiRegistration, sub: &Subscription, rollout: Option<&RolloutRecord>) -> bool {
-    if reg.rollout.is_none() || !sub.active || sub.current_sync_id.is_empty() || sub.is_synced(&reg.sync_id) {
+pub fn holds<S: SubscriptionFacts>(reg: &ApiRegistration, sub: &S, rollout: Option<&RolloutRecord>) -> bool {
+    if reg.rollout.is_none() || !sub.active() || sub.current_sync_id().is_empty() || sub.is_synced(&reg.sync_id) {
         return false;
     }
     match rollout {
-        Some(r) if r.rollout.sync_id == reg.sync_id => !r.releases(&sub.namespace),
+        Some(r) if r.rollout.sync_id == reg.sync_id => !r.releases(sub.namespace()),
         _ => true,
     }
 }
@@ -114,11 +151,16 @@ pub fn holds(reg: &ApiRegistration, sub: &Subscription, rollout: Option<&Rollout
 /// activated is retried only by a write to itself: the seed's ongoing
 /// action "never retries one that failed to activate" on a registration
 /// write (docs/decisions.md, "Where the seed reads two ways").
-pub(crate) fn gave_up_on(attempt: &Attempt, sub: &Subscription, sub_rev: Revision, reg_rev: Revision) -> bool {
+pub(crate) fn gave_up_on<S: SubscriptionFacts>(
+    attempt: &Attempt,
+    sub: &S,
+    sub_rev: Revision,
+    reg_rev: Revision,
+) -> bool {
     if attempt.cancelled {
         return attempt.subscription_revision == sub_rev && attempt.registration_revision == reg_rev;
     }
-    attempt.subscription_revision == sub_rev && (!sub.active || attempt.registration_revision == reg_rev)
+    attempt.subscription_revision == sub_rev && (!sub.active() || attempt.registration_revision == reg_rev)
 }
 
 /// How one reconcile ended.

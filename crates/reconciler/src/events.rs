@@ -15,11 +15,12 @@ use futures::stream::BoxStream;
 use kayra_catalog::repo::{Collection, Layout, RecordRef, Repository};
 use kayra_core::rollout::RolloutRecord;
 use kayra_core::{ApiRegistration, Namespace, RunTrigger, Subscription};
-use kayra_store::reflector::{Reflected, reflect};
+use kayra_store::reflector::{Reflected, reflect, reflect_into};
 use kayra_store::{KeyValue, Revision};
 
 use crate::decide::{Attempt, Decision};
 use crate::queue::{Cause, Class, JobKey};
+use crate::view::Subscribers;
 use crate::{METRIC_WATCH_EVENTS, Reconciler, ensure};
 
 /// What the reconciler keeps of a namespace.
@@ -43,7 +44,8 @@ pub(crate) struct GivenUp {
 pub(crate) enum Update {
     Namespace(Reflected<NamespaceState>),
     Registration(Reflected<ApiRegistration>),
-    Subscription(Reflected<Subscription>),
+    /// A list gathers straight into the view's compact form.
+    Subscription(Reflected<Subscription, Subscribers>),
     Attempt(Reflected<GivenUp>),
     Rollout(Reflected<RolloutRecord>),
 }
@@ -99,7 +101,7 @@ impl Update {
 
     /// Whether this is one change (a put or a delete), for the metrics.
     fn is_change(&self) -> bool {
-        fn change<T>(r: &Reflected<T>) -> bool {
+        fn change<T, L>(r: &Reflected<T, L>) -> bool {
             matches!(r, Reflected::Applied { .. } | Reflected::Deleted { .. })
         }
         match self {
@@ -128,7 +130,7 @@ pub(crate) fn updates(repo: &Repository) -> BoxStream<'static, Update> {
     let watch = |collection| store.watcher(&layout.prefix(collection));
     let namespaces = reflect(watch(Collection::Namespaces), namespace_state);
     let registrations = reflect(watch(Collection::Registrations), json::<ApiRegistration>);
-    let subscriptions = reflect(watch(Collection::Subscriptions), json::<Subscription>);
+    let subscriptions = reflect_into::<_, Subscribers>(watch(Collection::Subscriptions), json::<Subscription>);
     let given_up = {
         let layout = layout.clone();
         reflect(watch(Collection::Attempts), move |kv| {
@@ -225,7 +227,7 @@ impl Reconciler {
         // their jobs (first syncs included) run again toward this one. A
         // superseded first sync is still an activation.
         for namespace in self.worker.supersede(&name, &sync_id) {
-            let first = self.view().subscription(&namespace, &name).is_none_or(|(sub, _)| !sub.active);
+            let first = self.view().subscription(&namespace, &name).is_none_or(|sub| !sub.active);
             let class = if first { Class::Activation } else { Class::Ongoing };
             let key = JobKey::subscription(namespace, name.clone());
             self.queue.add(key, Cause::new(RunTrigger::Ongoing), class);
@@ -243,10 +245,10 @@ impl Reconciler {
         }
     }
 
-    fn on_subscription(&mut self, event: Reflected<Subscription>) {
+    fn on_subscription(&mut self, event: Reflected<Subscription, Subscribers>) {
         match event {
             Reflected::Listed { items, .. } => {
-                self.view().replace_subscriptions(items.into_iter().map(|i| (i.value, i.revision)).collect());
+                self.view().replace_subscribers(items);
                 self.forget_orphaned_given_up();
             }
             Reflected::Applied { value: Some(sub), revision, .. } => self.subscription_put(sub, revision),
@@ -278,7 +280,7 @@ impl Reconciler {
         let resync = sub.resync_requested;
         let (decision, own_write) = {
             let mut view = self.view();
-            let own_write = view.subscription(&namespace, &api).is_some_and(|(_, seen)| *seen >= revision);
+            let own_write = view.subscription(&namespace, &api).is_some_and(|seen| seen.revision >= revision);
             view.put_subscription(sub, revision);
             (view.decide(&namespace, &api, false), own_write)
         };

@@ -81,9 +81,9 @@ fn completed_with(view: &View, api: &str, last: Option<(&str, bool)>) -> Option<
     let mut synced = 0;
     let mut failed = Vec::new();
     let mut found_last = false;
-    for (namespace, (sub, _)) in view.subscribers_of(api) {
+    for (namespace, sub) in view.subscribers_of(api) {
         let done = match last {
-            Some((ns, outcome)) if ns == namespace.as_str() => {
+            Some((ns, outcome)) if ns == namespace => {
                 found_last = true;
                 Some(outcome)
             }
@@ -95,7 +95,7 @@ fn completed_with(view: &View, api: &str, last: Option<(&str, bool)>) -> Option<
         };
         match done? {
             true => synced += 1,
-            false => failed.push(namespace.clone()),
+            false => failed.push(namespace.to_string()),
         }
     }
     if last.is_some() && !found_last {

@@ -67,7 +67,6 @@ use kayra_pipeline::{Pipelines, ValidationError};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use decide::Decision;
 use ensure::{FaultHook, JobEnd, Prepared, SyncNote, Worker};
 use events::Resource;
 use locks::JobLocks;
@@ -320,11 +319,9 @@ impl Reconciler {
         for name in view.inactive_namespaces() {
             self.queue.add(JobKey::Namespace(name), cause, Class::Activation);
         }
-        for (ns, api) in view.subscription_keys() {
-            if let Decision::Reconcile { activate, .. } = view.decide(&ns, &api, startup) {
-                let class = if activate { Class::Activation } else { Class::Ongoing };
-                self.queue.add(JobKey::subscription(ns, api), cause, class);
-            }
+        for (ns, api, activate) in view.to_reconcile(startup) {
+            let class = if activate { Class::Activation } else { Class::Ongoing };
+            self.queue.add(JobKey::subscription(ns, api), cause, class);
         }
     }
 }

@@ -68,8 +68,8 @@ pub const METRIC_ROLLOUTS: &str = "kayra_rollouts";
 pub(crate) fn released(view: &View, api: &str) -> Vec<String> {
     let mut out: Vec<String> = view
         .subscribers_of(api)
-        .filter(|(ns, (sub, _))| sub.active && matches!(view.decide(ns, api, false), Decision::Reconcile { .. }))
-        .map(|(ns, _)| ns.clone())
+        .filter(|(ns, sub)| sub.active && matches!(view.decide(ns, api, false), Decision::Reconcile { .. }))
+        .map(|(ns, _)| ns.to_string())
         .collect();
     out.sort();
     out
@@ -88,7 +88,7 @@ pub fn counts(view: &View, record: &RolloutRecord) -> Vec<Counts> {
         .map(|wave| {
             let mut c = Counts::default();
             for ns in &wave.namespaces {
-                let Some((sub, _)) = view.subscription(ns, api) else { continue };
+                let Some(sub) = view.subscription(ns, api) else { continue };
                 if sub.is_synced(sync_id) {
                     c.synced += 1;
                 } else if current
@@ -110,20 +110,20 @@ pub fn counts(view: &View, record: &RolloutRecord) -> Vec<Counts> {
 fn wave_pending(view: &View, record: &RolloutRecord) -> bool {
     let (api, sync_id) = (&record.rollout.api, &record.rollout.sync_id);
     let Some(wave) = record.records.get(record.rollout.wave) else { return false };
-    let done = |ns: &str, sub: &kayra_core::Subscription| {
+    let done = |ns: &str, sub: &crate::view::Subscriber| {
         sub.is_synced(sync_id)
             || (sub.state == SubscriptionState::Error
                 && view.decide(ns, api, false) == Decision::Nothing(Idle::GivenUp))
     };
-    wave.namespaces.iter().any(|ns| view.subscription(ns, api).is_some_and(|(sub, _)| !done(ns, sub)))
+    wave.namespaces.iter().any(|ns| view.subscription(ns, api).is_some_and(|sub| !done(ns, sub)))
 }
 
 /// The subscribers a new rollout of `reg`'s SyncID takes: active and not
 /// at it, with their namespaces' labels.
 fn behind(view: &View, reg: &ApiRegistration) -> Vec<(String, BTreeMap<String, String>)> {
     view.subscribers_of(&reg.name)
-        .filter(|(_, (sub, _))| sub.active && sub.current_sync_id != reg.sync_id)
-        .map(|(ns, _)| (ns.clone(), view.namespace_labels(ns).cloned().unwrap_or_default()))
+        .filter(|(_, sub)| sub.active && sub.current_sync_id() != reg.sync_id)
+        .map(|(ns, _)| (ns.to_string(), view.namespace_labels(ns).cloned().unwrap_or_default()))
         .collect()
 }
 

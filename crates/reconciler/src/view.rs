@@ -8,14 +8,177 @@
 //! scan. Jobs feed their own writes back into it so that a job run again
 //! right after its own write does not wait for the watch to echo it.
 //! Updates are revision-monotonic: an older record never replaces a newer.
+//!
+//! # Memory
+//! A deployment has up to a million subscriptions (platform §16), so the
+//! view keeps of each only what [`decide`] and the fan-out read
+//! ([`Subscriber`]: `active`, `state`, `current_sync_id` and the revision),
+//! keyed by API, then namespace; the namespace, API and SyncID strings are
+//! interned (one allocation each, shared by every subscription naming
+//! them). A list gathers straight into that form ([`Subscribers`] is the
+//! store reflector's [`Gather`]), so a restart never holds the list as
+//! decoded records too.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::sync::Arc;
 
 use kayra_core::rollout::RolloutRecord;
-use kayra_core::{ApiRegistration, Subscription};
+use kayra_core::{ApiRegistration, Subscription, SubscriptionState};
 use kayra_store::Revision;
+use kayra_store::reflector::{Gather, Item};
 
-use crate::decide::{Attempt, Decision, Idle, Observed, decide, holds};
+use crate::decide::{Attempt, Decision, Idle, Observed, SubscriptionFacts, decide, holds};
+
+/// What the view keeps of one subscription: what [`decide`] reads of it,
+/// and the revision it was seen at. Its namespace and API are its keys in
+/// [`Subscribers`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Subscriber {
+    /// Interned ([`Subscribers`]).
+    current_sync_id: Arc<str>,
+    pub revision: Revision,
+    pub active: bool,
+    pub state: SubscriptionState,
+}
+
+impl Subscriber {
+    pub fn current_sync_id(&self) -> &str {
+        &self.current_sync_id
+    }
+
+    /// Active and at `expected_sync_id` ([`Subscription::is_synced`]).
+    pub fn is_synced(&self, expected_sync_id: &str) -> bool {
+        self.active && *self.current_sync_id == *expected_sync_id
+    }
+}
+
+/// A [`Subscriber`] with its namespace: what [`decide`] reads.
+#[derive(Debug, Clone, Copy)]
+pub struct SubscriberRef<'a> {
+    pub namespace: &'a str,
+    pub subscriber: &'a Subscriber,
+}
+
+impl SubscriptionFacts for SubscriberRef<'_> {
+    fn namespace(&self) -> &str {
+        self.namespace
+    }
+    fn active(&self) -> bool {
+        self.subscriber.active
+    }
+    fn state(&self) -> SubscriptionState {
+        self.subscriber.state
+    }
+    fn current_sync_id(&self) -> &str {
+        &self.subscriber.current_sync_id
+    }
+}
+
+/// Strings shared by many entries, one allocation each. Strings nothing
+/// else holds any more (a deleted namespace, a SyncID everyone moved past)
+/// are forgotten once the set has doubled since it was last swept, so
+/// interning stays O(1) amortized and the set bounded by what is in use.
+#[derive(Debug, Default)]
+struct Interner {
+    set: HashSet<Arc<str>>,
+    /// The set's size after the last sweep.
+    swept: usize,
+}
+
+impl Interner {
+    /// Fewest strings before a sweep is worth it.
+    const SWEEP_MIN: usize = 1024;
+
+    fn intern(&mut self, s: &str) -> Arc<str> {
+        if let Some(found) = self.set.get(s) {
+            return found.clone();
+        }
+        if self.set.len() >= 2 * self.swept.max(Self::SWEEP_MIN) {
+            self.sweep();
+        }
+        let new: Arc<str> = Arc::from(s);
+        self.set.insert(new.clone());
+        new
+    }
+
+    fn sweep(&mut self) {
+        self.set.retain(|s| Arc::strong_count(s) > 1);
+        self.swept = self.set.len();
+    }
+}
+
+/// Every subscription the view knows of: api → namespace → [`Subscriber`],
+/// the strings interned. Also what a list of subscriptions gathers into
+/// ([`Gather`]): the map a restart builds is the one the view keeps.
+#[derive(Debug, Default)]
+pub struct Subscribers {
+    by_api: HashMap<Arc<str>, HashMap<Arc<str>, Subscriber>>,
+    strings: Interner,
+}
+
+impl Subscribers {
+    fn get(&self, namespace: &str, api: &str) -> Option<&Subscriber> {
+        self.by_api.get(api)?.get(namespace)
+    }
+
+    /// Keeps `sub` as of `revision` unless an entry as new or newer is
+    /// there; true when kept.
+    fn put(&mut self, sub: &Subscription, revision: Revision) -> bool {
+        if self.get(&sub.namespace, &sub.api).is_some_and(|seen| seen.revision >= revision) {
+            return false;
+        }
+        let subscriber = Subscriber {
+            current_sync_id: self.strings.intern(&sub.current_sync_id),
+            revision,
+            active: sub.active,
+            state: sub.state,
+        };
+        let namespace = self.strings.intern(&sub.namespace);
+        match self.by_api.get_mut(sub.api.as_str()) {
+            Some(subs) => {
+                subs.insert(namespace, subscriber);
+            }
+            None => {
+                let api = self.strings.intern(&sub.api);
+                self.by_api.entry(api).or_default().insert(namespace, subscriber);
+            }
+        }
+        true
+    }
+
+    fn remove(&mut self, namespace: &str, api: &str) {
+        if let Some(subs) = self.by_api.get_mut(api) {
+            subs.remove(namespace);
+            if subs.is_empty() {
+                self.by_api.remove(api);
+            }
+        }
+    }
+
+    /// `api`'s subscribers: (namespace, subscriber).
+    fn of<'a>(&'a self, api: &str) -> impl Iterator<Item = (&'a str, &'a Subscriber)> + 'a {
+        self.by_api.get(api).into_iter().flatten().map(|(ns, sub)| (&**ns, sub))
+    }
+
+    /// How many subscriptions are kept.
+    pub fn len(&self) -> usize {
+        self.by_api.values().map(HashMap::len).sum()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.by_api.is_empty()
+    }
+}
+
+impl Gather<Subscription> for Subscribers {
+    fn gather(&mut self, item: Item<Subscription>) {
+        self.put(&item.value, item.revision);
+    }
+
+    fn finish(&mut self) {
+        self.strings.sweep();
+    }
+}
 
 /// What the view keeps of a namespace.
 #[derive(Debug, Default)]
@@ -27,8 +190,8 @@ struct NamespaceEntry {
 
 #[derive(Debug, Default)]
 pub struct View {
-    /// api → namespace → (subscription, revision).
-    subscribers: HashMap<String, HashMap<String, (Subscription, Revision)>>,
+    /// api → namespace → what is kept of the subscription.
+    subscribers: Subscribers,
     /// api → (registration, revision).
     registrations: HashMap<String, (ApiRegistration, Revision)>,
     /// (namespace, api) → the given-up attempt.
@@ -47,7 +210,7 @@ pub struct View {
     /// by every change that can move [`View::done`], so that whether a
     /// result is a fan-out's last is one lookup, not a walk. A rollout
     /// cannot: it only holds subscribers that are not done either way.
-    open: Option<HashMap<String, HashSet<String>>>,
+    open: Option<HashMap<Arc<str>, HashSet<Arc<str>>>>,
 }
 
 impl View {
@@ -105,13 +268,19 @@ impl View {
 
     /// Replaces every subscription (a complete list): those not in it are gone.
     pub fn replace_subscriptions(&mut self, subscriptions: Vec<(Subscription, Revision)>) {
-        self.all_dirty = true;
-        self.subscribers.clear();
-        let tracked = self.open.take();
+        let mut listed = Subscribers::default();
         for (sub, rev) in subscriptions {
-            self.put_subscription(sub, rev);
+            listed.put(&sub, rev);
         }
-        self.open = tracked;
+        self.replace_subscribers(listed);
+    }
+
+    /// Replaces every subscription with a complete list gathered as
+    /// [`Subscribers`]: those not in it are gone.
+    pub fn replace_subscribers(&mut self, listed: Subscribers) {
+        self.all_dirty = true;
+        self.subscribers = listed;
+        // The open sets are rebuilt from the new list, with its strings.
         self.reopen_all();
     }
 
@@ -140,30 +309,24 @@ impl View {
 
     pub fn put_subscription(&mut self, sub: Subscription, revision: Revision) {
         self.mark(&sub.api);
-        let subs = self.subscribers.entry(sub.api.clone()).or_default();
-        match subs.get(&sub.namespace) {
-            Some((_, seen)) if *seen >= revision => {}
-            _ => {
-                let (namespace, api) = (sub.namespace.clone(), sub.api.clone());
-                subs.insert(sub.namespace.clone(), (sub, revision));
-                self.reopen(&namespace, &api);
-            }
+        if self.subscribers.put(&sub, revision) {
+            self.reopen(&sub.namespace, &sub.api);
         }
     }
 
     pub fn delete_subscription(&mut self, namespace: &str, api: &str) {
         self.mark(api);
-        if let Some(subs) = self.subscribers.get_mut(api) {
-            subs.remove(namespace);
-            if subs.is_empty() {
-                self.subscribers.remove(api);
-            }
-        }
+        self.subscribers.remove(namespace, api);
         self.reopen(namespace, api);
     }
 
-    pub fn subscription(&self, namespace: &str, api: &str) -> Option<&(Subscription, Revision)> {
-        self.subscribers.get(api)?.get(namespace)
+    pub fn subscription(&self, namespace: &str, api: &str) -> Option<&Subscriber> {
+        self.subscribers.get(namespace, api)
+    }
+
+    /// How many subscriptions the view holds.
+    pub fn subscription_count(&self) -> usize {
+        self.subscribers.len()
     }
 
     pub fn put_registration(&mut self, reg: ApiRegistration, revision: Revision) {
@@ -240,15 +403,15 @@ impl View {
 
     /// Whether a rollout holds `namespace`'s subscription to `api` back (§12).
     pub fn held(&self, namespace: &str, api: &str) -> bool {
-        let (Some((sub, _)), Some((reg, _))) = (self.subscription(namespace, api), self.registration(api)) else {
+        let (Some(subscriber), Some((reg, _))) = (self.subscription(namespace, api), self.registration(api)) else {
             return false;
         };
-        holds(reg, sub, self.rollout(api).map(|(r, _)| r))
+        holds(reg, &SubscriberRef { namespace, subscriber }, self.rollout(api).map(|(r, _)| r))
     }
 
-    /// `api`'s subscribers: namespace → (subscription, revision).
-    pub fn subscribers_of(&self, api: &str) -> impl Iterator<Item = (&String, &(Subscription, Revision))> {
-        self.subscribers.get(api).into_iter().flatten()
+    /// `api`'s subscribers: (namespace, what is kept of the subscription).
+    pub fn subscribers_of<'a>(&'a self, api: &str) -> impl Iterator<Item = (&'a str, &'a Subscriber)> + 'a {
+        self.subscribers.of(api)
     }
 
     fn mark(&mut self, api: &str) {
@@ -267,12 +430,31 @@ impl View {
         dirty
     }
 
+    /// Every subscription with anything to do ([`View::decide`]), as
+    /// (namespace, api, whether its job is an activation), in key order.
+    /// Only those are copied out: a restart over a million converged
+    /// subscriptions allocates nothing for each of them.
+    pub fn to_reconcile(&self, startup: bool) -> Vec<(String, String, bool)> {
+        let mut out: Vec<(&str, &str, bool)> = Vec::new();
+        for (api, subs) in &self.subscribers.by_api {
+            for ns in subs.keys() {
+                if let Decision::Reconcile { activate, .. } = self.decide(ns, api, startup) {
+                    out.push((ns, api, activate));
+                }
+            }
+        }
+        out.sort_unstable();
+        out.into_iter().map(|(ns, api, activate)| (ns.to_string(), api.to_string(), activate)).collect()
+    }
+
     /// Every subscription as (namespace, api).
+    #[cfg(test)]
     pub fn subscription_keys(&self) -> Vec<(String, String)> {
         let mut out: Vec<_> = self
             .subscribers
+            .by_api
             .iter()
-            .flat_map(|(api, subs)| subs.keys().map(move |ns| (ns.clone(), api.clone())))
+            .flat_map(|(api, subs)| subs.keys().map(move |ns| (ns.to_string(), api.to_string())))
             .collect();
         out.sort();
         out
@@ -286,10 +468,16 @@ impl View {
 
     /// [`decide`] on the view.
     pub fn decide(&self, namespace: &str, api: &str, startup: bool) -> Decision {
+        let subscriber = self.subscription(namespace, api).map(|subscriber| SubscriberRef { namespace, subscriber });
         let observed = Observed {
-            subscription: self.subscription(namespace, api).map(|(s, r)| (s, *r)),
+            subscription: subscriber.as_ref().map(|s| (s, s.subscriber.revision)),
             registration: self.registration(api).map(|(r, rev)| (r, *rev)),
-            given_up: self.given_up.get(&(namespace.to_string(), api.to_string())),
+            // Without given-up records (the usual case) no key is built:
+            // a restart decides once for every subscription.
+            given_up: match self.given_up.is_empty() {
+                true => None,
+                false => self.given_up.get(&(namespace.to_string(), api.to_string())),
+            },
             held: self.held(namespace, api),
         };
         decide(&observed, startup)
@@ -298,7 +486,7 @@ impl View {
     /// Whether `namespace`'s subscription to `api` is new (not active yet):
     /// its job is an activation, taken before ongoing fan-out.
     pub fn is_activation(&self, namespace: &str, api: &str) -> bool {
-        self.subscription(namespace, api).is_none_or(|(s, _)| !s.active)
+        self.subscription(namespace, api).is_none_or(|s| !s.active)
     }
 
     /// Keeps, from now on, which subscribers of every API are not done
@@ -314,10 +502,10 @@ impl View {
     /// registration's SyncID, as `fanout.completed` counts it (§14): synced
     /// to it, or given up on in `state: error`.
     pub fn done(&self, namespace: &str, api: &str) -> bool {
-        let Some((sub, _)) = self.subscription(namespace, api) else { return false };
+        let Some(sub) = self.subscription(namespace, api) else { return false };
         match self.decide(namespace, api, false) {
             Decision::Nothing(Idle::Synced) => true,
-            Decision::Nothing(Idle::GivenUp) => sub.state == kayra_core::SubscriptionState::Error,
+            Decision::Nothing(Idle::GivenUp) => sub.state == SubscriptionState::Error,
             _ => false,
         }
     }
@@ -326,7 +514,7 @@ impl View {
     /// `namespace` is done ([`View::done`]). `None` when not tracked.
     pub fn only_open(&self, api: &str, namespace: &str) -> Option<bool> {
         let open = self.open.as_ref()?;
-        Some(open.get(api).is_none_or(|open| open.iter().all(|ns| ns == namespace)))
+        Some(open.get(api).is_none_or(|open| open.iter().all(|ns| **ns == *namespace)))
     }
 
     /// Brings `namespace`'s entry in the open set of `api` up to date.
@@ -340,7 +528,18 @@ impl View {
             && !self.done(namespace, api);
         let Some(sets) = self.open.as_mut() else { return };
         if open {
-            sets.entry(api.to_string()).or_default().insert(namespace.to_string());
+            match sets.get_mut(api) {
+                Some(set) => {
+                    if !set.contains(namespace) {
+                        set.insert(self.subscribers.strings.intern(namespace));
+                    }
+                }
+                None => {
+                    let (api, namespace) =
+                        (self.subscribers.strings.intern(api), self.subscribers.strings.intern(namespace));
+                    sets.entry(api).or_default().insert(namespace);
+                }
+            }
         } else if let Some(set) = sets.get_mut(api) {
             set.remove(namespace);
             if set.is_empty() {
@@ -352,8 +551,8 @@ impl View {
     /// [`View::reopen`] for every subscriber of `api`.
     fn reopen_api(&mut self, api: &str) {
         let Some(sets) = self.open.as_ref() else { return };
-        let mut namespaces: Vec<String> =
-            self.subscribers.get(api).into_iter().flatten().map(|(ns, _)| ns.clone()).collect();
+        let mut namespaces: Vec<Arc<str>> =
+            self.subscribers.by_api.get(api).into_iter().flatten().map(|(ns, _)| ns.clone()).collect();
         namespaces.extend(sets.get(api).into_iter().flatten().cloned());
         for namespace in namespaces {
             self.reopen(&namespace, api);
@@ -364,7 +563,7 @@ impl View {
     fn reopen_all(&mut self) {
         let Some(sets) = self.open.as_mut() else { return };
         sets.clear();
-        let apis: Vec<String> = self.subscribers.keys().cloned().collect();
+        let apis: Vec<Arc<str>> = self.subscribers.by_api.keys().cloned().collect();
         for api in apis {
             self.reopen_api(&api);
         }
@@ -377,8 +576,8 @@ impl View {
             .registrations
             .iter()
             .map(|(api, (reg, _))| {
-                let subs = self.subscribers.get(api).into_iter().flatten();
-                (api.clone(), subs.filter(|(_, (s, _))| s.active && s.current_sync_id != reg.sync_id).count())
+                let subs = self.subscribers.of(api);
+                (api.clone(), subs.filter(|(_, s)| s.active && *s.current_sync_id != *reg.sync_id).count())
             })
             .collect();
         out.sort();
@@ -395,15 +594,13 @@ impl View {
     pub fn never_attempted(&self, api: &str) -> Vec<String> {
         let mut out: Vec<String> = self
             .subscribers
-            .get(api)
-            .into_iter()
-            .flatten()
-            .filter(|(ns, (s, _))| {
+            .of(api)
+            .filter(|(ns, s)| {
                 !s.active
-                    && s.state == kayra_core::SubscriptionState::Init
-                    && !self.given_up.contains_key(&((*ns).clone(), api.to_string()))
+                    && s.state == SubscriptionState::Init
+                    && !self.given_up.contains_key(&(ns.to_string(), api.to_string()))
             })
-            .map(|(ns, _)| ns.clone())
+            .map(|(ns, _)| ns.to_string())
             .collect();
         out.sort();
         out
@@ -414,11 +611,9 @@ impl View {
     pub fn behind(&self, api: &str, sync_id: &str) -> Vec<String> {
         let mut out: Vec<String> = self
             .subscribers
-            .get(api)
-            .into_iter()
-            .flatten()
-            .filter(|(_, (s, _))| s.active && s.current_sync_id != sync_id)
-            .map(|(ns, _)| ns.clone())
+            .of(api)
+            .filter(|(_, s)| s.active && *s.current_sync_id != *sync_id)
+            .map(|(ns, _)| ns.to_string())
             .collect();
         out.sort();
         out
@@ -506,10 +701,62 @@ mod tests {
         let mut view = View::default();
         view.put_subscription(sub("a", "x.io", true, "2"), 5);
         view.put_subscription(sub("a", "x.io", true, "1"), 4);
-        assert_eq!(view.subscription("a", "x.io").unwrap().0.current_sync_id, "2");
+        assert_eq!(view.subscription("a", "x.io").unwrap().current_sync_id(), "2");
         view.put_registration(reg("x.io", "2"), 7);
         view.put_registration(reg("x.io", "1"), 6);
         assert_eq!(view.registration("x.io").unwrap().0.sync_id, "2");
+    }
+
+    #[test]
+    fn the_interner_shares_strings_and_forgets_those_nothing_holds() {
+        let mut strings = Interner::default();
+        let a = strings.intern("sync-1");
+        assert!(Arc::ptr_eq(&a, &strings.intern("sync-1")), "one allocation per string");
+        // Strings interned and let go: the set is swept as it grows, so it
+        // stays bounded by what is held, never by what was ever seen.
+        for i in 0..10 * Interner::SWEEP_MIN {
+            drop(strings.intern(&format!("gone-{i}")));
+        }
+        assert!(strings.set.len() <= 2 * Interner::SWEEP_MIN, "{} strings kept", strings.set.len());
+        assert!(Arc::ptr_eq(&a, &strings.intern("sync-1")), "a string still held is kept");
+        drop(a);
+        strings.sweep();
+        assert!(strings.set.is_empty());
+    }
+
+    #[test]
+    fn a_list_gathers_into_the_kept_form_and_updates_stay_revision_monotonic() {
+        // What the view keeps of a subscription stays small (platform §16).
+        assert!(std::mem::size_of::<Subscriber>() <= 32);
+        let mut listed = Subscribers::default();
+        let item =
+            |sub: Subscription, revision| Item { key: format!("{}/{}", sub.namespace, sub.api), value: sub, revision };
+        listed.gather(item(sub("a", "x.io", true, "1"), 5));
+        listed.gather(item(sub("b", "x.io", true, "1"), 6));
+        listed.gather(item(sub("a", "y.io", false, ""), 7));
+        listed.finish();
+        let mut view = View::default();
+        view.put_subscription(sub("gone", "x.io", true, "1"), 2);
+        view.replace_subscribers(listed);
+        assert_eq!(
+            view.subscription_keys(),
+            [("a", "x.io"), ("a", "y.io"), ("b", "x.io")].map(|(n, a)| (n.into(), a.into()))
+        );
+        let (a, b) = (view.subscription("a", "x.io").unwrap(), view.subscription("b", "x.io").unwrap());
+        assert!(Arc::ptr_eq(&a.current_sync_id, &b.current_sync_id), "one SyncID string for both");
+        assert_eq!((a.revision, a.active, a.state), (5, true, SubscriptionState::Init));
+        // A watch echo older than the list is ignored; a newer one is kept.
+        view.put_subscription(sub("a", "x.io", true, "0"), 4);
+        assert_eq!(view.subscription("a", "x.io").unwrap().current_sync_id(), "1");
+        view.put_subscription(sub("a", "x.io", true, "2"), 8);
+        assert_eq!(view.subscription("a", "x.io").unwrap().current_sync_id(), "2");
+        assert_eq!(view.subscription("a", "x.io").unwrap().revision, 8);
+        view.put_registration(reg("x.io", "2"), 9);
+        assert_eq!(view.decide("a", "x.io", false), Decision::Nothing(Idle::Synced));
+        assert_eq!(view.to_reconcile(false), [("b".to_string(), "x.io".to_string(), false)]);
+        view.delete_subscription("b", "x.io");
+        assert_eq!(view.subscription_count(), 2);
+        assert!(view.to_reconcile(false).is_empty());
     }
 
     #[test]
@@ -601,7 +848,7 @@ mod tests {
             Change::DeleteRegistration { api } => view.delete_registration(&name(api)),
             Change::GivenUp { ns, api, stale } => {
                 let ns = ns.to_string();
-                let subscription_revision = view.subscription(&ns, &name(api)).map_or(0, |(_, r)| *r);
+                let subscription_revision = view.subscription(&ns, &name(api)).map_or(0, |s| s.revision);
                 let registration_revision =
                     view.registration(&name(api)).map_or(0, |(_, r)| *r) + Revision::from(stale);
                 let attempt = Attempt { subscription_revision, registration_revision, cancelled: false };
@@ -617,8 +864,20 @@ mod tests {
             }
             Change::DeleteRollout { api } => view.delete_rollout(&name(api)),
             Change::Relist { keep } => {
-                let all: Vec<(Subscription, Revision)> =
-                    view.subscribers.values().flat_map(|s| s.values().cloned()).collect();
+                let all: Vec<(Subscription, Revision)> = view
+                    .subscription_keys()
+                    .into_iter()
+                    .map(|(ns, api)| {
+                        let s = view.subscription(&ns, &api).unwrap();
+                        let record = Subscription {
+                            active: s.active,
+                            state: s.state,
+                            current_sync_id: s.current_sync_id().to_string(),
+                            ..Subscription::new(ns, api)
+                        };
+                        (record, s.revision)
+                    })
+                    .collect();
                 let kept = all.into_iter().enumerate().filter(|(i, _)| keep & (1 << (i % 8)) != 0).map(|(_, s)| s);
                 view.replace_subscriptions(kept.collect());
             }
@@ -650,15 +909,17 @@ mod tests {
                     proptest::prop_assert_eq!(view.only_open("0.io", "0"), None);
                     continue;
                 };
+                let open: HashMap<String, HashSet<String>> = open
+                    .iter()
+                    .map(|(api, set)| (api.to_string(), set.iter().map(|ns| ns.to_string()).collect()))
+                    .collect();
                 let mut walked: HashMap<String, HashSet<String>> = HashMap::new();
-                for (api, subs) in &view.subscribers {
-                    for ns in subs.keys() {
-                        if view.registration(api).is_some() && !view.done(ns, api) {
-                            walked.entry(api.clone()).or_default().insert(ns.clone());
-                        }
+                for (ns, api) in view.subscription_keys() {
+                    if view.registration(&api).is_some() && !view.done(&ns, &api) {
+                        walked.entry(api).or_default().insert(ns);
                     }
                 }
-                proptest::prop_assert_eq!(open, &walked, "after {:?}", change);
+                proptest::prop_assert_eq!(&open, &walked, "after {:?}", change);
                 for api in ["0.io", "1.io"] {
                     for ns in ["0", "1", "2", "3"] {
                         let others_done = view.subscribers_of(api).all(|(other, _)| {

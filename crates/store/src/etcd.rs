@@ -314,25 +314,62 @@ impl Keyspace {
     /// cheap and keeps every answer far below the transport's limit.
     async fn snapshot_at(&self, start: &[u8], end: &[u8], at: Option<Revision>) -> Result<(Vec<KeyValue>, Revision)> {
         let mut items = Vec::new();
-        let mut from = start.to_vec();
-        let mut at = at;
-        let mut limit = PAGE_MIN;
+        let mut cursor = PageCursor { from: start.to_vec(), at, limit: PAGE_MIN };
         loop {
-            let mut options = GetOptions::new().with_range(end.to_vec()).with_limit(limit as i64);
-            if let Some(revision) = at {
-                options = options.with_revision(revision);
-            }
-            let resp = self.cluster.get(from.clone(), Some(options)).await?;
-            let revision = *at.get_or_insert(revision_of(resp.header())?);
-            let bytes: usize = resp.kvs().iter().map(|kv| kv.key().len() + kv.value().len()).sum();
-            limit = next_page(limit, resp.kvs().len(), bytes);
-            items.extend(resp.kvs().iter().filter_map(|kv| self.record(kv)));
-            match resp.kvs().last() {
-                Some(last) if resp.more() => from = successor(last.key()),
-                _ => return Ok((items, revision)),
+            let (page, revision, more) = self.page(end, &mut cursor).await?;
+            items.extend(page);
+            if !more {
+                return Ok((items, revision));
             }
         }
     }
+
+    /// [`Keyspace::snapshot_at`] at the current revision, a page at a time
+    /// ([`Backend::snapshot_pages`]): a page is read when the consumer
+    /// asks for it, so only one page is held here at a time.
+    fn snapshot_pages(self, start: Vec<u8>, end: Vec<u8>) -> crate::SnapshotPages {
+        let cursor = Some(PageCursor { from: start, at: None, limit: PAGE_MIN });
+        Box::pin(futures::stream::unfold((self, end, cursor), |(keys, end, cursor)| async move {
+            let mut cursor = cursor?;
+            match keys.page(&end, &mut cursor).await {
+                Ok((page, revision, more)) => {
+                    let next = more.then_some(cursor);
+                    Some((Ok((page, revision)), (keys, end, next)))
+                }
+                Err(e) => Some((Err(e), (keys, end, None))),
+            }
+        }))
+    }
+
+    /// One page of a snapshot from `cursor` (one request), and whether
+    /// more follow; moves the cursor past it.
+    async fn page(&self, end: &[u8], cursor: &mut PageCursor) -> Result<(Vec<KeyValue>, Revision, bool)> {
+        let mut options = GetOptions::new().with_range(end.to_vec()).with_limit(cursor.limit as i64);
+        if let Some(revision) = cursor.at {
+            options = options.with_revision(revision);
+        }
+        let resp = self.cluster.get(cursor.from.clone(), Some(options)).await?;
+        let revision = *cursor.at.get_or_insert(revision_of(resp.header())?);
+        let bytes: usize = resp.kvs().iter().map(|kv| kv.key().len() + kv.value().len()).sum();
+        cursor.limit = next_page(cursor.limit, resp.kvs().len(), bytes);
+        let items = resp.kvs().iter().filter_map(|kv| self.record(kv)).collect();
+        match resp.kvs().last() {
+            Some(last) if resp.more() => {
+                cursor.from = successor(last.key());
+                Ok((items, revision, true))
+            }
+            _ => Ok((items, revision, false)),
+        }
+    }
+}
+
+/// Where a snapshot read page by page stands: the next page's first key,
+/// the snapshot's revision once the first page fixed it, the next page's
+/// size.
+struct PageCursor {
+    from: Vec<u8>,
+    at: Option<Revision>,
+    limit: usize,
 }
 
 /// What a snapshot's page aims to weigh (keys and values).
@@ -538,6 +575,11 @@ impl Backend for EtcdStore {
     async fn snapshot(&self, prefix: &str) -> Result<(Vec<KeyValue>, Revision)> {
         let (start, end) = self.keys.range(prefix);
         self.keys.snapshot(&start, &end).await
+    }
+
+    fn snapshot_pages(self: Arc<Self>, prefix: String) -> crate::SnapshotPages {
+        let (start, end) = self.keys.range(&prefix);
+        self.keys.clone().snapshot_pages(start, end)
     }
 
     /// The first prefix at the current revision, every other at that same

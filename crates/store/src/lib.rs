@@ -148,6 +148,10 @@ pub enum Change {
 /// [`Store::watcher`] turns it into a stream that never ends.
 pub type ChangeStream = BoxStream<'static, Result<Change>>;
 
+/// A snapshot read a page at a time (see [`Backend::snapshot_pages`]):
+/// each page's records, in key order, and the snapshot's revision.
+pub type SnapshotPages = BoxStream<'static, Result<(Vec<KeyValue>, Revision)>>;
+
 /// What a backend implements. Private in spirit: use [`Store`].
 #[async_trait]
 pub trait Backend: Send + Sync + 'static {
@@ -184,6 +188,15 @@ pub trait Backend: Send + Sync + 'static {
     }
     /// Every key under `prefix` at one revision, read page by page.
     async fn snapshot(&self, prefix: &str) -> Result<(Vec<KeyValue>, Revision)>;
+    /// [`Backend::snapshot`] handed out a page at a time, each page with
+    /// the snapshot's one revision (at least one page, maybe empty), so
+    /// that a list of any size is never held whole: the next page is read
+    /// only when the consumer asks for it. A failed read ends the stream
+    /// with its error. This default reads the whole snapshot as one page;
+    /// the etcd and local backends page for real.
+    fn snapshot_pages(self: Arc<Self>, prefix: String) -> SnapshotPages {
+        Box::pin(futures::stream::once(async move { self.snapshot(&prefix).await }))
+    }
     /// Every key under each of `prefixes`, all at ONE revision (one list
     /// per prefix, in order). This default reads each prefix with
     /// [`Backend::snapshot`] and accepts the result only when every read

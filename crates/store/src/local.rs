@@ -72,7 +72,9 @@ use crate::{
 };
 
 use self::schema::{connect, file_identity};
-use self::sql::{get_in, is_busy, list_in, read_revision, retry_busy, snapshot_in, snapshots_in, unavailable};
+use self::sql::{
+    get_in, is_busy, list_in, read_revision, retry_busy, snapshot_in, snapshot_pages_in, snapshots_in, unavailable,
+};
 use self::write::apply;
 
 /// How many change-log entries are kept for watchers.
@@ -334,6 +336,25 @@ impl Backend for LocalStore {
     async fn snapshot(&self, prefix: &str) -> Result<(Vec<KeyValue>, Revision)> {
         let prefix = prefix.to_string();
         self.read(move |conn| retry_busy(|| snapshot_in(conn, &prefix)).map_err(unavailable)).await
+    }
+
+    /// One read transaction on a connection of its own, on a blocking
+    /// thread that reads the next page only once the consumer has taken
+    /// the one before (a channel of one page): a list of any size holds
+    /// about two pages in memory, and its transaction keeps one snapshot.
+    fn snapshot_pages(self: Arc<Self>, prefix: String) -> crate::SnapshotPages {
+        let (tx, rx) = tokio::sync::mpsc::channel::<Result<(Vec<KeyValue>, Revision)>>(1);
+        let path = self.inner.path.clone();
+        tokio::task::spawn_blocking(move || {
+            let read = connect(&path).and_then(|mut conn| {
+                snapshot_pages_in(&mut conn, &prefix, |page, revision| tx.blocking_send(Ok((page, revision))).is_ok())
+                    .map_err(unavailable)
+            });
+            if let Err(e) = read {
+                let _ = tx.blocking_send(Err(e));
+            }
+        });
+        Box::pin(stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|page| (page, rx)) }))
     }
 
     /// One read transaction over every prefix: one snapshot.

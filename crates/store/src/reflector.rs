@@ -65,12 +65,36 @@ pub struct Item<T> {
     pub revision: Revision,
 }
 
+/// Where a list's decoded records gather until `InitDone` (see
+/// [`Reflect`]): a `Vec` of [`Item`]s by default; a consumer that keeps
+/// indexes of its own can gather straight into them ([`reflect_into`]), so
+/// that a list is never held twice, once as items and once as its index.
+pub trait Gather<T>: Default + Send {
+    /// One record of the list, in the order the list came.
+    fn gather(&mut self, item: Item<T>);
+    /// The list is complete.
+    fn finish(&mut self) {}
+}
+
+impl<T: Send> Gather<T> for Vec<Item<T>> {
+    fn gather(&mut self, item: Item<T>) {
+        self.push(item);
+    }
+
+    /// Lists come sorted; a watcher that did not sort is not trusted to have.
+    fn finish(&mut self) {
+        if !self.is_sorted_by(|a, b| a.key <= b.key) {
+            self.sort_by(|a, b| a.key.cmp(&b.key));
+        }
+    }
+}
+
 /// What a watcher's events come to (see [`Reflect`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Reflected<T> {
+pub enum Reflected<T, L = Vec<Item<T>>> {
     /// A complete (re-)list at `revision`: replace everything with `items`
-    /// (sorted by key; unreadable records left out).
-    Listed { items: Vec<Item<T>>, revision: Revision },
+    /// (by default a `Vec` sorted by key; unreadable records left out).
+    Listed { items: L, revision: Revision },
     /// `key` was written at `revision`; `None`: the value does not decode
     /// (already logged).
     Applied { key: String, value: Option<T>, revision: Revision },
@@ -83,14 +107,21 @@ pub enum Reflected<T> {
 /// Assembles a watcher's events into [`Reflected`] items: buffers a list,
 /// decoding each record as it arrives, and hands it out whole at
 /// `InitDone`. The writer side of every consumer of a watcher.
-pub struct Reflect<T> {
+pub struct Reflect<T, L = Vec<Item<T>>> {
     decode: Box<Decode<T>>,
     /// A (re-)list in progress: the records decoded so far.
-    listing: Option<Vec<Item<T>>>,
+    listing: Option<L>,
 }
 
-impl<T> Reflect<T> {
+impl<T: Send> Reflect<T> {
     pub fn new(decode: impl Fn(&KeyValue) -> Result<T, String> + Send + Sync + 'static) -> Self {
+        Self::gathering(decode)
+    }
+}
+
+impl<T, L: Gather<T>> Reflect<T, L> {
+    /// A reflect whose lists gather into `L` (see [`Gather`]).
+    pub fn gathering(decode: impl Fn(&KeyValue) -> Result<T, String> + Send + Sync + 'static) -> Self {
         Self { decode: Box::new(decode), listing: None }
     }
 
@@ -100,29 +131,27 @@ impl<T> Reflect<T> {
     }
 
     /// Feeds one watcher event; `None` while a list is being gathered.
-    pub fn feed(&mut self, event: WatcherEvent) -> Option<Reflected<T>> {
+    pub fn feed(&mut self, event: WatcherEvent) -> Option<Reflected<T, L>> {
         match event {
             WatcherEvent::Init => {
-                self.listing = Some(Vec::new());
+                // Also what a list that failed half-way and starts over
+                // sends: what it gathered so far is dropped.
+                self.listing = Some(L::default());
                 None
             }
             WatcherEvent::InitApply(kv) => {
                 let value = self.decoded(&kv);
                 // An `InitApply` outside a list is a watcher bug; start
                 // one rather than mixing it into the live view.
-                let listing = self.listing.get_or_insert_with(Vec::new);
+                let listing = self.listing.get_or_insert_with(L::default);
                 if let Some(value) = value {
-                    listing.push(Item { key: kv.key, value, revision: kv.mod_revision });
+                    listing.gather(Item { key: kv.key, value, revision: kv.mod_revision });
                 }
                 None
             }
             WatcherEvent::InitDone { revision } => {
                 let mut items = self.listing.take().unwrap_or_default();
-                // Lists come sorted; a watcher that did not sort is not
-                // trusted to have.
-                if !items.is_sorted_by(|a, b| a.key <= b.key) {
-                    items.sort_by(|a, b| a.key.cmp(&b.key));
-                }
+                items.finish();
                 Some(Reflected::Listed { items, revision })
             }
             WatcherEvent::Apply(kv) => {
@@ -151,6 +180,15 @@ pub fn reflect<T: Send + 'static>(
     decode: impl Fn(&KeyValue) -> Result<T, String> + Send + Sync + 'static,
 ) -> futures::stream::BoxStream<'static, Reflected<T>> {
     let mut reflect = Reflect::new(decode);
+    events.filter_map(move |event| std::future::ready(reflect.feed(event))).boxed()
+}
+
+/// [`reflect`], gathering each list into `L` (see [`Gather`]).
+pub fn reflect_into<T: Send + 'static, L: Gather<T> + 'static>(
+    events: impl Stream<Item = WatcherEvent> + Send + 'static,
+    decode: impl Fn(&KeyValue) -> Result<T, String> + Send + Sync + 'static,
+) -> futures::stream::BoxStream<'static, Reflected<T, L>> {
+    let mut reflect = Reflect::<T, L>::gathering(decode);
     events.filter_map(move |event| std::future::ready(reflect.feed(event))).boxed()
 }
 
@@ -679,6 +717,51 @@ mod tests {
             Some(Reflected::Deleted { key: "/b".into(), revision: 7 })
         );
         assert_eq!(reflect.feed(WatcherEvent::Progress { revision: 8 }), Some(Reflected::Progress { revision: 8 }));
+    }
+
+    /// A consumer's own index: the list's total, and whether it was told
+    /// the list is complete.
+    #[derive(Debug, Default, PartialEq, Eq)]
+    struct Total {
+        sum: u32,
+        items: usize,
+        finished: bool,
+    }
+
+    impl Gather<u32> for Total {
+        fn gather(&mut self, item: Item<u32>) {
+            self.sum += item.value;
+            self.items += 1;
+        }
+
+        fn finish(&mut self) {
+            self.finished = true;
+        }
+    }
+
+    #[tokio::test]
+    async fn a_list_gathers_into_the_consumers_own_index_and_starts_over_on_init() {
+        let decode =
+            |kv: &KeyValue| std::str::from_utf8(&kv.value).ok().and_then(|s| s.parse().ok()).ok_or("nan".into());
+        let events = futures::stream::iter(vec![
+            WatcherEvent::Init,
+            WatcherEvent::InitApply(kv("/a", "100", 1)),
+            // A list that failed half-way starts over: what it gathered goes.
+            WatcherEvent::Init,
+            WatcherEvent::InitApply(kv("/a", "1", 1)),
+            WatcherEvent::InitApply(kv("/b", "x", 2)),
+            WatcherEvent::InitApply(kv("/c", "2", 3)),
+            WatcherEvent::InitDone { revision: 4 },
+            WatcherEvent::Apply(kv("/d", "5", 5)),
+        ]);
+        let out: Vec<Reflected<u32, Total>> = reflect_into(events, decode).collect().await;
+        assert_eq!(
+            out,
+            [
+                Reflected::Listed { items: Total { sum: 3, items: 2, finished: true }, revision: 4 },
+                Reflected::Applied { key: "/d".into(), value: Some(5), revision: 5 },
+            ]
+        );
     }
 
     #[tokio::test]

@@ -45,6 +45,7 @@ pub async fn run_all(store: &Store) {
     grouped_txns_answer_as_if_alone(store).await;
     watcher_lists_then_watches_in_order(store).await;
     watcher_reports_progress(store).await;
+    watcher_lists_many_pages_at_one_revision(store).await;
     snapshot_many_reads_one_revision(store).await;
 }
 
@@ -654,6 +655,53 @@ pub async fn watcher_lists_then_watches_in_order(store: &Store) {
     assert_eq!((shape[0].1, shape[1].1, shape[2].1), (a, a2, d));
     assert!(shape.windows(2).all(|w| w[0].1 <= w[1].1), "in revision order: {shape:?}");
     assert!(shape[4].1 <= t);
+}
+
+/// A list of many pages, read a page at a time as the consumer takes them,
+/// is still one snapshot: a write made while the list is under way (after
+/// its first key arrived, before its last page is read) changes nothing
+/// listed, and comes after the list as changes.
+pub async fn watcher_lists_many_pages_at_one_revision(store: &Store) {
+    let prefix = "/conformance/watcher/pages/";
+    let key = |i: usize| format!("{prefix}{i:05}");
+    const KEYS: usize = 5_000;
+    for chunk in (0..KEYS).collect::<Vec<_>>().chunks(100) {
+        let txn = chunk.iter().fold(Txn::new(), |txn, i| txn.then(put(&key(*i), "0")));
+        store.txn(txn).await.expect("seed");
+    }
+    let (first, last) = (key(0), key(KEYS - 1));
+    let mut watcher = store.watcher(prefix);
+    assert_eq!(next_change(&mut watcher).await, WatcherEvent::Init);
+    match next_change(&mut watcher).await {
+        WatcherEvent::InitApply(kv) => assert_eq!(kv.key, first),
+        other => panic!("expected InitApply, got {other:?}"),
+    }
+    // First and last move together: a list read at two revisions would
+    // show them apart.
+    let moved = store.txn(Txn::new().then(put(&first, "1")).then(put(&last, "1"))).await.expect("txn").revision;
+    let (mut listed, mut newest) = (1, 0);
+    let at = loop {
+        match next_change(&mut watcher).await {
+            WatcherEvent::InitApply(kv) => {
+                assert_eq!(kv.value, b"0", "{} listed after the write", kv.key);
+                newest = newest.max(kv.mod_revision);
+                listed += 1;
+            }
+            WatcherEvent::InitDone { revision } => break revision,
+            other => panic!("expected InitApply or InitDone, got {other:?}"),
+        }
+    };
+    assert_eq!(listed, KEYS, "every key, once");
+    assert!(newest <= at && at < moved, "the list is at its first page's revision ({at}), before the write ({moved})");
+    for expected in [&first, &last] {
+        match next_change(&mut watcher).await {
+            WatcherEvent::Apply(kv) => {
+                assert_eq!((&kv.key, &kv.value[..]), (expected, &b"1"[..]));
+                assert!(at < kv.mod_revision && kv.mod_revision <= moved, "the write's revision: {}", kv.mod_revision);
+            }
+            other => panic!("expected the write as Apply, got {other:?}"),
+        }
+    }
 }
 
 /// A healthy watcher reports progress often (consumers that fail closed

@@ -2,9 +2,12 @@
 //! is kube-runtime's `watcher`), written once over any backend's raw
 //! change feed ([`Backend::changes`]).
 //!
-//! - **listing**: read the prefix at one revision `r` ([`Backend::snapshot`],
-//!   page by page), emit `Init`, one `InitApply` per key, `InitDone{r}`,
-//!   and watch from `r + 1`.
+//! - **listing**: read the prefix at one revision `r`
+//!   ([`Backend::snapshot_pages`]), emit `Init`, one `InitApply` per key,
+//!   `InitDone{r}`, and watch from `r + 1`. A page is read only once the
+//!   consumer has taken the one before, so neither the machine nor the
+//!   backend ever holds a whole list (a million subscriptions are some
+//!   hundred megabytes raw).
 //! - **watching**: feed items become `Apply` / `Delete` / `Progress`;
 //!   `next` moves past each event.
 //! - **resuming**: the feed failed or ended. After a capped back-off the
@@ -33,7 +36,7 @@ use std::time::Duration;
 use futures::StreamExt;
 use futures::stream::{self, BoxStream};
 
-use crate::{Backend, Change, ChangeStream, Error, Event, Result, Revision, WatcherEvent};
+use crate::{Backend, Change, ChangeStream, Error, Event, Result, Revision, SnapshotPages, WatcherEvent};
 
 /// First and longest wait between failed attempts.
 const BACKOFF_MIN: Duration = Duration::from_millis(50);
@@ -60,8 +63,19 @@ pub(crate) fn watcher(
 
 enum State {
     List,
-    Watch { feed: ChangeStream, next: Revision },
-    Resume { next: Revision },
+    /// A list under way: its pages, and the snapshot's revision once a
+    /// page has told it.
+    Listing {
+        pages: SnapshotPages,
+        revision: Option<Revision>,
+    },
+    Watch {
+        feed: ChangeStream,
+        next: Revision,
+    },
+    Resume {
+        next: Revision,
+    },
 }
 
 struct Machine {
@@ -82,7 +96,8 @@ impl Machine {
             }
             let state = std::mem::replace(&mut self.state, State::List);
             self.state = match state {
-                State::List => self.list().await?,
+                State::List => self.list()?,
+                State::Listing { pages, revision } => self.listing(pages, revision).await?,
                 State::Resume { next } => self.resume(next).await?,
                 State::Watch { mut feed, next } => match feed.next().await {
                     Some(Ok(Change::Event(event))) => {
@@ -142,23 +157,51 @@ impl Machine {
         (self.backend.strong_count() > 0).then_some(())
     }
 
-    async fn list(&mut self) -> Option<State> {
+    /// Starts a list: `Init`, then its pages as they are read
+    /// ([`Machine::listing`]).
+    fn list(&mut self) -> Option<State> {
         // Bounded page by page by the backend, not as a whole (module docs).
-        let backend = self.backend.upgrade()?;
-        let listed = backend.snapshot(&self.prefix).await;
-        drop(backend);
-        let (items, revision) = match listed {
-            Ok(listed) => listed,
-            Err(e) => {
+        let pages = self.backend.upgrade()?.snapshot_pages(self.prefix.clone());
+        self.pending.push_back(WatcherEvent::Init);
+        Some(State::Listing { pages, revision: None })
+    }
+
+    /// The list's next page as `InitApply`s, read only once the consumer
+    /// has taken the page before: a list is never held whole here. After
+    /// the last page, `InitDone` and the watch from the snapshot's next
+    /// revision; a failed page starts the list over (its `Init` tells the
+    /// consumer to drop what it gathered).
+    async fn listing(&mut self, mut pages: SnapshotPages, revision: Option<Revision>) -> Option<State> {
+        match pages.next().await {
+            Some(Ok((items, at))) => {
+                self.pending.extend(items.into_iter().map(WatcherEvent::InitApply));
+                Some(State::Listing { pages, revision: Some(at) })
+            }
+            Some(Err(e)) => {
+                drop(pages);
                 tracing::warn!(prefix = %self.prefix, error = %e, retry_in = ?self.backoff, "watch list failed; retrying");
                 self.pause().await?;
-                return Some(State::List);
+                Some(State::List)
             }
-        };
-        self.pending.push_back(WatcherEvent::Init);
-        self.pending.extend(items.into_iter().map(WatcherEvent::InitApply));
-        self.pending.push_back(WatcherEvent::InitDone { revision });
-        Some(self.open(revision + 1).await.unwrap_or(State::Resume { next: revision + 1 }))
+            None => {
+                drop(pages);
+                let revision = match revision {
+                    Some(revision) => revision,
+                    // A backend that answered no page at all: read the
+                    // revision the (empty) list is at.
+                    None => match self.call(|backend, _| async move { backend.revision().await }).await? {
+                        Ok(revision) => revision,
+                        Err(e) => {
+                            tracing::warn!(prefix = %self.prefix, error = %e, "watch list failed; retrying");
+                            self.pause().await?;
+                            return Some(State::List);
+                        }
+                    },
+                };
+                self.pending.push_back(WatcherEvent::InitDone { revision });
+                Some(self.open(revision + 1).await.unwrap_or(State::Resume { next: revision + 1 }))
+            }
+        }
     }
 
     async fn resume(&mut self, next: Revision) -> Option<State> {

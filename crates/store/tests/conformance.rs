@@ -65,6 +65,7 @@ conformance!(
     grouped_txns_answer_as_if_alone,
     watcher_lists_then_watches_in_order,
     watcher_reports_progress,
+    watcher_lists_many_pages_at_one_revision,
     snapshot_many_reads_one_revision,
     run_all,
 );

@@ -140,6 +140,28 @@ pub(super) fn snapshot_in(conn: &mut Connection, prefix: &str) -> rusqlite::Resu
     Ok((lists.pop().unwrap_or_default(), revision))
 }
 
+/// Every key under `prefix` inside ONE read transaction, handed to `page`
+/// a page at a time with the snapshot's revision (at least one page, maybe
+/// empty), until there are no more or `page` answers false.
+pub(super) fn snapshot_pages_in(
+    conn: &mut Connection,
+    prefix: &str,
+    mut page: impl FnMut(Vec<KeyValue>, Revision) -> bool,
+) -> rusqlite::Result<()> {
+    const PAGE: usize = 1000;
+    let tx = conn.transaction()?;
+    let (revision, _) = read_revision(&tx)?;
+    let mut after: Option<Vec<u8>> = None;
+    loop {
+        let (items, more) = page_in(&tx, prefix, after.as_deref(), PAGE)?;
+        after = items.last().map(|kv| kv.key.as_bytes().to_vec());
+        if !page(items, revision) || !more {
+            break;
+        }
+    }
+    tx.finish()
+}
+
 /// Every key under each of `prefixes`, page by page inside ONE read
 /// transaction (one snapshot for all of them).
 pub(super) fn snapshots_in(
