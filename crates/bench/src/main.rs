@@ -75,6 +75,11 @@ struct Args {
     /// Only the console's `/status` figures (`console.rs`).
     #[arg(long)]
     console_only: bool,
+    /// Synced subscriptions (with one run each) the generator fills the
+    /// `kayra serve` figures' stores with before the server starts: the
+    /// GET and POST ratios over a large store (issue 34: 1,000,000).
+    #[arg(long, default_value_t = 0)]
+    serve_prefill: usize,
     /// Subscribers of the one API the console's `/status` figures read.
     #[arg(long, default_value_t = 10_000)]
     console_subscribers: usize,
@@ -173,9 +178,15 @@ async fn serve_figures(args: &Args, etcd: &kayra_testkit::Etcd) -> anyhow::Resul
     println!("|---|---|---:|---:|---:|---|");
     let serve_dir = tempfile::tempdir()?;
     let database = kayra_config::DatabaseConfig::local(kayra_testkit::local_config(serve_dir.path()));
-    serve::run("local", database, None, args.ops).await?;
+    serve::run("local", database, None, args.ops, args.serve_prefill).await?;
+    // A prefilled store needs more than etcd's default quota, history included.
+    let large = match args.serve_prefill {
+        0 => None,
+        _ => Some(kayra_testkit::Etcd::start_with(&["--quota-backend-bytes=8589934592"]).await),
+    };
+    let etcd = large.as_ref().unwrap_or(etcd);
     let database = kayra_config::DatabaseConfig::etcd(etcd.config("/serve"));
-    serve::run("etcd", database, Some(etcd.endpoint()), args.ops).await
+    serve::run("etcd", database, Some(etcd.endpoint()), args.ops, args.serve_prefill).await
 }
 
 async fn restart_only(binary: &std::path::Path, args: &Args) -> anyhow::Result<()> {

@@ -10,6 +10,8 @@
 //! - a revoked token's propagation to a second `kayra serve` (p50/p99 over
 //!   100 revocations): from the DELETE's answer on one replica to the
 //!   first 401 on the other;
+//! - with `--serve-prefill N`, all of it over a store the generator
+//!   filled with N synced subscriptions first (issue 34: a million);
 //! - with `--memory`, the RSS of a real `kayra serve` process over a store
 //!   of 100,000 subscriptions (its subscriber index listed and answering a
 //!   `/status`), 10,000 namespaces and 1,000 users.
@@ -112,12 +114,22 @@ pub async fn run(
     database: kayra_config::DatabaseConfig,
     gateway: Option<String>,
     ops: usize,
+    prefill: usize,
 ) -> anyhow::Result<()> {
     let _ = rustls::crypto::ring::default_provider().install_default();
     let store = Store::open(&database).await?;
     let mut config = kayra_config::Config { database: database.clone(), ..Default::default() };
     config.auth.bootstrap_token = ADMIN.into();
     let repo = Repository::new(store.clone(), &config.platform, &config.region);
+    if prefill > 0 {
+        let shape = crate::generate::Shape::spread(prefill, 1, 0);
+        let filled = crate::generate::fill(&repo, &shape, 8).await?;
+        println!(
+            "| {backend} | the store: {} generated records ({prefill} synced subscriptions, one run each), in {:.0} s | | | | |",
+            filled.records,
+            filled.took.as_secs_f64()
+        );
+    }
     let (base, stop) = serve(store.clone(), &config).await?;
     let http = reqwest::Client::new();
 
