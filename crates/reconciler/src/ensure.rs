@@ -76,6 +76,10 @@ pub struct Worker {
     /// With a sink told of `fanout.completed`: the completed fan-outs'
     /// markers, so the result that finishes a fan-out carries its event.
     pub fanout_markers: Option<crate::fanout::Markers>,
+    /// The store revision of this process's startup list (0 until it is
+    /// in): reconcileExisting retries what was given up before it, not
+    /// what another process gave up (or a user cancelled) since.
+    pub startup_listed_at: std::sync::atomic::AtomicI64,
 }
 
 /// How a job ended, for the dispatcher.
@@ -283,10 +287,15 @@ impl Worker {
             if self.cancel.is_cancelled() {
                 return Ok(JobEnd::Done);
             }
-            let (sub, reg, given_up, read_at, stored_runs) = match prefetched.take() {
+            let (sub, reg, given_up, read_at, stored_runs, given_up_at) = match prefetched.take() {
                 Some((gets, revision)) => fresh(self.repo.decode_job_read(&gets, revision)?),
                 None => fresh(self.repo.read_job(namespace, api).await?),
             };
+            // A startup trigger retries given-up states unconditionally
+            // (seed), but only those its list saw: a state given up or
+            // cancelled since (by another process, while this trigger
+            // waited for the lock) stands until the next write.
+            let startup = cause.startup && given_up_at <= self.startup_listed_at.load(Ordering::SeqCst);
             let owed = self.owed_retries().remove(&(namespace.to_string(), api.to_string()));
             let run = RunIds { fencing_token: run.fencing_token.or(Some(read_at)), ..run };
             // A rollout holds back the ongoing action only: never this
@@ -306,7 +315,7 @@ impl Worker {
                 held,
             };
             let (Decision::Reconcile { sync_id, .. }, Some(sub), Some(reg)) =
-                (decide::decide(&observed, cause.startup), &sub, &reg)
+                (decide::decide(&observed, startup), &sub, &reg)
             else {
                 return Ok(JobEnd::Done);
             };
@@ -834,7 +843,7 @@ pub async fn forget_given_up(repo: &Repository, namespace: &str, api: &str) {
 
 /// The fresh read as the job decides on it.
 fn fresh(read: JobRead<Attempt>) -> Fresh {
-    (read.subscription, read.registration, read.attempt, read.revision, read.runs)
+    (read.subscription, read.registration, read.attempt, read.revision, read.runs, read.attempt_revision)
 }
 
 /// The fresh read: subscription, registration, given-up record, the read's
@@ -845,6 +854,7 @@ type Fresh = (
     Option<Attempt>,
     kayra_store::Revision,
     Option<RunRing>,
+    kayra_store::Revision,
 );
 
 /// The trigger of a run caused by a write to the subscription itself: the

@@ -99,6 +99,23 @@ impl Update {
         )
     }
 
+    /// The revision of a complete (re-)list.
+    pub(crate) fn listed_at(&self) -> Option<Revision> {
+        fn listed<T, L>(r: &Reflected<T, L>) -> Option<Revision> {
+            match r {
+                Reflected::Listed { revision, .. } => Some(*revision),
+                _ => None,
+            }
+        }
+        match self {
+            Update::Namespace(r) => listed(r),
+            Update::Registration(r) => listed(r),
+            Update::Subscription(r) => listed(r),
+            Update::Attempt(r) => listed(r),
+            Update::Rollout(r) => listed(r),
+        }
+    }
+
     /// Whether this is one change (a put or a delete), for the metrics.
     fn is_change(&self) -> bool {
         fn change<T, L>(r: &Reflected<T, L>) -> bool {

@@ -136,6 +136,7 @@ impl Reconciler {
             rollout_wake: Arc::default(),
             cancels: Arc::default(),
             fanout_markers: None,
+            startup_listed_at: std::sync::atomic::AtomicI64::new(0),
         };
         Ok(Self {
             worker: Arc::new(worker),
@@ -260,6 +261,11 @@ impl Reconciler {
             };
             let (resource, list) = (update.resource(), update.is_list());
             let first = list && self.listed.insert(resource);
+            if let Some(revision) = update.listed_at().filter(|_| !self.ready.load(Ordering::SeqCst)) {
+                // The startup lists' revision: what reconcileExisting's
+                // unconditional retry covers.
+                self.worker.startup_listed_at.fetch_max(revision, Ordering::SeqCst);
+            }
             self.apply(update);
             if list && self.listed.len() == Resource::ALL.len() {
                 if first {

@@ -433,10 +433,12 @@ impl Repository {
         fn one<T: DeserializeOwned>(gets: &[Option<kayra_store::KeyValue>], i: usize) -> Result<Option<Versioned<T>>> {
             gets.get(i).and_then(Option::as_ref).map(decode).transpose()
         }
+        let attempt: Option<Versioned<A>> = one(gets, 2)?;
         Ok(JobRead {
             subscription: one(gets, 0)?,
             registration: one(gets, 1)?,
-            attempt: one(gets, 2)?.map(|v: Versioned<A>| v.value),
+            attempt_revision: attempt.as_ref().map_or(0, |a| a.revision),
+            attempt: attempt.map(|v| v.value),
             runs: gets.get(3).and_then(Option::as_ref).map(|kv| {
                 // Runs are history, not state: a history that does not
                 // read is replaced by the next run's, never a job's end.
@@ -560,6 +562,8 @@ pub struct JobRead<A> {
     pub registration: Option<Versioned<kayra_core::ApiRegistration>>,
     /// The reconciler's given-up attempt record.
     pub attempt: Option<A>,
+    /// The store revision the attempt record was written at (0: none).
+    pub attempt_revision: Revision,
     /// The subscription's run history (`None`: no record yet).
     pub runs: Option<RunRing>,
     /// The store revision of the read.
