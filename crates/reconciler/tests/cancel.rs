@@ -13,11 +13,13 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::backend::TestBackend;
-use common::{Kind, Seed, eventually, start_reconciler, store};
+use common::{Kind, Running, Seed, eventually, start_reconciler, store};
 use kayra_catalog::repo::cancels::{CancelOutcome, CancelRequest};
 use kayra_catalog::repo::{RecordRef, Repository};
 use kayra_config::ReconcilerConfig;
 use kayra_core::{Run, RunResult, RunTrigger, Subscription, SubscriptionState};
+use kayra_reconciler::Reconciler;
+use kayra_store::WatcherEvent;
 
 const API: &str = "compute.example.com";
 const WARM: &str = "warm.example.com";
@@ -289,4 +291,89 @@ both_backends!(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn etcd_the_holder_stops_the_run_whichever_process_asked() {
     the_holder_stops_the_run_whichever_process_asked(Kind::Etcd).await;
+}
+
+/// A reconciler that starts while another runs a job lists the job as not
+/// synced, and its startup trigger waits behind the other's lock. A cancel
+/// of that run lands meanwhile. When the trigger takes the lock, the
+/// cancelled record is newer than its startup list: the seed's
+/// unconditional retry does not cover it, and nothing runs until the next
+/// write. The lock keys show each step, so nothing here is left to timing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcd_a_startup_trigger_waiting_for_the_lock_leaves_a_run_cancelled_meanwhile_stopped() {
+    use futures::StreamExt;
+    let store = store(Kind::Etcd).await;
+    let repo = Repository::new(store.store.clone(), "dev", "local");
+    let backend = TestBackend::start().await;
+    let seed = seed_api(&repo).await;
+    let cfg = config(&format!("{}/ok", backend.base), None);
+    let first = start_reconciler(&Repository::new(store.connect_again().await, "dev", "local"), cfg.clone());
+    seed.namespace("n1").await;
+    seed.subscription("n1", API).await;
+    eventually("the first reconciler's run polling", || async { !run_ids(&backend, "/ok").is_empty() }).await;
+
+    // Every move of the subscription's job lock from here on: first the
+    // key of the running job's (the namespace's activation is done).
+    let mut locks = store.store.watcher("/locks/").filter(|event| {
+        let key = match event {
+            WatcherEvent::InitApply(kv) | WatcherEvent::Apply(kv) => kv.key.as_str(),
+            WatcherEvent::Delete { key, .. } => key.as_str(),
+            _ => "subscriptions",
+        };
+        std::future::ready(key.contains("subscriptions"))
+    });
+    let mut held = Vec::new();
+    loop {
+        match locks.next().await.expect("the lock watch") {
+            WatcherEvent::InitApply(kv) => held.push(kv.key),
+            WatcherEvent::InitDone { .. } => break,
+            _ => {}
+        }
+    }
+    let [running_lock] = held.as_slice() else { panic!("one lock held by the running job: {held:?}") };
+
+    // The second reconciler lists while the run is in flight.
+    let cancel = tokio_util::sync::CancellationToken::new();
+    let second = Reconciler::new(Repository::new(store.connect_again().await, "dev", "local"), cfg, cancel.clone())
+        .expect("valid reconciler config");
+    let ready = second.ready_flag();
+    let second = Running::spawn(second, cancel);
+    eventually("the second reconciler listed", || async { ready.load(std::sync::atomic::Ordering::SeqCst) }).await;
+
+    let (ns, id) = run_ids(&backend, "/ok")[0].clone();
+    let request = CancelRequest::new(&ns, API, &id, "alice", "bad canary");
+    let outcome = repo.cancel_run(&request, PATIENCE).await.unwrap();
+    assert!(matches!(outcome, CancelOutcome::Cancelled(_)), "{outcome:?}");
+
+    // The running job's lock goes with its cancelled result; the waiting
+    // trigger then takes the lock (the first key put after that: the
+    // first reconciler has nothing to do), decides, and lets go without a
+    // call.
+    let calls = backend.count("/ok/");
+    let (mut released, mut taken, mut let_go) = (false, None, false);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while !let_go {
+        let Ok(event) = tokio::time::timeout_at(deadline, locks.next()).await else {
+            panic!(
+                "the startup trigger did not take the lock and let it go (running job's released: {released}, \
+                 taken: {taken:?}); runs that called the backend: {:?}",
+                run_ids(&backend, "/ok")
+            );
+        };
+        match event.expect("the lock watch") {
+            WatcherEvent::Delete { key, .. } if key == *running_lock => released = true,
+            // Before, its tries saw the lock held and took their keys back.
+            WatcherEvent::Apply(kv) if released => taken = Some(kv.key),
+            WatcherEvent::Delete { key, .. } if Some(&key) == taken.as_ref() => let_go = true,
+            WatcherEvent::Init | WatcherEvent::InitApply(_) | WatcherEvent::InitDone { .. } => {
+                panic!("the lock watch re-listed: this test needs every move")
+            }
+            _ => {}
+        }
+    }
+    assert_eq!(backend.count("/ok/"), calls, "the cancelled job ran again: {:?}", backend.calls());
+    let runs = repo.runs_page("n1", API, None, 0).await.unwrap().items;
+    assert_eq!(runs.iter().map(|r| r.result).collect::<Vec<_>>(), [RunResult::Cancelled], "one run, cancelled");
+    first.stop().await;
+    second.stop().await;
 }
