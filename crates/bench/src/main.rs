@@ -62,11 +62,18 @@ struct Args {
     /// this `kayra` binary (default: in this process).
     #[arg(long)]
     reconciler_processes: Option<std::path::PathBuf>,
+    /// Only the placeholder fan-out at `--subscribers`, every history
+    /// full, against raw puts (`reconcile.rs`; issue 34 at 100,000).
+    #[arg(long)]
+    fan_out_only: bool,
+    /// The reconciler's `max_concurrent_reconciles` in `--fan-out-only`.
+    #[arg(long, default_value_t = 30)]
+    pool: usize,
     /// Only the staged rollout's figures (`reconcile.rs`, issue 31), at
     /// `--subscribers`.
     #[arg(long)]
     rollout_only: bool,
-    /// With `--reconciler-only` or `--rollout-only`: only this backend's figures (`local` or `etcd`).
+    /// With `--reconciler-only`, `--fan-out-only`, `--rollout-only` or `--serve-only`: only this backend's figures (`local` or `etcd`).
     #[arg(long, value_parser = ["local", "etcd"])]
     backend: Option<String>,
     /// Only the `kayra serve` figures (`serve.rs`).
@@ -145,6 +152,9 @@ async fn main() -> anyhow::Result<()> {
     }
     println!("| backend | measurement | ops/s | ratio to raw |");
     println!("|---|---|---:|---:|");
+    if args.fan_out_only {
+        return fan_out_only(&args, &local, &etcd).await;
+    }
     if args.reconciler_only {
         return reconciler(&args, &local, &etcd).await;
     }
@@ -177,8 +187,13 @@ async fn serve_figures(args: &Args, etcd: &kayra_testkit::Etcd) -> anyhow::Resul
     println!("| backend | measurement | ops/s | p50 ms | p99 ms | ratio |");
     println!("|---|---|---:|---:|---:|---|");
     let serve_dir = tempfile::tempdir()?;
-    let database = kayra_config::DatabaseConfig::local(kayra_testkit::local_config(serve_dir.path()));
-    serve::run("local", database, None, args.ops, args.serve_prefill).await?;
+    if args.backend.as_deref() != Some("etcd") {
+        let database = kayra_config::DatabaseConfig::local(kayra_testkit::local_config(serve_dir.path()));
+        serve::run("local", database, None, args.ops, args.serve_prefill).await?;
+    }
+    if args.backend.as_deref() == Some("local") {
+        return Ok(());
+    }
     // A prefilled store needs more than etcd's default quota, history included.
     let large = match args.serve_prefill {
         0 => None,
@@ -266,6 +281,23 @@ async fn reconciler(args: &Args, local: &kayra_config::LocalConfig, etcd: &kayra
         None => reconcile::ScaleOut::InProcess,
     });
     reconcile::run("etcd", connect, Some(etcd_compact(etcd).await), &sizes).await
+}
+
+/// The placeholder fan-out alone (`--fan-out-only`), both backends or `--backend`'s.
+async fn fan_out_only(
+    args: &Args,
+    local: &kayra_config::LocalConfig,
+    etcd: &kayra_testkit::Etcd,
+) -> anyhow::Result<()> {
+    if args.backend.as_deref() != Some("etcd") {
+        reconcile::fan_out_only("local", local_connect(local), None, (args.subscribers, args.pool)).await?;
+    }
+    if args.backend.as_deref() != Some("local") {
+        let compact = etcd_compact(etcd).await;
+        let sizes = (args.subscribers, args.pool);
+        reconcile::fan_out_only("etcd", etcd_connect(etcd, "/fanout"), Some(compact), sizes).await?;
+    }
+    Ok(())
 }
 
 /// The staged rollout's figures alone (`--rollout-only`), both backends.

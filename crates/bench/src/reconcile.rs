@@ -43,7 +43,7 @@ use kayra_core::rollout::{Approval, RolloutPolicy, RolloutRecord, RolloutState, 
 use kayra_core::run_ring::RunRing;
 use kayra_core::{ApiRegistration, Subscription};
 use kayra_reconciler::Reconciler;
-use kayra_store::{Op, Store, Txn};
+use kayra_store::{Compare, Op, Store, Txn};
 use kayra_testkit::backend::TestBackend;
 use tokio_util::sync::CancellationToken;
 
@@ -85,6 +85,129 @@ async fn alternate_bumps(
         }
     }
     Ok(())
+}
+
+/// `n` raw single-key puts of 256 bytes under `/bench/rawput/<round>/`,
+/// 32 in flight: the fan-outs' baseline.
+async fn raw_puts(store: &Store, n: usize, round: &'static str) -> anyhow::Result<f64> {
+    rate(n, 32, move |i| {
+        let store = store.clone();
+        async move {
+            let key = format!("/bench/rawput/{round}/{i:08}");
+            store.txn(Txn::new().then(Op::Put { key, value: vec![b'x'; 256] })).await.map(|_| ())
+        }
+    })
+    .await
+}
+
+/// SyncID bumps [`fan_out_only`] measures.
+const LARGE_FAN_OUT_BUMPS: usize = 3;
+
+/// The placeholder fan-out alone at `n` subscribers of one API, with the
+/// default `run_history` and every history full (a long-lived deployment:
+/// each run displaces the oldest), against raw single-key puts before and
+/// after (`--fan-out-only`; issue 34 at 100,000), and against its floor
+/// ([`reconcile_floor`]). `pool` is the reconciler's
+/// `max_concurrent_reconciles`. Prints the initial sync of every
+/// subscriber too, for what it is worth.
+pub async fn fan_out_only(
+    backend: &str,
+    connect: Connect,
+    compact: Option<Compact>,
+    (n, pool): (usize, usize),
+) -> anyhow::Result<()> {
+    let store = connect().await?;
+    let probe = connect().await?;
+    let row = |what: &str, value: String, ratio: String| println!("| {backend} | {what} | {value} | {ratio} |");
+    let raw_before = raw_puts(&store, n, "before").await?;
+    let deployment = Deployment::seed(&probe, "large", "placeholder", n).await?;
+    let config = ReconcilerConfig { max_concurrent_reconciles: pool, ..Default::default() };
+    let running = vec![start(&store, &deployment.region, config.clone())?];
+    let started = Instant::now();
+    deployment.wait_synced("s1").await?;
+    let initial = n as f64 / started.elapsed().as_secs_f64();
+    stop(running).await?;
+    deployment.fill_runs(config.run_history).await?;
+    let running = vec![start(&store, &deployment.region, config)?];
+    settle(&store).await;
+    // Each bump followed by the floor, so that the store's drift weighs on both alike.
+    let (mut rates, mut floors) = (Vec::new(), Vec::new());
+    let mut trips = 0.0;
+    for bump in 0..LARGE_FAN_OUT_BUMPS {
+        compacted(compact.as_ref()).await?;
+        settle(&store).await;
+        let before = store.round_trips();
+        let took = deployment.bump_and_wait(&format!("s{}", bump + 2)).await?;
+        trips += (store.round_trips() - before) as f64;
+        rates.push(n as f64 / took.as_secs_f64());
+        compacted(compact.as_ref()).await?;
+        floors.push(reconcile_floor(&store, &deployment).await?);
+    }
+    stop(running).await?;
+    compacted(compact.as_ref()).await?;
+    let raw_after = raw_puts(&store, n, "after").await?;
+    let raw_put = (raw_before + raw_after) / 2.0;
+    row(
+        &format!("raw single-key put, 32 in flight, {n} keys (before and after the fan-outs)"),
+        format!("{raw_put:.0}/s ({raw_before:.0}, {raw_after:.0})"),
+        "1.00".into(),
+    );
+    row(
+        &format!("initial sync, placeholder, {n} subscribers, pool {pool}"),
+        format!("{initial:.0}/s"),
+        format!("{:.2} of puts", initial / raw_put),
+    );
+    let fan = overall(&rates);
+    let each: Vec<String> = rates.iter().map(|r| format!("{r:.0}")).collect();
+    row(
+        &format!(
+            "fan-out, placeholder, {n} subscribers, pool {pool}, run_history 20 full ({LARGE_FAN_OUT_BUMPS} bumps: {}/s)",
+            each.join(", ")
+        ),
+        format!("{fan:.0}/s"),
+        format!("{:.2} of puts", fan / raw_put),
+    );
+    let floor = overall(&floors);
+    let each: Vec<String> = floors.iter().map(|r| format!("{r:.0}")).collect();
+    row(
+        &format!(
+            "floor: the store's own work of those reconciles, no kayra code ({LARGE_FAN_OUT_BUMPS} rounds: {}/s)",
+            each.join(", ")
+        ),
+        format!("{floor:.0}/s"),
+        format!("{:.2} of puts; the fan-out {:.2} of it", floor / raw_put, fan / floor),
+    );
+    row("store round trips per reconcile", format!("{:.2}", trips / (n * LARGE_FAN_OUT_BUMPS) as f64), "-".into());
+    Ok(())
+}
+
+/// The store's own work of one fan-out's reconciles, through the store
+/// client with no decision, pipeline or encoding of kayra's: for each
+/// subscriber, the job lock's transaction (its key put if absent, with
+/// the job's four reads) and then the result's (the subscription's and
+/// its run history's values written back as read, compared on the
+/// subscription's revision, the lock's key deleted), both by group commit
+/// as the reconciler's are, 30 in flight. Subscribers/s.
+async fn reconcile_floor(store: &Store, deployment: &Deployment) -> anyhow::Result<f64> {
+    rate(deployment.n, 30, |i| {
+        let (store, keys) = (store.clone(), deployment.repo.job_read_keys(&format!("t{i}"), API));
+        async move {
+            let lock = format!("/bench/floor/locks/{i:08}");
+            let locked =
+                Txn::new().when(Compare::Absent(lock.clone())).then(Op::Put { key: lock.clone(), value: Vec::new() });
+            let read = store.txn_grouped(keys.into_iter().fold(locked, |t, key| t.then(Op::Get { key }))).await?;
+            let mut gets = read.gets.into_iter();
+            let subscription = gets.next().flatten().ok_or_else(|| kayra_store::Error::NotFound(lock.clone()))?;
+            let mut result = Txn::new()
+                .when(Compare::ModRevision(subscription.key.clone(), subscription.mod_revision))
+                .then(Op::Put { key: subscription.key, value: subscription.value });
+            if let Some(runs) = gets.nth(2).flatten() {
+                result = result.then(Op::Put { key: runs.key, value: runs.value });
+            }
+            store.txn_grouped(result.then(Op::Delete { key: lock })).await.map(|_| ())
+        }
+    })
+    .await
 }
 
 /// Fan-out rates (subscribers/s) of a deployment whose reconciler tells
@@ -153,16 +276,7 @@ pub async fn run(backend: &str, connect: Connect, compact: Option<Compact>, size
     let http = TestBackend::start().await;
     let row = |what: &str, value: String, ratio: String| println!("| {backend} | {what} | {value} | {ratio} |");
 
-    let raw_puts = |round: &'static str| {
-        let store = store.clone();
-        rate(sizes.fan_out, 32, move |i| {
-            let store = store.clone();
-            async move {
-                let key = format!("/bench/rawput/{round}/{i:08}");
-                store.txn(Txn::new().then(Op::Put { key, value: vec![b'x'; 256] })).await.map(|_| ())
-            }
-        })
-    };
+    let raw_puts = |round: &'static str| raw_puts(&store, sizes.fan_out, round);
     let raw_before = raw_puts("before").await?;
     let raw_cas = raw_cas(&store, sizes.fan_out).await?;
 

@@ -151,8 +151,10 @@ pub async fn run(
     let token = token["token"].as_str().context("token")?.to_string();
     let registration = ApiRegistration { name: API.into(), sync_id: "s1".into(), ..Default::default() };
     repo.create(RecordRef::Registration(API), &registration, "registration").await?;
-    // b<i> for the POSTs measured, r<i> for the same through reqwest.
-    let namespaces = futures::stream::iter((0..ops).flat_map(|i| [format!("b{i}"), format!("r{i}")])).map(|name| {
+    // b<i> for the POSTs measured, r<i> for the same through reqwest, f<i>
+    // for their floor.
+    let names = (0..ops).flat_map(|i| [format!("b{i}"), format!("r{i}"), format!("f{i}")]);
+    let namespaces = futures::stream::iter(names).map(|name| {
         let repo = repo.clone();
         async move {
             let ns = Namespace { name, active: true, ..Namespace::default() };
@@ -187,6 +189,7 @@ pub async fn run(
         async move { Ok(store.create(&format!("/bench/raw/{i:08}"), value).await.map(|_| ())?) }
     })
     .await?;
+    let create_floor = create_floor(&repo, ops).await?;
     fn b64(s: &[u8]) -> String {
         base64::engine::general_purpose::STANDARD.encode(s)
     }
@@ -269,6 +272,14 @@ pub async fn run(
     let gets = [(&get, gateway_range.as_ref()), (&get_reqwest, gateway_range_reqwest.as_ref())];
     let names = ("etcd gateway POST /v3/kv/put", "API POST subscription (auth + RBAC)");
     report(backend, ("raw store create", &raw_create), names, clients.into_iter().zip(posts));
+    let mut baselines = vec![("raw", &raw_create)];
+    baselines.extend(gateway_put.as_ref().map(|put| ("gateway", put)));
+    row(
+        backend,
+        "floor: a subscription create's store transaction alone (no HTTP, auth, RBAC or JSON)",
+        &create_floor,
+        &baselines,
+    );
     let names = ("etcd gateway POST /v3/kv/range", "API GET subscription (auth + RBAC)");
     report(backend, ("raw store get", &raw_get), names, clients.into_iter().zip(gets));
     row(backend, "GET /healthz (HTTP floor: no auth, no store)", &healthz, &[("raw", &raw_get)]);
@@ -276,6 +287,52 @@ pub async fn run(
     propagation(backend, &base, &config, &http).await?;
     stop.cancel();
     Ok(())
+}
+
+/// The floor of `POST …/subscriptions`: the store transaction a
+/// subscription create sends — its namespace and registration compared
+/// present and the record absent; the record, its two index keys and (when
+/// the API's POSTs wrote one) an audit record of their size put; the
+/// registration read — sent raw through the store client by group commit,
+/// as the API's writes go, to the namespaces `f<i>`, [`INFLIGHT`] at a
+/// time.
+async fn create_floor(repo: &Repository, ops: usize) -> anyhow::Result<Figures> {
+    let (audits, _) = repo.store().list_all(&repo.layout().prefix(kayra_catalog::repo::Collection::Audit)).await?;
+    let audit_size = audits.iter().map(|kv| kv.value.len()).sum::<usize>() / audits.len().max(1);
+    let registration = repo.layout().key(RecordRef::Registration(API));
+    measure(ops, |i| {
+        let (store, registration) = (repo.store().clone(), registration.clone());
+        let namespace = repo.layout().key(RecordRef::Namespace(&format!("f{i}")));
+        let key = format!("/bench/floor/subscriptions/f{i}/{API}");
+        let index = |kind: &str| kayra_store::Op::Put {
+            key: format!("/bench/floor/{kind}/f{i}/{API}"),
+            value: key.clone().into_bytes(),
+        };
+        let txn = kayra_store::Txn::new()
+            .when(kayra_store::Compare::Exists(namespace))
+            .when(kayra_store::Compare::Exists(registration.clone()))
+            .when(kayra_store::Compare::Absent(key.clone()))
+            .then(kayra_store::Op::Put {
+                key: key.clone(),
+                value: serde_json::to_vec(&Subscription::new(format!("f{i}"), API)).unwrap_or_default(),
+            })
+            .then(index("subscribers"))
+            .then(index("namespace-subscribers"));
+        // Audited (§13) when the API's creates were.
+        let txn = match audit_size {
+            0 => txn,
+            size => {
+                txn.then(kayra_store::Op::Put { key: format!("/bench/floor/audit/{i:08}"), value: vec![b'a'; size] })
+            }
+        };
+        let txn = txn.then(kayra_store::Op::Get { key: registration });
+        async move {
+            let done = store.txn_grouped(txn).await?;
+            anyhow::ensure!(done.succeeded, "the floor's create of f{i} failed its compares");
+            Ok(())
+        }
+    })
+    .await
 }
 
 /// 100 revocations through one replica, each timed until the other
