@@ -186,6 +186,12 @@ pub trait Backend: Send + Sync + 'static {
     fn group_limits(&self) -> (usize, usize) {
         (4, 1)
     }
+    /// Whether [`Store::txn_grouped`] groups transactions that only read
+    /// too (etcd: one Txn for many reads saves round trips), or sends each
+    /// alone ([`Backend::txn`]).
+    fn groups_reads(&self) -> bool {
+        true
+    }
     /// Every key under `prefix` at one revision, read page by page.
     async fn snapshot(&self, prefix: &str) -> Result<(Vec<KeyValue>, Revision)>;
     /// [`Backend::snapshot`] handed out a page at a time, each page with
@@ -438,8 +444,13 @@ impl Store {
     /// trip (one SQLite transaction; one etcd Txn), with the answer each
     /// would have had alone. For many small independent writers (the
     /// reconciler's jobs): under load they share commits instead of
-    /// queueing for them one by one; alone, nothing waits.
+    /// queueing for them one by one; alone, nothing waits. A transaction
+    /// that only reads goes alone where the backend gains nothing from
+    /// grouping reads ([`Backend::groups_reads`]).
     pub async fn txn_grouped(&self, txn: Txn) -> Result<TxnResponse> {
+        if !self.backend.groups_reads() && txn.reads_only() {
+            return self.txn(txn).await;
+        }
         let group = self.groups.get_or_init(|| {
             let (backend, calls) = (self.backend.clone(), self.calls.clone());
             let (in_flight, max_batch) = backend.group_limits();

@@ -222,11 +222,6 @@ impl LocalStore {
         })
         .await
     }
-
-    /// Whether `txn` only reads, whichever branch runs.
-    fn reads_only(txn: &Txn) -> bool {
-        txn.success.iter().chain(&txn.failure).all(|op| matches!(op, Op::Get { .. }))
-    }
 }
 
 /// Why a failed single-key write failed, from its `else` branch's read.
@@ -304,7 +299,7 @@ impl Backend for LocalStore {
         // snapshot on a reader connection: it neither takes the file's
         // write lock nor queues behind this process's writers, as etcd
         // serves a read-only Txn without a raft proposal.
-        if Self::reads_only(&txn) {
+        if txn.reads_only() {
             return self.read_txns(vec![txn]).await.map(|mut resps| resps.remove(0));
         }
         self.write(txn).await
@@ -316,7 +311,7 @@ impl Backend for LocalStore {
     /// reads is one snapshot on a reader connection.
     async fn txn_group(&self, txns: Vec<Txn>, started: std::time::Instant) -> Vec<Result<TxnResponse>> {
         let n = txns.len();
-        let answer = if txns.iter().all(Self::reads_only) {
+        let answer = if txns.iter().all(Txn::reads_only) {
             self.read_txns(txns).await
         } else {
             let retain = self.inner.retain;
@@ -331,6 +326,13 @@ impl Backend for LocalStore {
     /// One writer: batches queue behind the one committing, and go as one.
     fn group_limits(&self) -> (usize, usize) {
         (1, 256)
+    }
+
+    /// A read shares no commit: each runs on the reader connection of the
+    /// thread it is on, all at once, instead of queueing behind the one
+    /// batch in flight.
+    fn groups_reads(&self) -> bool {
+        false
     }
 
     async fn snapshot(&self, prefix: &str) -> Result<(Vec<KeyValue>, Revision)> {

@@ -64,6 +64,10 @@ impl Txn {
         self.failure.push(op);
         self
     }
+    /// Whether it only reads, whichever branch runs.
+    pub fn reads_only(&self) -> bool {
+        self.success.iter().chain(&self.failure).all(|op| matches!(op, Op::Get { .. }))
+    }
 }
 
 /// What a transaction did.

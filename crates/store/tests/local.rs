@@ -208,7 +208,8 @@ fn open_config(path: &Path, request_timeout: Duration) -> kayra_config::Database
 
 /// Another connection (as another process would) holds the file's write
 /// lock: a write waits at most the request timeout and then fails without
-/// ever committing later; reads meanwhile answer at once (platform §3).
+/// ever committing later; reads meanwhile answer at once (platform §3),
+/// those by group commit included.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reads_never_wait_behind_a_write_waiting_for_the_lock() {
     let dir = tempfile::tempdir().unwrap();
@@ -224,20 +225,33 @@ async fn reads_never_wait_behind_a_write_waiting_for_the_lock() {
         let store = store.clone();
         async move { store.create("/blocked", b"y".to_vec()).await }
     });
+    // A write by group commit too: it holds the group's one place in flight.
+    let grouped = tokio::spawn({
+        let store = store.clone();
+        let txn = Txn::new()
+            .when(Compare::Absent("/blocked-grouped".into()))
+            .then(Op::Put { key: "/blocked-grouped".into(), value: b"y".to_vec() });
+        async move { store.txn_grouped(txn).await }
+    });
     // While the write waits, every read answers quickly.
     while started.elapsed() < Duration::from_millis(1000) {
         let begun = std::time::Instant::now();
         assert!(store.get("/present").await.unwrap().0.is_some());
         assert_eq!(store.list("/", None, 0).await.unwrap().items.len(), 1);
         store.revision().await.expect("readiness does not wait for the write lock");
-        let read = Txn::new().when(Compare::Exists("/present".into())).then(Op::Get { key: "/present".into() });
-        let read = store.txn(read).await.expect("a read-only transaction does not wait for the write lock");
+        let txn = Txn::new().when(Compare::Exists("/present".into())).then(Op::Get { key: "/present".into() });
+        let read = store.txn(txn.clone()).await.expect("a read-only transaction does not wait for the write lock");
+        assert!(read.succeeded && read.gets[0].is_some());
+        // Nor does one by group commit wait behind the grouped write.
+        let read = store.txn_grouped(txn).await.expect("a grouped read does not wait for the write lock");
         assert!(read.succeeded && read.gets[0].is_some());
         assert!(begun.elapsed() < Duration::from_millis(500), "a read took {:?}", begun.elapsed());
-        assert!(!write.is_finished(), "the write waits for the lock");
+        assert!(!write.is_finished() && !grouped.is_finished(), "the writes wait for the lock");
     }
     let result = write.await.unwrap();
     let took = started.elapsed();
+    assert!(matches!(result, Err(Error::Unavailable(_))), "want Unavailable, got {result:?}");
+    let result = grouped.await.unwrap();
     assert!(matches!(result, Err(Error::Unavailable(_))), "want Unavailable, got {result:?}");
     assert!(took < timeout + Duration::from_millis(700), "the write answered after {took:?}");
 
@@ -246,6 +260,7 @@ async fn reads_never_wait_behind_a_write_waiting_for_the_lock() {
     store.create("/after", b"z".to_vec()).await.unwrap();
     tokio::time::sleep(timeout).await; // longer than any attempt could still run
     assert_eq!(store.get("/blocked").await.unwrap().0, None, "a write answered Unavailable must not commit later");
+    assert_eq!(store.get("/blocked-grouped").await.unwrap().0, None, "nor a grouped one");
 }
 
 /// The store file deleted (with its `-wal` and `-shm`) or replaced under a
