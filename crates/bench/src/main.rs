@@ -14,7 +14,9 @@
 //!   against raw creates and gets at the same concurrency;
 //! - the reconciler (`reconcile.rs`): fan-out, run recording, a 20 ms
 //!   step, scale-out, round trips per reconcile, a staged rollout's fan-out
-//!   (`--rollout-only` for that figure alone);
+//!   (`--rollout-only` for that figure alone); the placeholder fan-out
+//!   alone at any size against raw puts and its floor (`--fan-out-only`,
+//!   `--pool`);
 //! - a real `kayra reconciler`'s restart over 100,000 synced
 //!   subscriptions (`restart.rs`, `--restart`; any number with
 //!   `--restart-subscribers`): time to ready, RSS, idle;
