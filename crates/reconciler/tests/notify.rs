@@ -366,7 +366,6 @@ async fn the_last_result_carries_the_fan_out(kind: Kind) {
     let receiver = Receiver::start(|_| Answer::Status(200)).await;
     let mut setup = setup(&receiver, &["fanout.completed"], 10, "5s");
     setup.config.max_concurrent_reconciles = 1;
-    let _reconciler = start(&repo, &setup);
     let seed = Seed(&repo);
     seed.registration(API, "m", "s1").await;
     let namespaces = ["ns-a", "ns-b", "ns-c"];
@@ -374,6 +373,9 @@ async fn the_last_result_carries_the_fan_out(kind: Kind) {
         seed.namespace(ns).await;
         seed.subscription(ns, API).await;
     }
+    // Started once all three exist: a fan-out of s1 to fewer (the first
+    // ones synced before the last was created) would complete early.
+    let _reconciler = start(&repo, &setup);
     for sync_id in ["s1", "s2"] {
         if sync_id == "s2" {
             seed.bump(API, sync_id).await;
