@@ -106,7 +106,7 @@ fn filled_row(backend: &str, what: &str, filled: &generate::Filled) {
 
 /// etcd's backend size once its whole history is compacted away and the
 /// file defragmented, as `etcdctl endpoint status` reports it.
-fn db_size(endpoint: &str) -> anyhow::Result<u64> {
+pub(crate) fn db_size(endpoint: &str) -> anyhow::Result<u64> {
     let status = etcdctl(endpoint, &["endpoint", "status", "-w", "json"])?;
     let revision = status[0]["Status"]["header"]["revision"].as_u64().context("revision")?;
     etcdctl(endpoint, &["compaction", "--physical", &revision.to_string()]).ok();
