@@ -127,7 +127,8 @@ pub async fn fan_out_only(
     deployment.wait_synced("s1").await?;
     let initial = n as f64 / started.elapsed().as_secs_f64();
     stop(running).await?;
-    deployment.fill_runs(config.run_history).await?;
+    let keep = config.run_history;
+    deployment.fill_runs(keep).await?;
     let running = vec![start(&store, &deployment.region, config)?];
     settle(&store).await;
     // Each bump followed by the floor, so that the store's drift weighs on both alike.
@@ -157,22 +158,20 @@ pub async fn fan_out_only(
         format!("{initial:.0}/s"),
         format!("{:.2} of puts", initial / raw_put),
     );
-    let fan = overall(&rates);
-    let each: Vec<String> = rates.iter().map(|r| format!("{r:.0}")).collect();
+    let each = |rates: &[f64]| rates.iter().map(|r| format!("{r:.0}")).collect::<Vec<_>>().join(", ");
+    let (fan, floor) = (overall(&rates), overall(&floors));
     row(
         &format!(
-            "fan-out, placeholder, {n} subscribers, pool {pool}, run_history 20 full ({LARGE_FAN_OUT_BUMPS} bumps: {}/s)",
-            each.join(", ")
+            "fan-out, placeholder, {n} subscribers, pool {pool}, run_history {keep} full ({LARGE_FAN_OUT_BUMPS} bumps: {}/s)",
+            each(&rates)
         ),
         format!("{fan:.0}/s"),
         format!("{:.2} of puts", fan / raw_put),
     );
-    let floor = overall(&floors);
-    let each: Vec<String> = floors.iter().map(|r| format!("{r:.0}")).collect();
     row(
         &format!(
             "floor: the store's own work of those reconciles, no kayra code ({LARGE_FAN_OUT_BUMPS} rounds: {}/s)",
-            each.join(", ")
+            each(&floors)
         ),
         format!("{floor:.0}/s"),
         format!("{:.2} of puts; the fan-out {:.2} of it", floor / raw_put, fan / floor),
