@@ -126,11 +126,11 @@ impl Repository {
     /// so that its result's history keeps them. A record that does not
     /// decode is left out (runs are history, not state).
     pub async fn earlier_runs(&self, namespace: &str, api: &str) -> Result<RunRing> {
-        let prefix = self.layout.prefix(Collection::RunSlots { namespace, api });
-        let (records, _) = self.store.list_all(&prefix).await?;
-        let mut runs: Vec<Run> = records
+        let runs: Vec<Run> = self
+            .slot_records(namespace, api)
+            .await?
             .iter()
-            .filter_map(|kv| match run_codec::decode(&kv.value, namespace, api) {
+            .filter_map(|(_, kv)| match run_codec::decode(&kv.value, namespace, api) {
                 Ok(run) => Some(run),
                 Err(e) => {
                     tracing::warn!(key = %kv.key, error = %e, "an earlier build's run record does not read; left out");
@@ -138,23 +138,29 @@ impl Repository {
                 }
             })
             .collect();
-        runs.sort_by(|a, b| b.id.cmp(&a.id));
         Ok(RunRing::of(&runs, runs.len()))
     }
 
     /// The subscription's run history, one record; without one, the run
-    /// records an earlier build kept for it, by id newest first.
+    /// records an earlier build kept for it.
     async fn stored_runs(&self, namespace: &str, api: &str) -> Result<Stored> {
         let key = self.layout.key(RecordRef::Runs { namespace, api });
         if let (Some(kv), _) = self.store.get(&key).await? {
             let ring = RunRing::decode(&kv.value).map_err(|e| Error::Corrupt { key, message: e.to_string() })?;
             return Ok(Stored::History { key: kv.key, ring });
         }
+        Ok(Stored::Slots(self.slot_records(namespace, api).await?))
+    }
+
+    /// The run records an earlier build kept for the subscription, one a
+    /// run in its ring slots, with their ids, newest first (a record whose
+    /// id does not read is left out).
+    async fn slot_records(&self, namespace: &str, api: &str) -> Result<Vec<(String, KeyValue)>> {
         let prefix = self.layout.prefix(Collection::RunSlots { namespace, api });
         let (records, _) = self.store.list_all(&prefix).await?;
         let mut records: Vec<(String, KeyValue)> =
             records.into_iter().filter_map(|kv| Some((run_codec::id(&kv.value)?, kv))).collect();
         records.sort_by(|a, b| b.0.cmp(&a.0));
-        Ok(Stored::Slots(records))
+        Ok(records)
     }
 }
