@@ -24,7 +24,9 @@
 //!   decoding the rest, and [`RunRing::run`] decodes one run: a page of
 //!   runs decodes only its own (§17).
 
-use std::io::{Read, Write};
+use std::cell::RefCell;
+
+use flate2::{Compress, Compression, Decompress, FlushCompress, FlushDecompress, Status};
 
 use crate::Run;
 use crate::run_codec::{self, DecodeError};
@@ -62,14 +64,7 @@ impl RunRing {
         let Some(deflated) = bytes.strip_prefix(&[RING_V1]) else {
             return Err(DecodeError("not a run history record".into()));
         };
-        let mut inflated = Vec::new();
-        flate2::read::DeflateDecoder::new(deflated)
-            .take(MAX_DECODED_BYTES as u64 + 1)
-            .read_to_end(&mut inflated)
-            .map_err(|e| DecodeError(e.to_string()))?;
-        if inflated.len() > MAX_DECODED_BYTES {
-            return Err(DecodeError(format!("run history record inflates past {MAX_DECODED_BYTES} bytes")));
-        }
+        let inflated = inflate(deflated)?;
         let records: Vec<&[u8]> = postcard::from_bytes(&inflated).map_err(|e| DecodeError(e.to_string()))?;
         Ok(RunRing { records: records.into_iter().map(<[u8]>::to_vec).collect() })
     }
@@ -80,9 +75,7 @@ impl RunRing {
         // Serializing plain data into a Vec cannot fail, nor can
         // compressing into one.
         let plain = postcard::to_allocvec(&records).unwrap_or_default();
-        let mut deflate = flate2::write::DeflateEncoder::new(vec![RING_V1], flate2::Compression::default());
-        let _ = deflate.write_all(&plain);
-        deflate.finish().unwrap_or_else(|_| vec![RING_V1])
+        deflate(&plain)
     }
 
     /// Adds `run` as the newest and keeps at most `keep` runs, the newest,
@@ -131,8 +124,65 @@ impl RunRing {
     }
 }
 
+thread_local! {
+    /// One compressor and one decompressor a thread, reset for each ring:
+    /// building a compressor allocates and zeroes some 300 KiB of tables,
+    /// which took most of a ring's encoding time (and a decompressor some
+    /// 40 KiB), once for every run a reconciler records.
+    static DEFLATE: RefCell<Compress> = RefCell::new(Compress::new(Compression::default(), false));
+    static INFLATE: RefCell<Decompress> = RefCell::new(Decompress::new(false));
+}
+
+/// `plain` as a ring's stored form: [`RING_V1`], then raw deflate.
+fn deflate(plain: &[u8]) -> Vec<u8> {
+    DEFLATE.with_borrow_mut(|deflate| {
+        deflate.reset();
+        let mut out = Vec::with_capacity(plain.len() / 2 + 64);
+        out.push(RING_V1);
+        loop {
+            let consumed = deflate.total_in() as usize;
+            match deflate.compress_vec(&plain[consumed..], &mut out, FlushCompress::Finish) {
+                Ok(Status::StreamEnd) => return out,
+                // The output is full: more room, and on.
+                Ok(_) => out.reserve(out.capacity()),
+                // Compressing into memory cannot fail.
+                Err(_) => return vec![RING_V1],
+            }
+        }
+    })
+}
+
+/// `deflated` inflated, refused past [`MAX_DECODED_BYTES`] (never
+/// inflating more than one byte past it) or when the stream ends early.
+fn inflate(deflated: &[u8]) -> Result<Vec<u8>, DecodeError> {
+    INFLATE.with_borrow_mut(|inflate| {
+        inflate.reset(false);
+        let mut out = Vec::with_capacity((deflated.len() * 4).clamp(64, MAX_DECODED_BYTES + 1));
+        loop {
+            let (consumed, produced) = (inflate.total_in(), inflate.total_out());
+            let status = inflate
+                .decompress_vec(&deflated[consumed as usize..], &mut out, FlushDecompress::None)
+                .map_err(|e| DecodeError(e.to_string()))?;
+            if out.len() > MAX_DECODED_BYTES {
+                return Err(DecodeError(format!("run history record inflates past {MAX_DECODED_BYTES} bytes")));
+            }
+            if status == Status::StreamEnd {
+                return Ok(out);
+            }
+            if out.len() == out.capacity() {
+                out.reserve_exact(out.capacity().min(MAX_DECODED_BYTES + 1 - out.len()));
+            } else if (inflate.total_in(), inflate.total_out()) == (consumed, produced) {
+                // Room left and nothing more comes of the input: it stops short.
+                return Err(DecodeError("run history record ends inside its compressed stream".into()));
+            }
+        }
+    })
+}
+
 #[cfg(test)]
 mod tests {
+    use std::io::Write;
+
     use proptest::prelude::*;
 
     use super::*;
@@ -219,6 +269,27 @@ mod tests {
         ring.push(&huge, 1000);
         assert_eq!(ring.len(), 1, "the newest run stays whatever it weighs");
         assert_eq!(RunRing::decode(&ring.encode()).unwrap(), ring);
+    }
+
+    /// The stream format is plain raw deflate whatever wrote it: a ring
+    /// deflated by a stream encoder (as earlier builds wrote them) reads,
+    /// and what the reused compressor writes reads with a fresh decoder.
+    #[test]
+    fn rings_read_across_encoders() {
+        use std::io::Read;
+        for steps in [0, 2] {
+            let ring = RunRing::of(&(0..20).map(|n| run(n, steps)).collect::<Vec<_>>(), 20);
+            let records: Vec<&[u8]> = ring.records.iter().map(Vec::as_slice).collect();
+            let plain = postcard::to_allocvec(&records).unwrap();
+            let mut earlier = flate2::write::DeflateEncoder::new(vec![RING_V1], flate2::Compression::default());
+            earlier.write_all(&plain).unwrap();
+            assert_eq!(RunRing::decode(&earlier.finish().unwrap()).unwrap(), ring);
+            let mut inflated = Vec::new();
+            flate2::read::DeflateDecoder::new(&ring.encode()[1..]).read_to_end(&mut inflated).unwrap();
+            assert_eq!(inflated, plain);
+            // Twice in a row on one thread: the reused state starts afresh.
+            assert_eq!(ring.encode(), ring.encode());
+        }
     }
 
     #[test]
