@@ -297,6 +297,8 @@ pub async fn run(
     report(backend, ("raw store get", &raw_get), names, clients.into_iter().zip(gets));
     row(backend, "GET /healthz (HTTP floor: no auth, no store)", &healthz, &[("raw", &raw_get)]);
 
+    get_parts(backend, &repo, &token, ops, (&get, &healthz)).await?;
+
     propagation(backend, &base, &config, &http).await?;
     stop.cancel();
     Ok(())
@@ -346,6 +348,87 @@ async fn create_floor(repo: &Repository, ops: usize) -> anyhow::Result<Figures> 
         }
     })
     .await
+}
+
+/// Where a GET's time goes (issue 34: "authentication, RBAC and the read
+/// cost more than the HTTP round trip itself — find where"): each part of
+/// the handler's work alone, in this process, at the same concurrency as
+/// the HTTP figures and through a Repository with the server's caches, so
+/// each rate is what that part alone would let the two cores do. Per
+/// request, `1 / rate`: the parts' sum against the GET's and `/healthz`'s.
+async fn get_parts(
+    backend: &str,
+    repo: &Repository,
+    token: &str,
+    ops: usize,
+    (get, healthz): (&Figures, &Figures),
+) -> anyhow::Result<()> {
+    let cache = kayra_catalog::cache::AuthCache::start(
+        repo.store(),
+        repo.platform(),
+        repo.region(),
+        Duration::from_secs(5),
+    );
+    let cached = repo.clone().with_cache(cache);
+    // Until the caches have listed what the server's have.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !matches!(cached.authenticate(token).await, Ok(Some(_))) {
+        anyhow::ensure!(Instant::now() < deadline, "the bench's token does not authenticate through the caches");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let token: Arc<str> = token.into();
+    let authenticate = measure(ops, |_| {
+        let (repo, token) = (cached.clone(), token.clone());
+        async move {
+            anyhow::ensure!(repo.authenticate(&token).await?.is_some(), "token refused");
+            Ok(())
+        }
+    })
+    .await?;
+    let decide = measure(ops, |_| {
+        let repo = cached.clone();
+        async move {
+            let request = kayra_rbac::Request::new("catalog.example.com", "subscriptions", "get");
+            anyhow::ensure!(repo.decide("bench", None, &request).await?.is_allowed(), "RBAC denied");
+            Ok(())
+        }
+    })
+    .await?;
+    let read = measure(ops, |i| {
+        let repo = cached.clone();
+        async move {
+            let read = repo.read_subscription(&format!("b{i}"), API).await?;
+            anyhow::ensure!(read.subscription.is_some(), "b{i}'s subscription not found");
+            Ok(())
+        }
+    })
+    .await?;
+    let sample = cached.read_subscription("b0", API).await?;
+    let sync_id = sample.sync_id().to_string();
+    let sub = sample.subscription.context("b0's subscription")?;
+    let json = measure(ops, |_| {
+        let view = sub.value.view(&sync_id);
+        async move { serde_json::to_vec(&view).map(|_| ()).map_err(anyhow::Error::from) }
+    })
+    .await?;
+    let us = |f: &Figures| 1e6 / f.rate;
+    let parts = [
+        ("authentication (token hash, cache)", &authenticate),
+        ("RBAC decision (cache)", &decide),
+        ("the read (subscription, registration, namespace: one read transaction)", &read),
+        ("the answer's JSON", &json),
+    ];
+    for (what, f) in parts {
+        println!("| {backend} | GET's part alone, in process: {what} | {:.0} | {:.1} µs a call | | |", f.rate, us(f));
+    }
+    let sum: f64 = parts.iter().map(|(_, f)| us(f)).sum();
+    println!(
+        "| {backend} | a GET: {:.1} µs of the two cores a request; /healthz {:.1} µs; the parts above {sum:.1} µs; the rest (routing, middleware, extractors, the larger answer) {:.1} µs | | | | |",
+        us(get),
+        us(healthz),
+        us(get) - us(healthz) - sum
+    );
+    Ok(())
 }
 
 /// 100 revocations through one replica, each timed until the other
