@@ -51,6 +51,7 @@ mod batch;
 mod cluster;
 mod lease;
 mod locker;
+mod renewal;
 mod watcher;
 
 pub use cluster::{METRIC_ENDPOINT, METRIC_ENDPOINT_HEALTHY, METRIC_ERRORS, METRIC_FAILOVERS, describe_metrics};

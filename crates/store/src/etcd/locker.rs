@@ -31,7 +31,9 @@
 //! `lock_ttl`, renewed every `lock_ttl / 3` by a background task. The
 //! keep-alive stream lives on one cluster member; when it fails, or that
 //! member fails a health check, it is reopened on the member calls are
-//! pinned to now, so the lease outlives a member's loss. A leader election
+//! pinned to now, and tried again every 250 ms until one TTL has passed
+//! since the last renewal (`renewal`), so the lease outlives a member's
+//! loss. A leader election
 //! does not expire leases (the new leader extends them), so a session
 //! survives one shorter than `lock_ttl` and its locks stay held. Every
 //! mutex key is attached to it, so the locks of a process killed with
@@ -58,17 +60,15 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use async_trait::async_trait;
-use etcd_client::{
-    Compare, CompareOp, GetOptions, LeaseKeepAliveStream, LeaseKeeper, PutOptions, SortOrder, SortTarget, Txn, TxnOp,
-    TxnOpResponse,
-};
+use etcd_client::{Compare, CompareOp, GetOptions, PutOptions, SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse};
 use tokio::sync::OwnedMutexGuard;
 use tokio_util::sync::CancellationToken;
 
 use super::cluster::Cluster;
+use super::renewal::{self, EtcdKeepAlive};
 use super::{Keyspace, revision_of};
 use crate::group::Group;
 use crate::{Error, JobLock, JobLocker, LockedRead, Result};
@@ -459,7 +459,7 @@ impl Session {
         // A grant retried after an unknown outcome may leave an unused
         // lease behind: it expires after its TTL.
         let id = self.cluster.lease_grant(ttl_secs).await?.id();
-        let (keeper, responses, member) = match self.cluster.lease_keep_alive(id).await {
+        let opened = match self.cluster.lease_keep_alive(id).await {
             Ok(opened) => opened,
             Err(e) => {
                 let _ = self.cluster.lease_revoke(id).await;
@@ -467,9 +467,9 @@ impl Session {
             }
         };
         let lost = CancellationToken::new();
-        let cluster = self.cluster.clone();
-        let renewal = Renewal { cluster, id, ttl: Duration::from_secs(ttl_secs.unsigned_abs()), lost: lost.clone() };
-        tokio::spawn(renewal.run(Stream { keeper, responses, member }, self.shutdown.clone()));
+        let link = EtcdKeepAlive::new(self.cluster.clone(), id, opened);
+        let ttl = Duration::from_secs(ttl_secs.unsigned_abs());
+        tokio::spawn(renewal::run(link, ttl, lost.clone(), self.shutdown.clone()));
         tracing::debug!(lease = format!("{id:x}"), ttl_secs, "job lock session started");
         *current = Some(Lease { id, lost });
         Ok(id)
@@ -479,84 +479,6 @@ impl Session {
 impl Drop for Session {
     fn drop(&mut self) {
         self.shutdown.cancel();
-    }
-}
-
-/// The keep-alive task of one lease.
-struct Renewal {
-    cluster: Cluster,
-    id: i64,
-    ttl: Duration,
-    lost: CancellationToken,
-}
-
-/// A keep-alive stream and the cluster member it is open on.
-struct Stream {
-    keeper: LeaseKeeper,
-    responses: LeaseKeepAliveStream,
-    member: usize,
-}
-
-impl Renewal {
-    async fn run(self, mut stream: Stream, shutdown: CancellationToken) {
-        let period = self.ttl / 3;
-        let mut renewed = Instant::now();
-        loop {
-            // Asked afresh each period: a member that went bad between two
-            // periods is found by the renewal failing instead.
-            let mut health = self.cluster.health(stream.member);
-            let member_failed = tokio::select! {
-                () = shutdown.cancelled() => {
-                    // Free this process's locks now rather than after the TTL.
-                    let _ = tokio::time::timeout(Duration::from_secs(1), self.cluster.lease_revoke(self.id)).await;
-                    return;
-                }
-                () = tokio::time::sleep(period) => false,
-                () = health.went_bad() => true,
-            };
-            let failure = if member_failed {
-                "the member of the keep-alive stream failed its health check".to_string()
-            } else {
-                match renew(&mut stream, period).await {
-                    Ok(true) => {
-                        renewed = Instant::now();
-                        continue;
-                    }
-                    Ok(false) => return self.give_up("etcd reports the lease expired"),
-                    Err(e) => e,
-                }
-            };
-            self.cluster.stream_failed(stream.member);
-            if renewed.elapsed() >= self.ttl {
-                return self.give_up(&format!("no renewal for a whole TTL ({failure})"));
-            }
-            tracing::warn!(lease = format!("{:x}", self.id), error = %failure, "lease keep-alive failed; reconnecting");
-            match self.cluster.lease_keep_alive(self.id).await {
-                // Opening the stream renews the lease once.
-                Ok((keeper, responses, member)) => {
-                    stream = Stream { keeper, responses, member };
-                    renewed = Instant::now();
-                }
-                Err(e) if e.to_string().contains("lease not found") => return self.give_up(&e.to_string()),
-                Err(_) => {}
-            }
-        }
-    }
-
-    fn give_up(self, why: &str) {
-        tracing::warn!(lease = format!("{:x}", self.id), why, "job lock session lost; its locks are released");
-        self.lost.cancel();
-    }
-}
-
-/// One renewal: `Ok(false)` when etcd no longer knows the lease.
-async fn renew(stream: &mut Stream, wait: Duration) -> Result<bool, String> {
-    stream.keeper.keep_alive().await.map_err(|e| e.to_string())?;
-    match tokio::time::timeout(wait, stream.responses.message()).await {
-        Err(_) => Err("no keep-alive response".into()),
-        Ok(Err(e)) => Err(e.to_string()),
-        Ok(Ok(None)) => Err("keep-alive stream closed".into()),
-        Ok(Ok(Some(resp))) => Ok(resp.ttl() > 0),
     }
 }
 
