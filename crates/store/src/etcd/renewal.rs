@@ -86,7 +86,12 @@ pub(super) async fn run(mut link: impl KeepAlive, ttl: Duration, lost: Cancellat
             if left.is_zero() {
                 return give_up(&link, &lost, &format!("no renewal for a whole TTL ({failure})"));
             }
-            match tokio::time::timeout(left, link.reopen()).await {
+            let reopened = tokio::select! {
+                () = shutdown.cancelled() => None,
+                reopened = tokio::time::timeout(left, link.reopen()) => Some(reopened),
+            };
+            let Some(reopened) = reopened else { return link.revoke().await };
+            match reopened {
                 Ok(Ok(())) => {
                     renewed = Instant::now();
                     break;
@@ -196,6 +201,8 @@ mod tests {
         /// waiting through an election).
         reopen_takes: Duration,
         forgotten_from: Option<Duration>,
+        /// Set once the lease is revoked.
+        revoked: Arc<Mutex<bool>>,
         /// Every renewal etcd took, the grant's at 0 first.
         renewals: Arc<Mutex<Vec<Duration>>>,
     }
@@ -209,6 +216,7 @@ mod tests {
                 broken: false,
                 reopen_takes: Duration::ZERO,
                 forgotten_from: None,
+                revoked: Arc::default(),
                 renewals: renewals.clone(),
             };
             (fake, renewals)
@@ -269,7 +277,9 @@ mod tests {
             }
         }
 
-        async fn revoke(&mut self) {}
+        async fn revoke(&mut self) {
+            *self.revoked.lock().unwrap() = true;
+        }
     }
 
     /// Runs the loop over `fake` for 30 s of paused time: when the session
@@ -327,5 +337,22 @@ mod tests {
         let (mut fake, _) = Fake::new(Duration::MAX..Duration::MAX);
         fake.forgotten_from = Some(ms(3_000));
         assert_eq!(session(fake).await, Some(ms(4_000)));
+    }
+
+    /// A shutdown while a reopen waits through an outage revokes the lease
+    /// at once, not once the reopen gives up.
+    #[tokio::test(start_paused = true)]
+    async fn a_shutdown_during_a_reopen_revokes_at_once() {
+        let (mut fake, _) = Fake::new(ms(2_500)..Duration::from_secs(60));
+        fake.reopen_takes = Duration::from_secs(30);
+        let revoked = fake.revoked.clone();
+        let (lost, shutdown) = (CancellationToken::new(), CancellationToken::new());
+        let task = tokio::spawn(run(fake, TTL, lost, shutdown.clone()));
+        tokio::time::sleep(ms(5_000)).await;
+        let start = Instant::now();
+        shutdown.cancel();
+        task.await.unwrap();
+        assert_eq!(start.elapsed(), Duration::ZERO, "the loop ended at the shutdown");
+        assert!(*revoked.lock().unwrap(), "and revoked the lease");
     }
 }
