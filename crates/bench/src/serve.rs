@@ -363,12 +363,8 @@ async fn get_parts(
     ops: usize,
     (get, healthz): (&Figures, &Figures),
 ) -> anyhow::Result<()> {
-    let cache = kayra_catalog::cache::AuthCache::start(
-        repo.store(),
-        repo.platform(),
-        repo.region(),
-        Duration::from_secs(5),
-    );
+    let cache =
+        kayra_catalog::cache::AuthCache::start(repo.store(), repo.platform(), repo.region(), Duration::from_secs(5));
     let cached = repo.clone().with_cache(cache);
     // Until the caches have listed what the server's have.
     let deadline = Instant::now() + Duration::from_secs(30);
