@@ -33,9 +33,9 @@
 //! member fails a health check, it is reopened on the member calls are
 //! pinned to now, and tried again every 250 ms until one TTL has passed
 //! since the last renewal (`renewal`), so the lease outlives a member's
-//! loss. A leader election
-//! does not expire leases (the new leader extends them), so a session
-//! survives one shorter than `lock_ttl` and its locks stay held. Every
+//! loss. A leader election does not expire leases (the new leader extends
+//! them), so a session survives one shorter than `lock_ttl` and its locks
+//! stay held. Every
 //! mutex key is attached to it, so the locks of a process killed with
 //! SIGKILL vanish when the lease expires. If renewals fail for a whole TTL,
 //! or etcd reports the lease gone, the session is marked lost and the next

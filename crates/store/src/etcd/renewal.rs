@@ -15,7 +15,7 @@
 //! to an election that ended seconds before.
 //!
 //! The loop is written against [`KeepAlive`], so its timing is tested on
-//! a paused clock ([`tests`]); [`EtcdKeepAlive`] is the stream on etcd.
+//! a paused clock (the tests below); [`EtcdKeepAlive`] is the stream on etcd.
 
 use std::time::Duration;
 
@@ -27,7 +27,7 @@ use tokio_util::sync::CancellationToken;
 use super::cluster::Cluster;
 
 /// The pause between two failed attempts to reopen the keep-alive stream.
-pub(super) const RECONNECT_PAUSE: Duration = Duration::from_millis(250);
+const RECONNECT_PAUSE: Duration = Duration::from_millis(250);
 
 /// Why a keep-alive stream could not be reopened.
 #[derive(Debug)]
