@@ -187,7 +187,7 @@ impl Repository {
     /// The store ops of one audit record.
     pub(super) fn audit_ops(&self, record: &AuditRecord) -> Vec<Op> {
         match order_key(&record.id) {
-            Some(order) => vec![Op::Put { key: self.layout.key(RecordRef::Audit(&order)), value: encode(record) }],
+            Some(order) => vec![Op::Put { key: self.base.layout.key(RecordRef::Audit(&order)), value: encode(record) }],
             None => Vec::new(),
         }
     }
@@ -201,7 +201,7 @@ impl Repository {
         if self.audit.is_none() {
             return Ok(true);
         }
-        let key = self.layout.key(record);
+        let key = self.base.layout.key(record);
         let handle = self.auditing(view.clone(), view);
         let txn = Txn::new().when(Compare::ModRevision(key, revision));
         Ok(handle.txn(txn).await?.succeeded)
@@ -219,7 +219,7 @@ impl Repository {
     /// newest first, after the key `after` (a page's `next`). Reads at most
     /// [`MAX_SCANNED`] records; `since` ends the scan at the first older one.
     pub async fn list_audit(&self, filter: &AuditFilter, after: Option<&str>, limit: usize) -> Result<AuditPage> {
-        let prefix = self.layout.prefix(Collection::Audit);
+        let prefix = self.base.layout.prefix(Collection::Audit);
         let want = if limit == 0 { MAX_SCANNED } else { limit.min(MAX_SCANNED) };
         let boundary = filter.since.map(|since| format!("{prefix}{}", time_boundary(since)));
         let mut page = AuditPage::default();
@@ -227,7 +227,7 @@ impl Repository {
         let mut scanned = 0;
         while scanned < MAX_SCANNED {
             let batch = (want - page.items.len()).clamp(16, 500).min(MAX_SCANNED - scanned);
-            let read = self.store.list(&prefix, cursor.as_deref(), batch).await?;
+            let read = self.base.store.list(&prefix, cursor.as_deref(), batch).await?;
             for kv in &read.items {
                 scanned += 1;
                 if boundary.as_deref().is_some_and(|b| kv.key.as_str() > b) {
@@ -256,16 +256,16 @@ impl Repository {
     /// transaction, until none remain; the number deleted. Safe to run
     /// from several processes at once (a delete of a gone key is a no-op).
     pub async fn prune_audit(&self, cutoff: SystemTime, batch: usize) -> Result<usize> {
-        let prefix = self.layout.prefix(Collection::Audit);
+        let prefix = self.base.layout.prefix(Collection::Audit);
         let boundary = format!("{prefix}{}", time_boundary(cutoff));
         let mut deleted = 0;
         loop {
-            let read = self.store.list(&prefix, Some(&boundary), batch.max(1)).await?;
+            let read = self.base.store.list(&prefix, Some(&boundary), batch.max(1)).await?;
             if read.items.is_empty() {
                 return Ok(deleted);
             }
             let txn = read.items.iter().fold(Txn::new(), |txn, kv| txn.then(Op::Delete { key: kv.key.clone() }));
-            self.store.txn(txn).await?;
+            self.base.store.txn(txn).await?;
             deleted += read.items.len();
             if !read.more {
                 return Ok(deleted);
@@ -332,8 +332,8 @@ mod tests {
             let mut record = AuditContext::default().record(Value::Null, Value::Null);
             record.id = id_at(now - Duration::from_secs(age));
             record.reason = age.to_string();
-            let key = repo.layout.key(RecordRef::Audit(&order_key(&record.id).unwrap()));
-            repo.store.create(&key, encode(&record)).await.unwrap();
+            let key = repo.layout().key(RecordRef::Audit(&order_key(&record.id).unwrap()));
+            repo.store().create(&key, encode(&record)).await.unwrap();
         }
         let deleted = repo.prune_audit(now - Duration::from_secs(3600), 2).await.unwrap();
         assert_eq!((deleted, reasons(&repo).await), (5, vec!["10".to_string()]));

@@ -117,7 +117,7 @@ impl Repository {
         let what = format!("user {name:?}");
         let index = keys::user_tokens(name);
         for _ in 0..GUARDED_ATTEMPTS {
-            let (indexed, at) = self.store.list_all(&index).await?;
+            let (indexed, at) = self.base.store.list_all(&index).await?;
             let user = self.get_user(name).await?.ok_or_else(|| Error::NotFound(what.clone()))?;
             let mut txn = Txn::new()
                 .when(Compare::ModRevision(keys::user(name), user.revision))

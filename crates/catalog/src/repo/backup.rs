@@ -127,17 +127,17 @@ impl Repository {
     /// local: one read transaction).
     pub async fn export(&self) -> Result<Backup> {
         let prefixes = [
-            self.layout.prefix(Collection::Namespaces),
-            self.layout.prefix(Collection::Users),
-            self.layout.prefix(Collection::Tokens),
+            self.base.layout.prefix(Collection::Namespaces),
+            self.base.layout.prefix(Collection::Users),
+            self.base.layout.prefix(Collection::Tokens),
             keys::BOOTSTRAP_TOKEN.to_string(),
-            self.layout.prefix(Collection::Roles),
-            self.layout.prefix(Collection::Registrations),
-            self.layout.prefix(Collection::ClusterRoleBindings),
-            self.layout.prefix(Collection::RoleBindings),
-            self.layout.prefix(Collection::Subscriptions),
+            self.base.layout.prefix(Collection::Roles),
+            self.base.layout.prefix(Collection::Registrations),
+            self.base.layout.prefix(Collection::ClusterRoleBindings),
+            self.base.layout.prefix(Collection::RoleBindings),
+            self.base.layout.prefix(Collection::Subscriptions),
         ];
-        let (lists, revision) = self.store.snapshot_many(&prefixes).await?;
+        let (lists, revision) = self.base.store.snapshot_many(&prefixes).await?;
         let mut lists = lists.into_iter();
         let mut next = || lists.next().unwrap_or_default();
         fn all<T: DeserializeOwned>(kvs: Vec<KeyValue>) -> Result<Vec<T>> {
@@ -166,7 +166,7 @@ impl Repository {
     /// keys the Repository's create of it writes beside it (the same
     /// values), and the keys that create requires absent.
     fn writes(&self, record: &Record) -> Writes {
-        let (p, r) = (&*self.platform, &*self.region);
+        let (p, r) = (&*self.base.platform, &*self.base.region);
         let what = record.describe();
         let mut puts = Vec::new();
         let mut absent = Vec::new();
@@ -214,7 +214,7 @@ impl Repository {
         let keys: Vec<(&str, &str)> = writes.iter().flat_map(Writes::keys).collect();
         for chunk in keys.chunks(MAX_TXN_KEYS) {
             let txn = chunk.iter().fold(Txn::new(), |txn, (key, _)| txn.then(Op::Get { key: key.to_string() }));
-            let resp = self.store.txn(txn).await?;
+            let resp = self.base.store.txn(txn).await?;
             if let Some(((_, what), _)) = chunk.iter().zip(&resp.gets).find(|(_, got)| got.is_some()) {
                 return Ok(Some(what.to_string()));
             }
@@ -287,7 +287,7 @@ impl Repository {
         for (keys, revision) in written {
             for chunk in keys.chunks(MAX_TXN_KEYS) {
                 let read = chunk.iter().fold(Txn::new(), |txn, key| txn.then(Op::Get { key: key.clone() }));
-                let resp = self.store.txn(read).await?;
+                let resp = self.base.store.txn(read).await?;
                 let mut undo = Txn::new();
                 for kv in resp.gets.iter().flatten().filter(|kv| kv.mod_revision <= *revision) {
                     undo = undo

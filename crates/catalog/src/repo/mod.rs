@@ -109,20 +109,29 @@ pub enum Change<E> {
 }
 
 /// The typed repository of one deployment (platform + region).
+///
+/// A handle is cloned into every request's state and every reconcile: a
+/// clone is two reference counts (the deployment's part and the riders),
+/// never an allocation.
 #[derive(Debug, Clone)]
 pub struct Repository {
-    store: Store,
-    /// Shared, not owned: the repository is cloned into every request's
-    /// handler state, and a clone must not allocate.
-    platform: std::sync::Arc<str>,
-    region: std::sync::Arc<str>,
-    /// The key layout of this deployment (shares `platform` and `region`).
-    layout: Layout,
+    /// What every handle of this deployment shares.
+    base: std::sync::Arc<Base>,
     /// Ops of the riders every write of this handle carries
     /// ([`Repository::with_riders`]); empty for a plain handle.
     riders: std::sync::Arc<[Op]>,
     /// The request whose changes this handle records ([`Repository::audited`]).
     audit: Option<std::sync::Arc<audit::AuditContext>>,
+}
+
+/// The deployment's part of a [`Repository`].
+#[derive(Debug, Clone)]
+struct Base {
+    store: Store,
+    platform: std::sync::Arc<str>,
+    region: std::sync::Arc<str>,
+    /// The key layout of this deployment (shares `platform` and `region`).
+    layout: Layout,
     /// `kayra serve`'s auth caches: authentication and RBAC read them, and
     /// every write here is reported to them (read-your-writes).
     cache: Option<AuthCache>,
@@ -133,20 +142,21 @@ impl Repository {
         let (platform, region): (String, String) = (platform.into(), region.into());
         let (platform, region): (std::sync::Arc<str>, std::sync::Arc<str>) = (platform.into(), region.into());
         let layout = Layout::new(platform.clone(), region.clone());
-        Self { store, platform, region, layout, riders: std::sync::Arc::new([]), audit: None, cache: None }
+        let base = Base { store, platform, region, layout, cache: None };
+        Self { base: std::sync::Arc::new(base), riders: std::sync::Arc::new([]), audit: None }
     }
 
     /// This repository's key layout, for the parts that consume store keys
     /// without a Repository (watch prefixes, key parses).
     pub fn layout(&self) -> &Layout {
-        &self.layout
+        &self.base.layout
     }
 
     /// The store key of `record`, for tests that plant a record the API
     /// would refuse (a corrupt or hostile value) straight into the store.
     #[doc(hidden)]
     pub fn store_key_of(&self, record: RecordRef<'_>) -> String {
-        self.layout.key(record)
+        self.base.layout.key(record)
     }
 
     /// A handle whose every write also writes `riders`, in the same store
@@ -169,32 +179,33 @@ impl Repository {
         let (key, value) = match rider {
             Rider::Runs { namespace, api, ring, first } => {
                 let history =
-                    Op::Put { key: self.layout.key(RecordRef::Runs { namespace, api }), value: ring.encode() };
+                    Op::Put { key: self.base.layout.key(RecordRef::Runs { namespace, api }), value: ring.encode() };
                 if !first {
                     return vec![history];
                 }
                 // The first history of a subscription replaces the run
                 // records an earlier build kept for it, one a slot, and
                 // that build's run counter.
-                let slots = Op::DeletePrefix { prefix: self.layout.prefix(Collection::RunSlots { namespace, api }) };
-                let cursor = Op::Delete { key: self.layout.key(RecordRef::RunCursor { namespace, api }) };
+                let slots =
+                    Op::DeletePrefix { prefix: self.base.layout.prefix(Collection::RunSlots { namespace, api }) };
+                let cursor = Op::Delete { key: self.base.layout.key(RecordRef::RunCursor { namespace, api }) };
                 return vec![slots, cursor, history];
             }
             Rider::Audit(record) => return self.audit_ops(record),
-            Rider::Delivery(delivery) => (self.layout.key(RecordRef::Delivery(&delivery.id)), encode(delivery)),
-            Rider::CancelAnswer(answer) => (self.layout.key(answer.record()), encode(answer)),
+            Rider::Delivery(delivery) => (self.base.layout.key(RecordRef::Delivery(&delivery.id)), encode(delivery)),
+            Rider::CancelAnswer(answer) => (self.base.layout.key(answer.record()), encode(answer)),
         };
         vec![Op::Put { key, value }]
     }
 
     /// This repository, deciding authentication and RBAC from `cache`.
     pub fn with_cache(mut self, cache: AuthCache) -> Self {
-        self.cache = Some(cache);
+        std::sync::Arc::make_mut(&mut self.base).cache = Some(cache);
         self
     }
 
     pub fn cache(&self) -> Option<&AuthCache> {
-        self.cache.as_ref()
+        self.base.cache.as_ref()
     }
 
     /// Reports an acknowledged update or delete to the caches, so this
@@ -202,7 +213,7 @@ impl Repository {
     /// and delete path calls it. Creates need not: a create can only grant,
     /// and what the caches do not know yet is confirmed against the store.
     pub(crate) fn wrote(&self, key: &str, revision: Revision) -> Revision {
-        if let Some(cache) = &self.cache {
+        if let Some(cache) = &self.base.cache {
             cache.note_write(key, revision);
         }
         revision
@@ -216,8 +227,8 @@ impl Repository {
     /// the branch that ran.
     pub(crate) async fn txn(&self, mut txn: kayra_store::Txn) -> Result<kayra_store::TxnResponse> {
         txn.success.extend(self.riders.iter().cloned());
-        let response = self.store.txn_grouped(txn.clone()).await?;
-        if self.cache.is_some() {
+        let response = self.base.store.txn_grouped(txn.clone()).await?;
+        if self.base.cache.is_some() {
             let ops = if response.succeeded { &txn.success } else { &txn.failure };
             let created =
                 |key: &str| txn.compares.iter().any(|c| matches!(c, kayra_store::Compare::Absent(k) if k == key));
@@ -234,18 +245,18 @@ impl Repository {
     }
 
     pub fn store(&self) -> &Store {
-        &self.store
+        &self.base.store
     }
     pub fn platform(&self) -> &str {
-        &self.platform
+        &self.base.platform
     }
     pub fn region(&self) -> &str {
-        &self.region
+        &self.base.region
     }
 
     /// Reads one record.
     pub async fn get<T: DeserializeOwned>(&self, record: RecordRef<'_>) -> Result<Option<Versioned<T>>> {
-        self.get_key(&self.layout.key(record)).await
+        self.get_key(&self.base.layout.key(record)).await
     }
 
     /// Reads one record, with the store's revision at the read (what a
@@ -254,7 +265,7 @@ impl Repository {
         &self,
         record: RecordRef<'_>,
     ) -> Result<(Option<Versioned<T>>, Revision)> {
-        let (kv, revision) = self.store.get(&self.layout.key(record)).await?;
+        let (kv, revision) = self.base.store.get(&self.base.layout.key(record)).await?;
         Ok((kv.map(|kv| decode(&kv)).transpose()?, revision))
     }
 
@@ -265,7 +276,7 @@ impl Repository {
         after: Option<&str>,
         limit: usize,
     ) -> Result<Page<T>> {
-        let page = self.store.list(&self.layout.prefix(collection), after, limit).await?;
+        let page = self.base.store.list(&self.base.layout.prefix(collection), after, limit).await?;
         let next = if page.more { page.items.last().map(|kv| kv.key.clone()) } else { None };
         let items = page.items.iter().map(decode).collect::<Result<Vec<_>>>()?;
         Ok(Page { items, next })
@@ -276,12 +287,12 @@ impl Repository {
         &self,
         collection: Collection<'_>,
     ) -> Result<(Vec<Versioned<T>>, Revision)> {
-        self.list_all_key(&self.layout.prefix(collection)).await
+        self.list_all_key(&self.base.layout.prefix(collection)).await
     }
 
     /// Creates a record; `Conflict(what)` when it exists.
     pub async fn create<T: Serialize>(&self, record: RecordRef<'_>, value: &T, what: &str) -> Result<Revision> {
-        self.create_key(&self.layout.key(record), value, what).await
+        self.create_key(&self.base.layout.key(record), value, what).await
     }
 
     /// Replaces a record iff it is still at `revision`.
@@ -292,12 +303,12 @@ impl Repository {
         revision: Revision,
         what: &str,
     ) -> Result<Revision> {
-        self.update_key(&self.layout.key(record), value, revision, what).await
+        self.update_key(&self.base.layout.key(record), value, revision, what).await
     }
 
     /// Deletes a record (iff at `revision`, when given).
     pub async fn delete(&self, record: RecordRef<'_>, revision: Option<Revision>, what: &str) -> Result<Revision> {
-        self.delete_key(&self.layout.key(record), revision, what).await
+        self.delete_key(&self.base.layout.key(record), revision, what).await
     }
 
     /// Read-modify-write with compare-and-swap, retried on conflict.
@@ -310,19 +321,19 @@ impl Repository {
         T: Serialize + DeserializeOwned,
         F: FnMut(&mut T) -> Change<Error>,
     {
-        self.modify_key(&self.layout.key(record), what, f).await
+        self.modify_key(&self.base.layout.key(record), what, f).await
     }
 
     // The same ops by store key, for the Repository's own guard and index
     // keys; every write among them carries this handle's riders.
 
     async fn get_key<T: DeserializeOwned>(&self, key: &str) -> Result<Option<Versioned<T>>> {
-        let (kv, _) = self.store.get(key).await?;
+        let (kv, _) = self.base.store.get(key).await?;
         kv.map(|kv| decode(&kv)).transpose()
     }
 
     async fn list_all_key<T: DeserializeOwned>(&self, prefix: &str) -> Result<(Vec<Versioned<T>>, Revision)> {
-        let (kvs, revision) = self.store.list_all(prefix).await?;
+        let (kvs, revision) = self.base.store.list_all(prefix).await?;
         Ok((kvs.iter().map(decode).collect::<Result<Vec<_>>>()?, revision))
     }
 
@@ -343,7 +354,7 @@ impl Repository {
 
     async fn delete_key(&self, key: &str, revision: Option<Revision>, what: &str) -> Result<Revision> {
         let result = if self.riders.is_empty() {
-            self.store.delete(key, revision).await
+            self.base.store.delete(key, revision).await
         } else {
             let guard = revision.map_or_else(|| Compare::Exists(key.into()), |r| Compare::ModRevision(key.into(), r));
             self.store_txn_one(key, guard, Op::Delete { key: key.into() }).await
@@ -383,8 +394,8 @@ impl Repository {
     /// key: the store's own single-key write, or with riders one transaction.
     async fn store_put(&self, key: &str, value: Vec<u8>, guard: Compare) -> kayra_store::Result<Revision> {
         match (self.riders.is_empty(), guard) {
-            (true, Compare::Absent(_)) => self.store.create(key, value).await,
-            (true, Compare::ModRevision(_, revision)) => self.store.update(key, value, revision).await,
+            (true, Compare::Absent(_)) => self.base.store.create(key, value).await,
+            (true, Compare::ModRevision(_, revision)) => self.base.store.update(key, value, revision).await,
             (_, guard) => self.store_txn_one(key, guard, Op::Put { key: key.into(), value }).await,
         }
     }
@@ -398,7 +409,7 @@ impl Repository {
         // The riders first, the record last: the local store gives each
         // put its own revision, and the answer's is then the record's.
         txn.success.splice(0..0, self.riders.iter().cloned());
-        let resp = self.store.txn_grouped(txn).await?;
+        let resp = self.base.store.txn_grouped(txn).await?;
         match (resp.succeeded, resp.gets.first()) {
             (true, _) => Ok(resp.revision),
             (false, Some(None)) if must_exist => Err(kayra_store::Error::NotFound(key.into())),
@@ -419,7 +430,7 @@ impl Repository {
             RecordRef::Runs { namespace, api },
         ]
         .into_iter()
-        .map(|record| self.layout.key(record))
+        .map(|record| self.base.layout.key(record))
         .collect()
     }
 
@@ -458,7 +469,7 @@ impl Repository {
     pub async fn read_job<A: DeserializeOwned>(&self, namespace: &str, api: &str) -> Result<JobRead<A>> {
         let keys = self.job_read_keys(namespace, api);
         let txn = keys.into_iter().fold(Txn::new(), |txn, key| txn.then(Op::Get { key }));
-        let resp = self.store.txn(txn).await?;
+        let resp = self.base.store.txn(txn).await?;
         self.decode_job_read(&resp.gets, resp.revision)
     }
 
@@ -471,7 +482,7 @@ impl Repository {
     /// other results on their way to the store ([`Store::txn_grouped`]).
     pub async fn write_result(&self, write: &ResultWrite<'_>, riders: &[Rider<'_>]) -> Result<ResultCommit> {
         let (namespace, api) = (&write.seen.value.namespace, &write.seen.value.api);
-        let key = self.layout.key(RecordRef::Subscription { namespace, api });
+        let key = self.base.layout.key(RecordRef::Subscription { namespace, api });
         let mut txn = Txn::new().when(Compare::ModRevision(key.clone(), write.seen.revision));
         // The riders and the unlock first, the subscription last: the local store gives
         // every put its own revision, and the revision the commit answers
@@ -487,7 +498,7 @@ impl Repository {
             }
         }
         if let Some(fanout) = &write.fanout {
-            let marker = self.layout.key(RecordRef::FanoutMarker(fanout.api));
+            let marker = self.base.layout.key(RecordRef::FanoutMarker(fanout.api));
             let guard = match fanout.seen {
                 Some(revision) => Compare::ModRevision(marker.clone(), revision),
                 None => Compare::Absent(marker.clone()),
@@ -511,12 +522,12 @@ impl Repository {
                 serde_json::to_vec(next).map_err(|e| Error::Corrupt { key: key.clone(), message: e.to_string() })?;
             if write.clear_runs {
                 txn = txn
-                    .then(Op::DeletePrefix { prefix: self.layout.prefix(Collection::RunSlots { namespace, api }) })
-                    .then(Op::Delete { key: self.layout.key(RecordRef::Runs { namespace, api }) });
+                    .then(Op::DeletePrefix { prefix: self.base.layout.prefix(Collection::RunSlots { namespace, api }) })
+                    .then(Op::Delete { key: self.base.layout.key(RecordRef::Runs { namespace, api }) });
             }
             txn = txn.then(Op::Put { key, value });
         }
-        let resp = self.store.txn_grouped(txn).await?;
+        let resp = self.base.store.txn_grouped(txn).await?;
         if resp.succeeded {
             return Ok(ResultCommit::Committed(resp.revision));
         }

@@ -93,14 +93,14 @@ impl Repository {
         marker: &FanoutMarker,
         deliveries: &[Delivery],
     ) -> Result<bool> {
-        let key = self.layout.key(RecordRef::FanoutMarker(api));
+        let key = self.base.layout.key(RecordRef::FanoutMarker(api));
         let guard = match seen {
             Some(revision) => Compare::ModRevision(key.clone(), revision),
             None => Compare::Absent(key.clone()),
         };
         let mut txn = Txn::new().when(guard).then(Op::Put { key, value: encode(marker) });
         for delivery in deliveries {
-            let key = self.layout.key(RecordRef::Delivery(&delivery.id));
+            let key = self.base.layout.key(RecordRef::Delivery(&delivery.id));
             txn = txn.then(Op::Put { key, value: encode(delivery) });
         }
         Ok(self.txn(txn).await?.succeeded)

@@ -39,14 +39,14 @@ impl Repository {
         record: &RolloutRecord,
         deliveries: &[Delivery],
     ) -> Result<Option<Revision>> {
-        let key = self.layout.key(RecordRef::Rollout(api));
+        let key = self.base.layout.key(RecordRef::Rollout(api));
         let guard = match seen {
             Some(revision) => Compare::ModRevision(key.clone(), revision),
             None => Compare::Absent(key.clone()),
         };
         let mut txn = Txn::new().when(guard);
         for delivery in deliveries {
-            let key = self.layout.key(RecordRef::Delivery(&delivery.id));
+            let key = self.base.layout.key(RecordRef::Delivery(&delivery.id));
             txn = txn.then(Op::Put { key, value: encode(delivery) });
         }
         let txn = txn.then(Op::Put { key, value: encode(record) });

@@ -108,8 +108,8 @@ impl Repository {
     /// tests can plant one that does not decode.
     #[doc(hidden)]
     pub async fn add_stored_run(&self, namespace: &str, api: &str, record: Vec<u8>, keep: usize) -> Result<Revision> {
-        let key = self.layout.key(RecordRef::Runs { namespace, api });
-        let mut ring = match self.store.get(&key).await? {
+        let key = self.base.layout.key(RecordRef::Runs { namespace, api });
+        let mut ring = match self.base.store.get(&key).await? {
             (Some(kv), _) => {
                 RunRing::decode(&kv.value).map_err(|e| Error::Corrupt { key: key.clone(), message: e.to_string() })?
             }
@@ -117,7 +117,7 @@ impl Repository {
         };
         ring.push_stored(record, keep);
         let txn = Txn::new().then(Op::Put { key, value: ring.encode() });
-        Ok(self.store.txn(txn).await?.revision)
+        Ok(self.base.store.txn(txn).await?.revision)
     }
 
     /// The runs an earlier build recorded for `namespace`'s subscription to
@@ -144,8 +144,8 @@ impl Repository {
     /// The subscription's run history, one record; without one, the run
     /// records an earlier build kept for it.
     async fn stored_runs(&self, namespace: &str, api: &str) -> Result<Stored> {
-        let key = self.layout.key(RecordRef::Runs { namespace, api });
-        if let (Some(kv), _) = self.store.get(&key).await? {
+        let key = self.base.layout.key(RecordRef::Runs { namespace, api });
+        if let (Some(kv), _) = self.base.store.get(&key).await? {
             let ring = RunRing::decode(&kv.value).map_err(|e| Error::Corrupt { key, message: e.to_string() })?;
             return Ok(Stored::History { key: kv.key, ring });
         }
@@ -156,8 +156,8 @@ impl Repository {
     /// run in its ring slots, with their ids, newest first (a record whose
     /// id does not read is left out).
     async fn slot_records(&self, namespace: &str, api: &str) -> Result<Vec<(String, KeyValue)>> {
-        let prefix = self.layout.prefix(Collection::RunSlots { namespace, api });
-        let (records, _) = self.store.list_all(&prefix).await?;
+        let prefix = self.base.layout.prefix(Collection::RunSlots { namespace, api });
+        let (records, _) = self.base.store.list_all(&prefix).await?;
         let mut records: Vec<(String, KeyValue)> =
             records.into_iter().filter_map(|kv| Some((run_codec::id(&kv.value)?, kv))).collect();
         records.sort_by(|a, b| b.0.cmp(&a.0));

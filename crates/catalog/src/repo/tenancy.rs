@@ -132,7 +132,7 @@ impl Repository {
     /// linearizable, and as cheap, as one store read, and a missing one
     /// still says which 404 it is.
     pub async fn read_subscription(&self, namespace: &str, api: &str) -> Result<SubscriptionRead> {
-        let (p, r) = (&*self.platform, &*self.region);
+        let (p, r) = (&*self.base.platform, &*self.base.region);
         let txn = Txn::new()
             .then(Op::Get { key: keys::subscription(p, r, namespace, api) })
             .then(Op::Get { key: keys::registration(p, r, api) })
@@ -169,7 +169,7 @@ impl Repository {
 
     /// Parses a subscription key of this deployment into `(namespace, api)`.
     pub fn subscription_key_parts<'k>(&self, key: &'k str) -> Option<(&'k str, &'k str)> {
-        match self.layout.parse(key)? {
+        match self.base.layout.parse(key)? {
             RecordRef::Subscription { namespace, api } => Some((namespace, api)),
             _ => None,
         }
@@ -177,7 +177,7 @@ impl Repository {
 
     /// Parses a registration key of this deployment into the long name.
     pub fn registration_key_name<'k>(&self, key: &'k str) -> Option<&'k str> {
-        match self.layout.parse(key)? {
+        match self.base.layout.parse(key)? {
             RecordRef::Registration(name) => Some(name),
             _ => None,
         }
@@ -185,7 +185,7 @@ impl Repository {
 
     /// Parses a namespace key into the namespace's name.
     pub fn namespace_key_name<'k>(&self, key: &'k str) -> Option<&'k str> {
-        match self.layout.parse(key)? {
+        match self.base.layout.parse(key)? {
             RecordRef::Namespace(name) => Some(name),
             _ => None,
         }
@@ -224,7 +224,7 @@ pub fn sync_id_updated_now() -> String {
 impl Repository {
     /// Every subscription, of any deployment, in namespace `namespace`.
     pub async fn subscriptions_in_namespace_everywhere(&self, namespace: &str) -> Result<Vec<SubscriptionRef>> {
-        let (kvs, _) = self.store.list_all(keys::SUBSCRIPTIONS).await?;
+        let (kvs, _) = self.base.store.list_all(keys::SUBSCRIPTIONS).await?;
         Ok(kvs
             .iter()
             .filter_map(|kv| keys::subscription_parts(&kv.key))
@@ -278,7 +278,7 @@ impl Repository {
     /// short-name claim goes with it, in the same transaction.
     pub async fn delete_registration(&self, name: &str) -> Result<()> {
         let what = format!("api registration {name:?}");
-        let key = keys::registration(&self.platform, &self.region, name);
+        let key = keys::registration(&self.base.platform, &self.base.region, name);
         for _ in 0..GUARDED_ATTEMPTS {
             let current = self.get_registration(name).await?.ok_or_else(|| Error::NotFound(what.clone()))?;
             let subscribers = self.registration_subscribers(name).await?;
@@ -291,7 +291,7 @@ impl Repository {
             }
             let mut txn = Txn::new()
                 .when(Compare::ModRevision(key.clone(), current.revision))
-                .when(Compare::PrefixEmpty(keys::subscribers(&self.platform, &self.region, name)))
+                .when(Compare::PrefixEmpty(keys::subscribers(&self.base.platform, &self.base.region, name)))
                 .then(Op::Delete { key: key.clone() });
             if let Some((guard, revision)) = self.short_name_claim(&current.value.short_name, name).await? {
                 txn = txn.when(Compare::ModRevision(guard.clone(), revision)).then(Op::Delete { key: guard });
@@ -308,7 +308,7 @@ impl Repository {
         if short.is_empty() {
             return Ok(None);
         }
-        let guard = keys::short_name(&self.platform, &self.region, short);
+        let guard = keys::short_name(&self.base.platform, &self.base.region, short);
         let claim = self.get_key::<String>(&guard).await?;
         Ok(claim.filter(|c| c.value == name).map(|c| (guard, c.revision)))
     }
@@ -319,8 +319,8 @@ impl Repository {
     /// long name (nor a long name another's short name).
     pub async fn create_registration(&self, registration: &ApiRegistration) -> Result<Revision> {
         let (name, short) = (registration.name.as_str(), registration.short_name.as_str());
-        let key = keys::registration(&self.platform, &self.region, name);
-        let name_as_short = keys::short_name(&self.platform, &self.region, name);
+        let key = keys::registration(&self.base.platform, &self.base.region, name);
+        let name_as_short = keys::short_name(&self.base.platform, &self.base.region, name);
         let mut txn = Txn::new()
             .when(Compare::Absent(key.clone()))
             .when(Compare::Absent(name_as_short.clone()))
@@ -328,8 +328,8 @@ impl Repository {
             .otherwise(Op::Get { key })
             .otherwise(Op::Get { key: name_as_short });
         if !short.is_empty() {
-            let guard = keys::short_name(&self.platform, &self.region, short);
-            let short_as_name = keys::registration(&self.platform, &self.region, short);
+            let guard = keys::short_name(&self.base.platform, &self.base.region, short);
+            let short_as_name = keys::registration(&self.base.platform, &self.base.region, short);
             txn = txn
                 .when(Compare::Absent(guard.clone()))
                 .when(Compare::Absent(short_as_name.clone()))
@@ -366,7 +366,7 @@ impl Repository {
         next: &ApiRegistration,
     ) -> Result<Option<Revision>> {
         let name = current.value.name.as_str();
-        let key = keys::registration(&self.platform, &self.region, name);
+        let key = keys::registration(&self.base.platform, &self.base.region, name);
         let mut txn = Txn::new()
             .when(Compare::ModRevision(key.clone(), current.revision))
             .then(Op::Put { key, value: encode(next) });
@@ -379,13 +379,13 @@ impl Repository {
         }
         let mut taken_checks = None;
         if !new.is_empty() {
-            let guard = keys::short_name(&self.platform, &self.region, new);
+            let guard = keys::short_name(&self.base.platform, &self.base.region, new);
             match (&held, old == new) {
                 // Already ours: keep it ours.
                 (Some((_, revision)), true) => txn = txn.when(Compare::ModRevision(guard, *revision)),
                 // New to us (or a record from before claims existed): claim it.
                 _ => {
-                    let short_as_name = keys::registration(&self.platform, &self.region, new);
+                    let short_as_name = keys::registration(&self.base.platform, &self.base.region, new);
                     txn = txn
                         .when(Compare::Absent(guard.clone()))
                         .when(Compare::Absent(short_as_name.clone()))
@@ -425,7 +425,7 @@ impl Repository {
         namespace: &str,
         api: &str,
     ) -> Result<Result<(Versioned<Subscription>, String), CreateRefused>> {
-        let (p, r) = (&*self.platform, &*self.region);
+        let (p, r) = (&*self.base.platform, &*self.base.region);
         let subscription = Subscription::new(namespace, api);
         let key = keys::subscription(p, r, namespace, api);
         // The audit record shows the new subscription as a GET would, with
@@ -468,7 +468,7 @@ impl Repository {
     /// (`/runs/<platform>/<region>/<namespace>/<api>/`) and run cursor, and its attempt
     /// record, in one transaction.
     pub async fn delete_subscription(&self, namespace: &str, api: &str) -> Result<Revision> {
-        let (p, r) = (&*self.platform, &*self.region);
+        let (p, r) = (&*self.base.platform, &*self.base.region);
         let key = keys::subscription(p, r, namespace, api);
         for _ in 0..GUARDED_ATTEMPTS {
             // Audited, the delete is of the subscription as read (its
@@ -556,7 +556,7 @@ impl Repository {
         api: &str,
         current: &Versioned<Subscription>,
     ) -> Result<Option<(Versioned<Subscription>, String)>> {
-        let (p, r) = (&*self.platform, &*self.region);
+        let (p, r) = (&*self.base.platform, &*self.base.region);
         let key = keys::subscription(p, r, namespace, api);
         let mut next = current.value.clone();
         next.current_sync_id.clear();
@@ -597,7 +597,7 @@ impl Repository {
     }
 
     fn describe(&self, s: &SubscriptionRef) -> String {
-        if *s.platform == *self.platform && *s.region == *self.region {
+        if *s.platform == *self.base.platform && *s.region == *self.base.region {
             s.api.clone()
         } else {
             format!("{} (platform {}, region {})", s.api, s.platform, s.region)
