@@ -107,7 +107,7 @@ impl AppState {
     /// The same state with its watch streams served by `hub` (tests keep a
     /// handle on it, with shortened intervals).
     pub fn with_hub(mut self, hub: api::Hub) -> Self {
-        self.api.hub = hub;
+        self.api = self.api.with_hub(hub);
         self
     }
 }
@@ -117,12 +117,8 @@ impl AppState {
 /// gateway) behind it.
 pub fn router(state: AppState) -> Router {
     let repo = state.api.repo.clone();
-    let apis = Router::new()
-        .nest(
-            "/catalog.example.com/v1",
-            api::router(state.api.clone())
-                .layer(axum::middleware::from_fn_with_state(state.body_stall_timeout, listener::stalled_bodies)),
-        )
+    let apis = api::router(state.api.clone())
+        .layer(axum::middleware::from_fn_with_state(state.body_stall_timeout, listener::stalled_bodies))
         .merge(state.gateway.clone().router())
         .layer(axum::middleware::from_fn_with_state(repo, auth::authenticate))
         .layer(axum::middleware::from_fn_with_state(state.trusted_proxies.clone(), source::resolve));
@@ -133,7 +129,7 @@ pub fn router(state: AppState) -> Router {
         .route("/openapi.json", get(health::openapi))
         .with_state(state)
         .merge(console::router())
-        .nest("/apis", apis)
+        .merge(apis)
         .fallback(|| async { ApiError::not_found("no such route") })
         .layer(axum::middleware::map_response(method_not_allowed))
         .layer(axum::middleware::from_fn(metrics::track))

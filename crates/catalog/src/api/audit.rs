@@ -126,9 +126,7 @@ impl FromRequestParts<ApiState> for Audited {
             tracing::error!("a change route ran without its audit context; refused");
             return Err(ApiError::internal());
         };
-        let mut state = state.clone();
-        state.repo = state.repo.audited(context.clone());
-        Ok(Self(state))
+        Ok(Self(state.clone().with_repo(state.repo.audited(context.clone()))))
     }
 }
 

@@ -54,7 +54,7 @@ pub mod watch;
 use std::future::Future;
 
 use axum::Router;
-use axum::routing::MethodRouter;
+use axum::routing::{MethodRouter, any};
 use kayra_core::names;
 use kayra_rbac::Verb::{Create, Delete, Get, List, Patch, Update};
 use serde::Deserialize;
@@ -78,9 +78,18 @@ use crate::repo::Repository;
 /// Where the catalog API is mounted.
 pub const BASE_PATH: &str = "/apis/catalog.example.com/v1";
 
-/// What every catalog handler shares.
+/// What every catalog handler shares. axum clones the state into every
+/// route and middleware a request passes, so a clone is one reference
+/// count: the fields are read through `Deref` (`state.repo`), and the
+/// builders below change a copy of them.
 #[derive(Debug, Clone)]
 pub struct ApiState {
+    shared: std::sync::Arc<Shared>,
+}
+
+/// The fields of [`ApiState`].
+#[derive(Debug, Clone)]
+pub struct Shared {
     /// This deployment's repository (its platform/region scope included).
     pub repo: Repository,
     /// `server.max_body_bytes`: larger bodies are refused with 413.
@@ -94,6 +103,14 @@ pub struct ApiState {
     pub notifications: std::sync::Arc<kayra_config::NotificationsConfig>,
 }
 
+impl std::ops::Deref for ApiState {
+    type Target = Shared;
+
+    fn deref(&self) -> &Shared {
+        &self.shared
+    }
+}
+
 impl ApiState {
     /// State over `repo`, with default watch options.
     pub fn new(repo: Repository, max_body_bytes: usize) -> Self {
@@ -103,27 +120,46 @@ impl ApiState {
     /// State whose watch streams use `options` (tests shorten them).
     pub fn with_watch_options(repo: Repository, max_body_bytes: usize, options: WatchOptions) -> Self {
         let hub = Hub::new(repo.store().clone(), options);
-        Self {
+        let shared = Shared {
             repo,
             max_body_bytes,
             hub,
             audit: audit::AuditSettings::default(),
             notifications: std::sync::Arc::default(),
-        }
+        };
+        Self { shared: std::sync::Arc::new(shared) }
     }
 
     /// The same state, telling `notifications`' sinks of the events its
     /// changes make.
     pub fn with_notifications(mut self, notifications: &kayra_config::NotificationsConfig) -> Self {
-        self.notifications = std::sync::Arc::new(notifications.clone());
+        self.change().notifications = std::sync::Arc::new(notifications.clone());
         self
     }
 
     /// The same state, refusing changes to these RBAC resources without a
     /// reason (`audit.require_reason`).
     pub fn with_required_reasons(mut self, resources: &[String]) -> Self {
-        self.audit.require_reason = resources.into();
+        self.change().audit.require_reason = resources.into();
         self
+    }
+
+    /// The same state with its watch streams served by `hub`.
+    pub fn with_hub(mut self, hub: Hub) -> Self {
+        self.change().hub = hub;
+        self
+    }
+
+    /// The same state on another handle of its repository (a request's
+    /// audited one).
+    pub(crate) fn with_repo(mut self, repo: Repository) -> Self {
+        self.change().repo = repo;
+        self
+    }
+
+    /// This state's own copy of its fields, to change.
+    fn change(&mut self) -> &mut Shared {
+        std::sync::Arc::make_mut(&mut self.shared)
     }
 }
 
@@ -305,16 +341,22 @@ fn declarations() -> Vec<(&'static str, Vec<Endpoint>)> {
     ]
 }
 
-/// The catalog API's router, to be nested at [`BASE_PATH`] behind the
-/// server's authentication middleware.
+/// The catalog API's router, at its full paths under [`BASE_PATH`], to be
+/// merged behind the server's authentication middleware. Not nested: a
+/// nested route rewrites every request's URI on its way in, twice for
+/// `/apis` and the API's base, which a GET paid for in allocations. Every
+/// other path under [`BASE_PATH`] is the catalog's 404.
 pub fn router(state: ApiState) -> Router {
+    let not_found = || async { ApiError::not_found("no such route in the catalog API") };
     let mut router = Router::new();
     for (path, endpoints) in declarations() {
         let methods = endpoints.into_iter().fold(MethodRouter::new(), |methods, e| methods.merge(e.guarded(&state)));
-        router = router.route(path, methods);
+        router = router.route(&format!("{BASE_PATH}{path}"), methods);
     }
     router
-        .fallback(|| async { ApiError::not_found("no such route in the catalog API") })
+        .route(BASE_PATH, any(not_found))
+        .route(&format!("{BASE_PATH}/"), any(not_found))
+        .route(&format!("{BASE_PATH}/{{*rest}}"), any(not_found))
         .method_not_allowed_fallback(|| async { ApiError::method_not_allowed("method not allowed on this route") })
         .with_state(state)
 }

@@ -103,16 +103,16 @@ impl Gateway {
         self
     }
 
-    /// The gateway's routes, every method, to be nested at `/apis` behind
-    /// the server's authentication middleware and outside any body limit
-    /// (gateway bodies stream without one). They match every `/apis/<api>/…`
-    /// path; the catalog's own routes are static at `<api>` and win over
-    /// them. Paths that are not gateway paths are answered 404 here.
+    /// The gateway's routes, every method, to be merged behind the server's
+    /// authentication middleware and outside any body limit (gateway bodies
+    /// stream without one). They match every `/apis/<api>/…` path; the
+    /// catalog's own routes are static at `<api>` and win over them. Paths
+    /// that are not gateway paths are answered 404 here.
     pub fn router<S>(self) -> Router<S>
     where
         S: Clone + Send + Sync + 'static,
     {
-        Router::new().route("/{api}", any(serve)).route("/{api}/{*rest}", any(serve)).with_state(self)
+        Router::new().route("/apis/{api}", any(serve)).route("/apis/{api}/{*rest}", any(serve)).with_state(self)
     }
 
     /// Runs the six steps for one request. Never fails: every refusal is a

@@ -72,6 +72,12 @@ both_backends! {
         server.call(Method::DELETE, "/namespaces", Some(&server.admin), None).await.error(405, &[]);
         server.call(Method::POST, "/namespaces/core/subscriptions/compute.example.com", Some(&server.admin), Some(json!({}))).await
             .error(405, &[]);
+        // Every other path under the catalog's base: authenticated first,
+        // then the catalog's own 404 (not the gateway's).
+        for path in ["/apis/catalog.example.com/v1", "/apis/catalog.example.com/v1/", "/apis/catalog.example.com/v1/nope/deeper"] {
+            server.call(Method::GET, path, None, None).await.error(401, &[]);
+            server.call(Method::DELETE, path, Some(&server.admin), None).await.error(404, &["no such route in the catalog API"]);
+        }
     }
 
     /// The seam for the gateway (§6): authenticated first, then 404.
