@@ -73,7 +73,8 @@ use crate::{
 
 use self::schema::{connect, file_identity};
 use self::sql::{
-    get_in, is_busy, list_in, read_revision, retry_busy, snapshot_in, snapshot_pages_in, snapshots_in, unavailable,
+    get_in, in_snapshot, is_busy, list_in, read_revision, retry_busy, snapshot_in, snapshot_pages_in, snapshots_in,
+    unavailable,
 };
 use self::write::apply;
 
@@ -215,10 +216,9 @@ impl LocalStore {
     /// caller's thread when it need not wait, else on a reader thread).
     async fn read_txns(&self, txns: Vec<Txn>) -> Result<Vec<TxnResponse>> {
         self.point_read(move |conn| {
-            let tx = conn.transaction()?;
-            let resps = txns.iter().map(|txn| apply(&tx, txn, i64::MAX)).collect::<rusqlite::Result<Vec<_>>>()?;
-            tx.finish()?;
-            Ok(resps)
+            in_snapshot(conn, |tx| {
+                txns.iter().map(|txn| apply(tx, txn, i64::MAX)).collect::<rusqlite::Result<Vec<_>>>()
+            })
         })
         .await
     }
@@ -237,11 +237,10 @@ impl Backend for LocalStore {
     async fn get(&self, key: &str) -> Result<(Option<KeyValue>, Revision)> {
         let key = key.to_string();
         self.point_read(move |conn| {
-            let tx = conn.transaction()?;
-            let (revision, _) = read_revision(&tx)?;
-            let kv = get_in(&tx, &key)?;
-            tx.finish()?;
-            Ok((kv, revision))
+            in_snapshot(conn, |tx| {
+                let (revision, _) = read_revision(tx)?;
+                Ok((get_in(tx, &key)?, revision))
+            })
         })
         .await
     }

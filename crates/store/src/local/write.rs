@@ -66,10 +66,11 @@ impl Inner {
     }
 }
 
-/// Evaluates `txn`'s compares and applies the chosen branch inside `tx`:
-/// every put and delete takes the next revision and is written to the
-/// change log, which is trimmed to `retain` entries.
-pub(super) fn apply(tx: &rusqlite::Transaction<'_>, txn: &Txn, retain: i64) -> rusqlite::Result<TxnResponse> {
+/// Evaluates `txn`'s compares and applies the chosen branch inside `tx`,
+/// a connection with a transaction open (a write's, or a read-only
+/// transaction's snapshot): every put and delete takes the next revision
+/// and is written to the change log, which is trimmed to `retain` entries.
+pub(super) fn apply(tx: &rusqlite::Connection, txn: &Txn, retain: i64) -> rusqlite::Result<TxnResponse> {
     let (start, _) = read_revision(tx)?;
     let mut succeeded = true;
     for compare in &txn.compares {
@@ -154,12 +155,7 @@ pub(super) fn apply(tx: &rusqlite::Transaction<'_>, txn: &Txn, retain: i64) -> r
     Ok(TxnResponse { succeeded, revision, gets })
 }
 
-fn delete_one(
-    tx: &rusqlite::Transaction<'_>,
-    key: &[u8],
-    create_rev: Revision,
-    revision: Revision,
-) -> rusqlite::Result<()> {
+fn delete_one(tx: &rusqlite::Connection, key: &[u8], create_rev: Revision, revision: Revision) -> rusqlite::Result<()> {
     tx.prepare_cached("DELETE FROM kv WHERE key = ?1")?.execute(params![key])?;
     tx.prepare_cached("INSERT INTO changes (rev, key, value, create_rev) VALUES (?1, ?2, NULL, ?3)")?
         .execute(params![revision, key, create_rev])?;
