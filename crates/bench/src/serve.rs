@@ -411,7 +411,7 @@ async fn get_parts(
     let parts = [
         ("authentication (token hash, cache)", &authenticate),
         ("RBAC decision (cache)", &decide),
-        ("the read (subscription, registration, namespace: one read transaction)", &read),
+        ("the read (subscription and registration: one read transaction)", &read),
         ("the answer's JSON", &json),
     ];
     for (what, f) in parts {

@@ -126,21 +126,35 @@ impl Repository {
         Ok(self.get_namespace(name).await?.map(|ns| ns.value.active))
     }
 
-    /// A subscription with its registration and whether its namespace
-    /// exists, read together in one round trip (one etcd Txn of three
-    /// gets; one SQLite transaction), so a GET of a subscription is as
-    /// linearizable, and as cheap, as one store read, and a missing one
-    /// still says which 404 it is.
+    /// A subscription with its registration, read together in one round
+    /// trip (one etcd Txn of two gets; one SQLite transaction), so a GET of
+    /// a subscription is as linearizable, and nearly as cheap, as one store
+    /// read; and whether its namespace exists. That is implied by the
+    /// subscription (a namespace is deleted only once it has none, in a
+    /// transaction that checks it), so the namespace is read only when the
+    /// subscription is missing, for the 404 to say which it is.
     pub async fn read_subscription(&self, namespace: &str, api: &str) -> Result<SubscriptionRead> {
+        self.read_subscription_in(namespace, api, false).await
+    }
+
+    /// [`Repository::read_subscription`], the namespace read in the same
+    /// round trip when `namespace_too` (a caller that expects misses).
+    async fn read_subscription_in(&self, namespace: &str, api: &str, namespace_too: bool) -> Result<SubscriptionRead> {
         let (p, r) = (&*self.base.platform, &*self.base.region);
-        let txn = Txn::new()
+        let mut txn = Txn::new()
             .then(Op::Get { key: keys::subscription(p, r, namespace, api) })
-            .then(Op::Get { key: keys::registration(p, r, api) })
-            .then(Op::Get { key: keys::namespace(namespace) });
+            .then(Op::Get { key: keys::registration(p, r, api) });
+        if namespace_too {
+            txn = txn.then(Op::Get { key: keys::namespace(namespace) });
+        }
         let mut gets = self.txn(txn).await?.gets.into_iter();
-        let subscription = gets.next().flatten().map(|kv| decode(&kv)).transpose()?;
+        let subscription = gets.next().flatten().map(|kv| decode::<Subscription>(&kv)).transpose()?;
         let registration = gets.next().flatten().map(|kv| decode(&kv)).transpose()?;
-        let namespace_exists = gets.next().flatten().is_some();
+        let namespace_exists = match (&subscription, namespace_too) {
+            (Some(_), _) => true,
+            (None, true) => gets.next().flatten().is_some(),
+            (None, false) => self.store().get(&keys::namespace(namespace)).await?.0.is_some(),
+        };
         Ok(SubscriptionRead { subscription, registration, namespace_exists })
     }
 
@@ -474,7 +488,7 @@ impl Repository {
             // Audited, the delete is of the subscription as read (its
             // record shows it), so it compares that revision.
             let (guard, handle) = match self.audit_context() {
-                Some(_) => match self.read_subscription(namespace, api).await? {
+                Some(_) => match self.read_subscription_in(namespace, api, true).await? {
                     SubscriptionRead { subscription: Some(current), registration, namespace_exists } => {
                         let read = SubscriptionRead { subscription: None, registration, namespace_exists };
                         let before = shown(&current.value.view(read.sync_id()));

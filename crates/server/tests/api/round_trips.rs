@@ -48,7 +48,9 @@ async fn case(backend: Backend) {
         ("create of a missing registration", Method::POST, subs.into(), Some(json!({"api": "no.example.com"})), 404, 1),
         ("create by short name (400)", Method::POST, subs.into(), Some(json!({"api": "compute"})), 400, 2),
         ("get", Method::GET, one.into(), None, 200, 1),
-        ("get missing", Method::GET, "/namespaces/core/subscriptions/no.example.com".into(), None, 404, 1),
+        // A found subscription implies its namespace; a missing one reads
+        // the namespace after, for the 404 to say which is missing.
+        ("get missing", Method::GET, "/namespaces/core/subscriptions/no.example.com".into(), None, 404, 2),
         // A confirmation changes nothing but is recorded (§13): the read,
         // then the audit record's write, guarded by the revision read.
         ("put (no-op)", Method::PUT, one.into(), Some(json!({})), 200, 2),
