@@ -47,6 +47,7 @@ use kayra_store::Store;
 use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
+use tower::ServiceBuilder;
 use tower_http::trace::TraceLayer;
 
 /// How long startup waits for the auth caches' first lists.
@@ -116,12 +117,19 @@ impl AppState {
 /// `/openapi.json` without authentication; `/apis/...` (catalog API and
 /// gateway) behind it.
 pub fn router(state: AppState) -> Router {
-    let repo = state.api.repo.clone();
-    let apis = api::router(state.api.clone())
-        .layer(axum::middleware::from_fn_with_state(state.body_stall_timeout, listener::stalled_bodies))
-        .merge(state.gateway.clone().router())
-        .layer(axum::middleware::from_fn_with_state(repo, auth::authenticate))
-        .layer(axum::middleware::from_fn_with_state(state.trusted_proxies.clone(), source::resolve));
+    use axum::middleware::{from_fn, from_fn_with_state, map_response};
+    // Each stack is one layer: axum boxes a route's service once for
+    // every `.layer` call and clones the boxes on every request, so the
+    // middlewares a request passes are composed first (outermost first).
+    let source = from_fn_with_state(state.trusted_proxies.clone(), source::resolve);
+    let authenticate = from_fn_with_state(state.api.repo.clone(), auth::authenticate);
+    let catalog = api::router(state.api.clone()).layer(
+        ServiceBuilder::new()
+            .layer(source.clone())
+            .layer(authenticate.clone())
+            .layer(from_fn_with_state(state.body_stall_timeout, listener::stalled_bodies)),
+    );
+    let gateway = state.gateway.clone().router().layer(ServiceBuilder::new().layer(source).layer(authenticate));
     Router::new()
         .route("/healthz", get(health::healthz))
         .route("/readyz", get(health::readyz))
@@ -129,13 +137,17 @@ pub fn router(state: AppState) -> Router {
         .route("/openapi.json", get(health::openapi))
         .with_state(state)
         .merge(console::router())
-        .merge(apis)
+        .merge(catalog)
+        .merge(gateway)
         .fallback(|| async { ApiError::not_found("no such route") })
-        .layer(axum::middleware::map_response(method_not_allowed))
-        .layer(axum::middleware::from_fn(metrics::track))
-        // A span per request; errors are logged once, where they are
-        // handled (`ApiError`), not again by the trace layer.
-        .layer(TraceLayer::new_for_http().on_failure(()))
+        .layer(
+            ServiceBuilder::new()
+                // A span per request; errors are logged once, where they
+                // are handled (`ApiError`), not again by the trace layer.
+                .layer(TraceLayer::new_for_http().on_failure(()))
+                .layer(from_fn(metrics::track))
+                .layer(map_response(method_not_allowed)),
+        )
 }
 
 /// How often `kayra serve` removes audit records past `audit.retention`.
