@@ -257,32 +257,58 @@ impl AuthCache {
     /// The cached roles bound to `user` by cluster role bindings (a binding
     /// to a missing role grants nothing), deduplicated.
     pub fn cluster_roles(&self, user: &str) -> Vec<Role> {
-        let mut names: Vec<String> = self
-            .inner
-            .cluster_bindings
-            .read(|bindings| bindings.values().filter(|b| b.user == user).map(|b| b.role.clone()).collect());
-        self.roles(&mut names)
+        self.with_roles(self.cluster_role_names(user), |roles| roles.cloned().collect())
     }
 
     /// The cached roles bound to `user` by role bindings in `namespace`.
     pub fn namespace_roles(&self, namespace: &str, user: &str) -> Vec<Role> {
+        self.with_roles(self.namespace_role_names(namespace, user), |roles| roles.cloned().collect())
+    }
+
+    /// `request` decided against the cached roles bound to `user` by
+    /// cluster role bindings, read in place (not copied: this is every
+    /// authenticated request's RBAC check).
+    pub fn cluster_decision(&self, user: &str, request: &kayra_rbac::Request<'_>) -> kayra_rbac::Decision {
+        self.with_roles(self.cluster_role_names(user), |roles| kayra_rbac::authorize(roles, request))
+    }
+
+    /// `request` decided against the cached roles bound to `user` by role
+    /// bindings in `namespace`.
+    pub fn namespace_decision(
+        &self,
+        namespace: &str,
+        user: &str,
+        request: &kayra_rbac::Request<'_>,
+    ) -> kayra_rbac::Decision {
+        self.with_roles(self.namespace_role_names(namespace, user), |roles| kayra_rbac::authorize(roles, request))
+    }
+
+    fn cluster_role_names(&self, user: &str) -> Vec<String> {
+        self.inner
+            .cluster_bindings
+            .read(|bindings| bindings.values().filter(|b| b.user == user).map(|b| b.role.clone()).collect())
+    }
+
+    fn namespace_role_names(&self, namespace: &str, user: &str) -> Vec<String> {
         let prefix = self.inner.layout.prefix(Collection::NamespaceRoleBindings(namespace));
-        let mut names: Vec<String> = self.inner.bindings.read(|bindings| {
+        self.inner.bindings.read(|bindings| {
             bindings
                 .range(prefix.clone()..)
                 .take_while(|(key, _)| key.starts_with(&prefix))
                 .filter(|(_, b)| b.user == user)
                 .map(|(_, b)| b.role.clone())
                 .collect()
-        });
-        self.roles(&mut names)
+        })
     }
 
-    fn roles(&self, names: &mut Vec<String>) -> Vec<Role> {
+    /// `f` over the cached roles of `names` (each once; a missing role is
+    /// left out), in place under the roles' read lock.
+    fn with_roles<R>(&self, mut names: Vec<String>, f: impl FnOnce(&mut dyn Iterator<Item = &Role>) -> R) -> R {
         names.sort_unstable();
         names.dedup();
         self.inner.roles.read(|roles| {
-            names.iter().filter_map(|name| roles.get(&self.inner.layout.key(RecordRef::Role(name))).cloned()).collect()
+            let mut found = names.iter().filter_map(|name| roles.get(&self.inner.layout.key(RecordRef::Role(name))));
+            f(&mut found)
         })
     }
 

@@ -135,6 +135,13 @@ async fn decides_from_what_was_listed() {
     assert_eq!(cache.namespace_roles("core", "alice").iter().map(|r| &r.name).collect::<Vec<_>>(), ["writer"]);
     assert_eq!(cache.namespace_roles("core2", "alice"), vec![reader], "core2 is not under core's prefix");
     assert!(cache.namespace_roles("other", "alice").is_empty());
+    // The decisions read the same roles in place.
+    let get_namespaces = kayra_rbac::Request::new("catalog.example.com", "namespaces", "get");
+    let allowed = kayra_rbac::Decision::Allow { role: "reader".into(), rule: 0 };
+    assert_eq!(cache.cluster_decision("alice", &get_namespaces), allowed);
+    assert_eq!(cache.cluster_decision("carol", &get_namespaces), kayra_rbac::Decision::Deny);
+    assert_eq!(cache.namespace_decision("core2", "alice", &get_namespaces), allowed);
+    assert_eq!(cache.namespace_decision("other", "alice", &get_namespaces), kayra_rbac::Decision::Deny);
     assert_eq!(cache.namespace_active("core"), Some(true));
     assert_eq!(cache.namespace_active("new"), Some(false));
     assert_eq!(cache.namespace_active("gone"), None);

@@ -257,9 +257,9 @@ impl Repository {
     ) -> Result<Decision> {
         if let Some(cache) = self.cache() {
             cache.ready().await.map_err(unavailable)?;
-            let decision = match authorize(&cache.cluster_roles(user), request) {
+            let decision = match cache.cluster_decision(user, request) {
                 Decision::Deny => match namespace {
-                    Some(ns) => authorize(&cache.namespace_roles(ns, user), request),
+                    Some(ns) => cache.namespace_decision(ns, user, request),
                     None => Decision::Deny,
                 },
                 allowed => allowed,
