@@ -297,7 +297,7 @@ pub async fn run(
     report(backend, ("raw store get", &raw_get), names, clients.into_iter().zip(gets));
     row(backend, "GET /healthz (HTTP floor: no auth, no store)", &healthz, &[("raw", &raw_get)]);
 
-    get_parts(backend, &repo, &token, ops, (&get, &healthz)).await?;
+    get_parts(backend, &repo, &config, &token, ops, (&get, &healthz)).await?;
 
     propagation(backend, &base, &config, &http).await?;
     stop.cancel();
@@ -359,6 +359,7 @@ async fn create_floor(repo: &Repository, ops: usize) -> anyhow::Result<Figures> 
 async fn get_parts(
     backend: &str,
     repo: &Repository,
+    config: &kayra_config::Config,
     token: &str,
     ops: usize,
     (get, healthz): (&Figures, &Figures),
@@ -407,6 +408,30 @@ async fn get_parts(
         async move { serde_json::to_vec(&view).map(|_| ()).map_err(anyhow::Error::from) }
     })
     .await?;
+    // The server's whole router, called in process (no connection, no
+    // HTTP parsing or writing): what routing and the middlewares add to
+    // the parts, and the same for `/healthz`.
+    let state = kayra_server::AppState::cached(config, repo.store().clone(), cached.cache().context("cache")?.clone());
+    let app = kayra_server::router(state);
+    let peer = kayra_server::listener::Peer { addr: ([127, 0, 0, 1], 1).into(), tls: false };
+    let routed = |path: String, bearer: Option<Arc<str>>| {
+        let mut request = hyper::Request::get(path);
+        if let Some(token) = bearer {
+            request = request.header("authorization", format!("Bearer {token}"));
+        }
+        let mut request = request.body(http_body_util::Empty::<bytes::Bytes>::new()).expect("a valid request");
+        request.extensions_mut().insert(peer);
+        let app = app.clone();
+        async move {
+            let response = tower::ServiceExt::oneshot(app, request).await?;
+            anyhow::ensure!(response.status() == 200, "answered {}", response.status());
+            http_body_util::BodyExt::collect(response.into_body()).await?;
+            Ok(())
+        }
+    };
+    let routed_get =
+        measure(ops, |i| routed(format!("{CATALOG}/namespaces/b{i}/subscriptions/{API}"), Some(token.clone()))).await?;
+    let routed_healthz = measure(ops, |_| routed("/healthz".into(), None)).await?;
     let us = |f: &Figures| 1e6 / f.rate;
     let parts = [
         ("authentication (token hash, cache)", &authenticate),
@@ -416,6 +441,13 @@ async fn get_parts(
     ];
     for (what, f) in parts {
         println!("| {backend} | GET's part alone, in process: {what} | {:.0} | {:.1} µs a call | | |", f.rate, us(f));
+    }
+    for (what, f) in [("the GET", &routed_get), ("/healthz", &routed_healthz)] {
+        println!(
+            "| {backend} | through the server's router, in process (no HTTP): {what} | {:.0} | {:.1} µs a call | | |",
+            f.rate,
+            us(f)
+        );
     }
     let sum: f64 = parts.iter().map(|(_, f)| us(f)).sum();
     println!(

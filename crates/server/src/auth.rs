@@ -8,33 +8,32 @@
 //! request; a token they do not know is confirmed against the store. The
 //! token is never logged, and neither is the header that carries it.
 
-use axum::extract::{Request, State};
+use axum::extract::Request;
 use axum::http::HeaderMap;
 use axum::http::header::AUTHORIZATION;
-use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use kayra_catalog::api::{ApiError, Caller};
 use kayra_catalog::repo::Repository;
 
-/// Middleware: authenticates the request or answers 401.
-pub async fn authenticate(State(repo): State<Repository>, mut request: Request, next: Next) -> Response {
+/// Authenticates `request` (its [`Caller`] put in) or answers 401.
+pub(crate) async fn authenticate(repo: &Repository, mut request: Request) -> Result<Request, Response> {
     let token = match bearer_token(request.headers()) {
         Ok(token) => token,
         Err(e) => {
             denied(&request);
-            return e.into_response();
+            return Err(e.into_response());
         }
     };
     match repo.authenticate(token).await {
         Ok(Some(user)) => {
             request.extensions_mut().insert(Caller { user });
-            next.run(request).await
+            Ok(request)
         }
         Ok(None) => {
             denied(&request);
-            ApiError::unauthorized("unknown or revoked bearer token").into_response()
+            Err(ApiError::unauthorized("unknown or revoked bearer token").into_response())
         }
-        Err(e) => ApiError::from(e).into_response(),
+        Err(e) => Err(ApiError::from(e).into_response()),
     }
 }
 

@@ -13,7 +13,9 @@
 //!
 //! # Layout
 //! - this file: [`AppState`], [`router`], [`run`], shutdown.
-//! - `auth`: bearer-token authentication middleware.
+//! - `admission`: the one middleware of `/apis/`: source, authentication,
+//!   body-stall guard.
+//! - `auth`: bearer-token authentication.
 //! - [`console`]: the web console at `/ui/` (§11), embedded assets.
 //! - [`gateway`]: `/apis/<other api>/...`, the six steps and forwarding (§6).
 //! - `health`: `/healthz`, `/readyz`, `/metrics`, `/openapi.json`.
@@ -23,6 +25,7 @@
 //!   timeouts and the peer of each request.
 //! - `tls`: HTTPS when `server.tls` is set.
 
+mod admission;
 mod auth;
 pub mod console;
 pub mod gateway;
@@ -48,6 +51,8 @@ use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tower::ServiceBuilder;
+
+use crate::admission::{Admission, admit};
 use tower_http::trace::TraceLayer;
 
 /// How long startup waits for the auth caches' first lists.
@@ -118,18 +123,12 @@ impl AppState {
 /// gateway) behind it.
 pub fn router(state: AppState) -> Router {
     use axum::middleware::{from_fn, from_fn_with_state, map_response};
-    // Each stack is one layer: axum boxes a route's service once for
-    // every `.layer` call and clones the boxes on every request, so the
-    // middlewares a request passes are composed first (outermost first).
-    let source = from_fn_with_state(state.trusted_proxies.clone(), source::resolve);
-    let authenticate = from_fn_with_state(state.api.repo.clone(), auth::authenticate);
-    let catalog = api::router(state.api.clone()).layer(
-        ServiceBuilder::new()
-            .layer(source.clone())
-            .layer(authenticate.clone())
-            .layer(from_fn_with_state(state.body_stall_timeout, listener::stalled_bodies)),
-    );
-    let gateway = state.gateway.clone().router().layer(ServiceBuilder::new().layer(source).layer(authenticate));
+    let admission = |body_stall| {
+        let repo = state.api.repo.clone();
+        from_fn_with_state(Admission { trusted_proxies: state.trusted_proxies.clone(), repo, body_stall }, admit)
+    };
+    let catalog = api::router(state.api.clone()).layer(admission(Some(state.body_stall_timeout)));
+    let gateway = state.gateway.clone().router().layer(admission(None));
     Router::new()
         .route("/healthz", get(health::healthz))
         .route("/readyz", get(health::readyz))
@@ -140,6 +139,9 @@ pub fn router(state: AppState) -> Router {
         .merge(catalog)
         .merge(gateway)
         .fallback(|| async { ApiError::not_found("no such route") })
+        // One layer, its middlewares composed first: axum boxes a route's
+        // service once for every `.layer` call and clones the boxes on
+        // every request.
         .layer(
             ServiceBuilder::new()
                 // A span per request; errors are logged once, where they

@@ -139,17 +139,13 @@ where
     }
 }
 
-/// Middleware: the request body fails (the catalog answers 400) once it has
-/// gone `stall` without a byte.
-pub async fn stalled_bodies(
-    axum::extract::State(stall): axum::extract::State<Duration>,
-    request: axum::extract::Request,
-    next: axum::middleware::Next,
-) -> axum::response::Response {
+/// The same request, whose body fails (the catalog answers 400) once it
+/// has gone `stall` without a byte.
+pub(crate) fn stalled_bodies(request: axum::extract::Request, stall: Duration) -> axum::extract::Request {
     use futures::StreamExt;
     let (parts, body) = request.into_parts();
     if http_body::Body::is_end_stream(&body) {
-        return next.run(axum::extract::Request::from_parts(parts, body)).await;
+        return axum::extract::Request::from_parts(parts, body);
     }
     let chunks = futures::stream::unfold(Some(body.into_data_stream()), move |stream| async move {
         let mut stream = stream?;
@@ -161,7 +157,7 @@ pub async fn stalled_bodies(
             }
         }
     });
-    next.run(axum::extract::Request::from_parts(parts, Body::from_stream(chunks))).await
+    axum::extract::Request::from_parts(parts, Body::from_stream(chunks))
 }
 
 /// What a connection is doing, for its timeouts.

@@ -6,24 +6,20 @@
 //! value of a request from an untrusted peer.
 
 use std::net::IpAddr;
-use std::sync::Arc;
 
-use axum::extract::{Request, State};
+use axum::extract::Request;
 use axum::http::HeaderMap;
-use axum::middleware::Next;
-use axum::response::Response;
 use kayra_catalog::api::audit::ClientSource;
 use kayra_config::Cidr;
 
 use crate::listener::Peer;
 
-/// Middleware: resolves the request's [`ClientSource`].
-pub async fn resolve(State(trusted): State<Arc<[Cidr]>>, mut request: Request, next: Next) -> Response {
+/// Puts the request's [`ClientSource`] in (nothing without a [`Peer`]).
+pub(crate) fn resolve(trusted: &[Cidr], request: &mut Request) {
     if let Some(peer) = request.extensions().get::<Peer>().copied() {
-        let source = client(peer.addr.ip(), request.headers(), &trusted);
+        let source = client(peer.addr.ip(), request.headers(), trusted);
         request.extensions_mut().insert(ClientSource(source.to_string()));
     }
-    next.run(request).await
 }
 
 /// The client address of a request from `peer` with `headers`.
