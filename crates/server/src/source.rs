@@ -18,7 +18,7 @@ use crate::listener::Peer;
 pub(crate) fn resolve(trusted: &[Cidr], request: &mut Request) {
     if let Some(peer) = request.extensions().get::<Peer>().copied() {
         let source = client(peer.addr.ip(), request.headers(), trusted);
-        request.extensions_mut().insert(ClientSource(source.to_string()));
+        request.extensions_mut().insert(ClientSource(source));
     }
 }
 

@@ -35,9 +35,10 @@ use crate::repo::audit::{AuditContext, AuditFilter};
 
 /// The caller's address as `kayra serve` resolved it (the peer, or the
 /// rightmost untrusted address of `X-Forwarded-For` when the peer is a
-/// trusted proxy). Put into the request's extensions by the server.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ClientSource(pub String);
+/// trusted proxy). Put into the request's extensions by the server; made
+/// text only when a change records it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClientSource(pub std::net::IpAddr);
 
 /// The audit settings of `kayra serve` (`audit.require_reason`).
 #[derive(Debug, Clone, Default)]
@@ -111,7 +112,7 @@ pub(crate) fn context(
         code: success_code(&parts.method),
         reason,
         request_id: uuid::Uuid::now_v7().to_string(),
-        source: parts.extensions.get::<ClientSource>().map(|s| s.0.clone()).unwrap_or_default(),
+        source: parts.extensions.get::<ClientSource>().map(|s| s.0.to_string()).unwrap_or_default(),
     })
 }
 
