@@ -73,8 +73,8 @@ use crate::{
 
 use self::schema::{connect, file_identity};
 use self::sql::{
-    get_in, in_snapshot, is_busy, list_in, read_revision, retry_busy, snapshot_in, snapshot_pages_in, snapshots_in,
-    unavailable,
+    GETS_AT_ONCE, gets_at_once, in_snapshot, is_busy, list_in, read_revision, retry_busy, snapshot_in,
+    snapshot_pages_in, snapshots_in, unavailable,
 };
 use self::write::apply;
 
@@ -216,12 +216,28 @@ impl LocalStore {
     /// caller's thread when it need not wait, else on a reader thread).
     async fn read_txns(&self, txns: Vec<Txn>) -> Result<Vec<TxnResponse>> {
         self.point_read(move |conn| {
+            // A lone transaction of gets alone (a GET's read): one statement.
+            if let [txn] = txns.as_slice()
+                && let Some(keys) = only_gets(txn)
+            {
+                let (revision, gets) = gets_at_once(conn, &keys)?;
+                return Ok(vec![TxnResponse { succeeded: true, revision, gets }]);
+            }
             in_snapshot(conn, |tx| {
                 txns.iter().map(|txn| apply(tx, txn, i64::MAX)).collect::<rusqlite::Result<Vec<_>>>()
             })
         })
         .await
     }
+}
+
+/// The keys of `txn` when it is only gets, with no compares, and at most
+/// [`GETS_AT_ONCE`] of them.
+fn only_gets(txn: &Txn) -> Option<Vec<&str>> {
+    if !txn.compares.is_empty() || txn.success.is_empty() || txn.success.len() > GETS_AT_ONCE {
+        return None;
+    }
+    txn.success.iter().map(|op| if let Op::Get { key } = op { Some(key.as_str()) } else { None }).collect()
 }
 
 /// Why a failed single-key write failed, from its `else` branch's read.
@@ -237,10 +253,8 @@ impl Backend for LocalStore {
     async fn get(&self, key: &str) -> Result<(Option<KeyValue>, Revision)> {
         let key = key.to_string();
         self.point_read(move |conn| {
-            in_snapshot(conn, |tx| {
-                let (revision, _) = read_revision(tx)?;
-                Ok((get_in(tx, &key)?, revision))
-            })
+            let (revision, mut found) = gets_at_once(conn, &[&key])?;
+            Ok((found.pop().flatten(), revision))
         })
         .await
     }
