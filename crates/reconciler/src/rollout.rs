@@ -119,11 +119,17 @@ fn wave_pending(view: &View, record: &RolloutRecord) -> bool {
 }
 
 /// The subscribers a new rollout of `reg`'s SyncID takes: active and not
-/// at it, with their namespaces' labels.
-fn behind(view: &View, reg: &ApiRegistration) -> Vec<(String, BTreeMap<String, String>)> {
+/// at it, with their namespaces' labels when `labels` (a wave selects by
+/// them). `None` while a namespace's labels are not known yet (the
+/// namespaces' watch is behind the subscriptions'): the waves are chosen
+/// once they are, at the next look, never from labels missing.
+fn behind(view: &View, reg: &ApiRegistration, labels: bool) -> Option<Vec<(String, BTreeMap<String, String>)>> {
     view.subscribers_of(&reg.name)
         .filter(|(_, sub)| sub.active && sub.current_sync_id() != reg.sync_id)
-        .map(|(ns, _)| (ns.to_string(), view.namespace_labels(ns).cloned().unwrap_or_default()))
+        .map(|(ns, _)| match labels {
+            true => view.namespace_labels(ns).map(|labels| (ns.to_string(), labels.clone())),
+            false => Some((ns.to_string(), BTreeMap::new())),
+        })
         .collect()
 }
 
@@ -160,7 +166,8 @@ fn look(view: &View, api: &str, now: SystemTime, counts_too: bool) -> Next {
             Next::Write { seen, record: Box::new(next), transitions, gates }
         }
         (existing, Some(policy)) => {
-            let subscribers = behind(view, reg);
+            let selects = policy.waves.iter().any(|wave| !wave.selector.is_empty());
+            let Some(subscribers) = behind(view, reg, selects) else { return Next::Nothing };
             if subscribers.is_empty() {
                 // Nobody to roll out to: no rollout (a superseded one ends).
                 return match existing {
@@ -376,5 +383,50 @@ pub(crate) fn describe_metrics() {
     metrics::describe_gauge!(METRIC_ROLLOUTS, "Rollouts by state, as this reconciler's view shows them.");
     for state in RolloutState::ALL {
         metrics::gauge!(METRIC_ROLLOUTS, "state" => state.as_str()).set(0.0);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use kayra_core::Subscription;
+    use kayra_core::rollout::{RolloutPolicy, WavePolicy};
+
+    use super::*;
+
+    /// A job can activate a namespace before the namespaces' watch brings
+    /// its record: a rollout whose waves select by label is not started
+    /// from labels not known yet (they would read as none), only once
+    /// every subscriber's are.
+    #[test]
+    fn waves_by_label_wait_for_the_namespaces_labels() {
+        let canary = WavePolicy {
+            name: "canary".into(),
+            selector: [("tier".to_string(), "canary".to_string())].into(),
+            ..WavePolicy::default()
+        };
+        let policy = RolloutPolicy {
+            waves: vec![canary, WavePolicy { name: "rest".into(), ..WavePolicy::default() }],
+            ..RolloutPolicy::default()
+        };
+        let mut view = View::default();
+        let reg =
+            ApiRegistration { name: "x.io".into(), sync_id: "2".into(), rollout: Some(policy), ..Default::default() };
+        view.put_registration(reg, 1);
+        for ns in ["a", "b"] {
+            view.put_subscription(
+                Subscription { active: true, current_sync_id: "1".into(), ..Subscription::new(ns, "x.io") },
+                2,
+            );
+            view.put_namespace(ns, true, 3);
+        }
+        let started = |view: &View| match look(view, "x.io", SystemTime::now(), true) {
+            Next::Write { record, .. } => Some(record.records.iter().map(|w| w.namespaces.clone()).collect::<Vec<_>>()),
+            Next::Nothing => None,
+        };
+        assert_eq!(started(&view), None, "no labels known");
+        view.put_namespace_record("a", true, [("tier".to_string(), "canary".to_string())].into(), 3);
+        assert_eq!(started(&view), None, "b's labels not known");
+        view.put_namespace_record("b", true, BTreeMap::new(), 3);
+        assert_eq!(started(&view), Some(vec![vec!["a".to_string()], vec!["b".to_string()]]));
     }
 }

@@ -184,7 +184,9 @@ impl Gather<Subscription> for Subscribers {
 #[derive(Debug, Default)]
 struct NamespaceEntry {
     active: bool,
-    labels: BTreeMap<String, String>,
+    /// `None` until a record of the namespace is seen: a job's own
+    /// activation can come first, before the namespace's watch brings it.
+    labels: Option<BTreeMap<String, String>>,
     revision: Revision,
 }
 
@@ -225,7 +227,7 @@ impl View {
                 entry.revision = revision;
             }
             None => {
-                self.namespaces.insert(name.to_string(), NamespaceEntry { active, labels: BTreeMap::new(), revision });
+                self.namespaces.insert(name.to_string(), NamespaceEntry { active, labels: None, revision });
             }
         }
     }
@@ -240,8 +242,16 @@ impl View {
         labels: BTreeMap<String, String>,
         revision: Revision,
     ) {
-        if self.namespaces.get(name).is_none_or(|entry| entry.revision <= revision) {
-            self.namespaces.insert(name.to_string(), NamespaceEntry { active, labels, revision });
+        match self.namespaces.get_mut(name) {
+            // A job's newer write, made before any record of the namespace
+            // was seen: this record's labels are the newest known (the
+            // write's own echo brings its record later).
+            Some(entry) if entry.revision > revision => {
+                entry.labels.get_or_insert(labels);
+            }
+            _ => {
+                self.namespaces.insert(name.to_string(), NamespaceEntry { active, labels: Some(labels), revision });
+            }
         }
     }
 
@@ -250,13 +260,14 @@ impl View {
     pub fn replace_namespaces(&mut self, namespaces: Vec<(String, bool, BTreeMap<String, String>, Revision)>) {
         self.namespaces = namespaces
             .into_iter()
-            .map(|(name, active, labels, revision)| (name, NamespaceEntry { active, labels, revision }))
+            .map(|(name, active, labels, revision)| (name, NamespaceEntry { active, labels: Some(labels), revision }))
             .collect();
     }
 
-    /// A known namespace's labels.
+    /// A namespace's labels, once a record of it has been seen (`None`
+    /// before: unknown, not empty).
     pub fn namespace_labels(&self, name: &str) -> Option<&BTreeMap<String, String>> {
-        self.namespaces.get(name).map(|entry| &entry.labels)
+        self.namespaces.get(name).and_then(|entry| entry.labels.as_ref())
     }
 
     /// Replaces every registration (a complete list).
@@ -658,6 +669,14 @@ mod tests {
         assert_eq!(view.namespace_labels("core"), Some(&labels(&[])), "never an older record");
         view.delete_namespace("core");
         assert_eq!(view.namespace_labels("core"), None);
+        // Activated by a job before the namespace's watch brought it: its
+        // labels are unknown (not empty) until a record of it comes; the
+        // creation's, older than the activation, tells them.
+        view.put_namespace("late", true, 12);
+        assert_eq!(view.namespace_labels("late"), None);
+        view.put_namespace_record("late", false, labels(&[("tier", "canary")]), 10);
+        assert_eq!(view.namespace_labels("late"), Some(&labels(&[("tier", "canary")])));
+        assert!(!view.namespace_inactive("late"), "the job's newer activation stands");
     }
 
     #[test]
