@@ -51,9 +51,9 @@ use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tower::ServiceBuilder;
+use tower_http::trace::TraceLayer;
 
 use crate::admission::{Admission, admit};
-use tower_http::trace::TraceLayer;
 
 /// How long startup waits for the auth caches' first lists.
 const CACHE_SYNC_TIMEOUT: Duration = Duration::from_secs(30);
