@@ -22,7 +22,7 @@ use std::time::{Duration, SystemTime};
 
 use kayra_core::{ApiRegistration, Namespace, RoleBinding, Subscription};
 use kayra_store::{Compare, Op, Revision, Txn};
-
+use serde::Deserialize;
 use serde_json::Value;
 
 use super::audit::shown;
@@ -48,15 +48,25 @@ pub enum Recorded {
 #[derive(Debug, Clone)]
 pub struct SubscriptionRead {
     pub subscription: Option<Versioned<Subscription>>,
-    pub registration: Option<Versioned<ApiRegistration>>,
+    /// The registration's current SyncID, or "" when it is gone.
+    pub sync_id: String,
     pub namespace_exists: bool,
 }
 
 impl SubscriptionRead {
     /// The registration's current SyncID, or "" when it is gone.
     pub fn sync_id(&self) -> &str {
-        self.registration.as_ref().map(|r| r.value.sync_id.as_str()).unwrap_or_default()
+        &self.sync_id
     }
+}
+
+/// The one field of a registration a subscription's view needs: decoding
+/// only it skips the rest of the record (its pipeline, its policy) without
+/// building them, on every GET.
+#[derive(Deserialize)]
+struct CurrentSyncId {
+    #[serde(default)]
+    sync_id: String,
 }
 
 /// Why [`Repository::create_subscription`] wrote nothing, told apart by the
@@ -149,13 +159,15 @@ impl Repository {
         }
         let mut gets = self.txn(txn).await?.gets.into_iter();
         let subscription = gets.next().flatten().map(|kv| decode::<Subscription>(&kv)).transpose()?;
-        let registration = gets.next().flatten().map(|kv| decode(&kv)).transpose()?;
+        let sync_id =
+            gets.next().flatten().map(|kv| decode::<CurrentSyncId>(&kv)).transpose()?.map(|r| r.value.sync_id);
+        let sync_id = sync_id.unwrap_or_default();
         let namespace_exists = match (&subscription, namespace_too) {
             (Some(_), _) => true,
             (None, true) => gets.next().flatten().is_some(),
             (None, false) => self.store().get(&keys::namespace(namespace)).await?.0.is_some(),
         };
-        Ok(SubscriptionRead { subscription, registration, namespace_exists })
+        Ok(SubscriptionRead { subscription, sync_id, namespace_exists })
     }
 
     /// Every registration of this deployment.
@@ -489,9 +501,8 @@ impl Repository {
             // record shows it), so it compares that revision.
             let (guard, handle) = match self.audit_context() {
                 Some(_) => match self.read_subscription_in(namespace, api, true).await? {
-                    SubscriptionRead { subscription: Some(current), registration, namespace_exists } => {
-                        let read = SubscriptionRead { subscription: None, registration, namespace_exists };
-                        let before = shown(&current.value.view(read.sync_id()));
+                    SubscriptionRead { subscription: Some(current), sync_id, .. } => {
+                        let before = shown(&current.value.view(&sync_id));
                         (Compare::ModRevision(key.clone(), current.revision), self.auditing(before, Value::Null))
                     }
                     // Nothing to delete: the read says which 404.
