@@ -401,7 +401,7 @@ async fn get_parts(
     })
     .await?;
     let sample = cached.read_subscription("b0", API).await?;
-    let sync_id = sample.sync_id().to_string();
+    let sync_id = sample.sync_id.clone();
     let sub = sample.subscription.context("b0's subscription")?;
     let json = measure(ops, |_| {
         let view = sub.value.view(&sync_id);

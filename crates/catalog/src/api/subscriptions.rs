@@ -105,9 +105,8 @@ pub(crate) async fn existing(
     if !read.namespace_exists {
         return Err(namespace_not_found(namespace));
     }
-    let sync_id = read.sync_id().to_string();
     match read.subscription {
-        Some(subscription) => Ok((subscription, sync_id)),
+        Some(subscription) => Ok((subscription, read.sync_id)),
         None => Err(ApiError::not_found(format!("{} not found", what(namespace, api)))),
     }
 }
@@ -177,7 +176,7 @@ pub(crate) async fn get(
     long_name(&state, &api).await?;
     let read = state.repo.read_subscription(&namespace, &api).await?;
     match (&read.subscription, read.namespace_exists) {
-        (Some(subscription), _) => Ok(Json(subscription.value.view(read.sync_id()))),
+        (Some(subscription), _) => Ok(Json(subscription.value.view(&read.sync_id))),
         // Which 404: a missing namespace is named as such.
         (None, false) => Err(namespace_not_found(&namespace)),
         (None, true) => Err(ApiError::not_found(format!("{} not found", what(&namespace, &api)))),

@@ -53,13 +53,6 @@ pub struct SubscriptionRead {
     pub namespace_exists: bool,
 }
 
-impl SubscriptionRead {
-    /// The registration's current SyncID, or "" when it is gone.
-    pub fn sync_id(&self) -> &str {
-        &self.sync_id
-    }
-}
-
 /// The one field of a registration a subscription's view needs: decoding
 /// only it skips the rest of the record (its pipeline, its policy) without
 /// building them, on every GET.
@@ -136,8 +129,8 @@ impl Repository {
         Ok(self.get_namespace(name).await?.map(|ns| ns.value.active))
     }
 
-    /// A subscription with its registration, read together in one round
-    /// trip (one etcd Txn of two gets; one SQLite transaction), so a GET of
+    /// A subscription with its registration's SyncID, read together in one
+    /// round trip (one etcd Txn of two gets; one SQLite statement), so a GET of
     /// a subscription is as linearizable, and nearly as cheap, as one store
     /// read; and whether its namespace exists. That is implied by the
     /// subscription (a namespace is deleted only once it has none, in a

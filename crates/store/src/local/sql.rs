@@ -39,29 +39,25 @@ pub(super) fn gets_at_once(conn: &Connection, keys: &[&str]) -> rusqlite::Result
     let mut rows = statement.query(rusqlite::params_from_iter(keys.iter().map(|k| k.as_bytes())))?;
     let (mut revision, mut found) = (0, vec![None; keys.len()]);
     while let Some(row) = rows.next()? {
-        revision = row.get(0)?;
-        let index: i64 = row.get(1)?;
-        if row.get_ref(2)? != rusqlite::types::ValueRef::Null
+        revision = row.get(4)?;
+        let index: i64 = row.get(5)?;
+        if row.get_ref(0)? != rusqlite::types::ValueRef::Null
             && let Some(slot) = usize::try_from(index).ok().and_then(|i| found.get_mut(i))
         {
-            *slot = Some(KeyValue {
-                key: String::from_utf8_lossy(&row.get::<_, Vec<u8>>(2)?).into_owned(),
-                value: row.get(3)?,
-                create_revision: row.get(4)?,
-                mod_revision: row.get(5)?,
-            });
+            *slot = Some(read_kv(row)?);
         }
     }
     Ok((revision, found))
 }
 
 /// The SQL of [`gets_at_once`] for `n` keys: the keys as a table of
-/// (position, key), each looked up in `kv` by its primary key.
+/// (position, key), each looked up in `kv` by its primary key; a row's
+/// record in [`read_kv`]'s columns, then the revision and the position.
 fn gets_sql(n: usize) -> String {
     let keys: Vec<String> = (1..=n).map(|i| format!("({}, ?{i})", i - 1)).collect();
     format!(
         "WITH wanted(i, key) AS (VALUES {}) \
-         SELECT (SELECT revision FROM meta WHERE id = 1), wanted.i, kv.key, kv.value, kv.create_rev, kv.mod_rev \
+         SELECT kv.key, kv.value, kv.create_rev, kv.mod_rev, (SELECT revision FROM meta WHERE id = 1), wanted.i \
          FROM wanted LEFT JOIN kv ON kv.key = wanted.key",
         keys.join(", ")
     )
