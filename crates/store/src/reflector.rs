@@ -44,6 +44,7 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
@@ -242,8 +243,15 @@ struct Announcer<T> {
 
 struct Shared<T> {
     view: RwLock<View<T>>,
-    /// The revision reached, published after the map holds it.
+    /// The revision reached, published after the map holds it: to waiters
+    /// by the channel, to readers by the atomic (a load, which readers on
+    /// every core can do at once without taking turns on a lock).
     reached: watch::Sender<Revision>,
+    revision: AtomicI64,
+    /// When the map was last confirmed current, as nanoseconds after
+    /// `epoch` plus one (0: never), read the same way.
+    confirmed: AtomicU64,
+    epoch: Instant,
     /// True once the first list is in.
     synced: watch::Sender<bool>,
     announcer: Option<Announcer<T>>,
@@ -252,7 +260,6 @@ struct Shared<T> {
 struct View<T> {
     map: BTreeMap<String, T>,
     reflect: Reflect<T>,
-    confirmed_at: Option<Instant>,
 }
 
 impl<T: Clone + Send + Sync + 'static> Reflector<T> {
@@ -279,10 +286,19 @@ impl<T: Clone + Send + Sync + 'static> Reflector<T> {
         decode: impl Fn(&KeyValue) -> Result<T, String> + Send + Sync + 'static,
         announcer: Option<Announcer<T>>,
     ) -> Self {
-        let view = View { map: BTreeMap::new(), reflect: Reflect::new(decode), confirmed_at: None };
+        let view = View { map: BTreeMap::new(), reflect: Reflect::new(decode) };
         let (reached, _) = watch::channel(0);
         let (synced, _) = watch::channel(false);
-        Self { shared: Arc::new(Shared { view: RwLock::new(view), reached, synced, announcer }) }
+        let shared = Shared {
+            view: RwLock::new(view),
+            reached,
+            revision: AtomicI64::new(0),
+            confirmed: AtomicU64::new(0),
+            epoch: Instant::now(),
+            synced,
+            announcer,
+        };
+        Self { shared: Arc::new(shared) }
     }
 
     /// Applies every event of `events` until the stream ends.
@@ -325,7 +341,6 @@ impl<T: Clone + Send + Sync + 'static> Reflector<T> {
                             }
                         }
                     }
-                    view.confirmed_at = Some(now);
                     reached = Some(revision);
                     first_list = true;
                 }
@@ -341,18 +356,15 @@ impl<T: Clone + Send + Sync + 'static> Reflector<T> {
                             }
                         }
                     }
-                    view.confirmed_at = Some(now);
                     reached = Some(revision);
                 }
                 Some(Reflected::Deleted { key, revision }) => {
                     if view.map.remove(&key).is_some() {
                         announce(&key, None, revision);
                     }
-                    view.confirmed_at = Some(now);
                     reached = Some(revision);
                 }
                 Some(Reflected::Progress { revision }) => {
-                    view.confirmed_at = Some(now);
                     reached = Some(revision);
                 }
             }
@@ -360,6 +372,9 @@ impl<T: Clone + Send + Sync + 'static> Reflector<T> {
         // Published after the map is written, so a reader woken by the new
         // revision finds the change in the map.
         if let Some(revision) = reached {
+            let since = now.saturating_duration_since(self.shared.epoch).as_nanos();
+            self.shared.confirmed.store(u64::try_from(since).unwrap_or(u64::MAX - 1) + 1, Ordering::Release);
+            self.shared.revision.fetch_max(revision, Ordering::AcqRel);
             self.shared.reached.send_if_modified(|current| {
                 let advance = revision > *current;
                 if advance {
@@ -415,7 +430,7 @@ impl<T: Clone + Send + Sync + 'static> Reflector<T> {
 
     /// The revision the map has reached (0 before the first `InitDone`).
     pub fn revision(&self) -> Revision {
-        *self.shared.reached.borrow()
+        self.shared.revision.load(Ordering::Acquire)
     }
 
     /// Whether a first list has completed.
@@ -432,7 +447,10 @@ impl<T: Clone + Send + Sync + 'static> Reflector<T> {
     /// When the map was last confirmed current: the newest event,
     /// `Progress` or `InitDone`. `None` before the first `InitDone`.
     pub fn confirmed_at(&self) -> Option<Instant> {
-        self.shared.view.read().unwrap_or_else(|e| e.into_inner()).confirmed_at
+        match self.shared.confirmed.load(Ordering::Acquire) {
+            0 => None,
+            since => Some(self.shared.epoch + Duration::from_nanos(since - 1)),
+        }
     }
 
     /// Whether the map is synced and was confirmed current within `max_age`.
