@@ -53,7 +53,7 @@ use tokio_util::sync::CancellationToken;
 use tower::ServiceBuilder;
 use tower_http::trace::TraceLayer;
 
-use crate::admission::{Admission, admit};
+use crate::admission::Admission;
 
 /// How long startup waits for the auth caches' first lists.
 const CACHE_SYNC_TIMEOUT: Duration = Duration::from_secs(30);
@@ -122,10 +122,11 @@ impl AppState {
 /// `/openapi.json` without authentication; `/apis/...` (catalog API and
 /// gateway) behind it.
 pub fn router(state: AppState) -> Router {
-    use axum::middleware::{from_fn, from_fn_with_state, map_response};
-    let admission = |body_stall| {
-        let repo = state.api.repo.clone();
-        from_fn_with_state(Admission { trusted_proxies: state.trusted_proxies.clone(), repo, body_stall }, admit)
+    use axum::middleware::{from_fn, map_response};
+    let admission = |body_stall| Admission {
+        trusted_proxies: state.trusted_proxies.clone(),
+        repo: state.api.repo.clone(),
+        body_stall,
     };
     let catalog = api::router(state.api.clone()).layer(admission(Some(state.body_stall_timeout)));
     let gateway = state.gateway.clone().router().layer(admission(None));
