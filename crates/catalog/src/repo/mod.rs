@@ -227,19 +227,16 @@ impl Repository {
     /// the branch that ran.
     pub(crate) async fn txn(&self, mut txn: kayra_store::Txn) -> Result<kayra_store::TxnResponse> {
         txn.success.extend(self.riders.iter().cloned());
-        let response = self.base.store.txn_grouped(txn.clone()).await?;
-        if self.base.cache.is_some() {
-            let ops = if response.succeeded { &txn.success } else { &txn.failure };
-            let created =
-                |key: &str| txn.compares.iter().any(|c| matches!(c, kayra_store::Compare::Absent(k) if k == key));
-            for op in ops {
-                match op {
-                    kayra_store::Op::Put { key, .. } if !created(key) => self.wrote(key, response.revision),
-                    kayra_store::Op::Delete { key } => self.wrote(key, response.revision),
-                    kayra_store::Op::DeletePrefix { prefix } => self.wrote(prefix, response.revision),
-                    _ => response.revision,
-                };
-            }
+        // The keys to report, by branch, taken before the transaction goes
+        // (not the whole transaction with its values): none for a read.
+        let written = match self.base.cache {
+            Some(_) => [&txn.success, &txn.failure].map(|ops| written_keys(&txn.compares, ops)),
+            None => Default::default(),
+        };
+        let response = self.base.store.txn_grouped(txn).await?;
+        let [success, failure] = written;
+        for key in if response.succeeded { success } else { failure } {
+            self.wrote(&key, response.revision);
         }
         Ok(response)
     }
@@ -625,6 +622,21 @@ pub enum ResultCommit {
     /// The fan-out marker moved since it was seen (another writer recorded
     /// the fan-out): nothing was written; write again without it.
     MarkerMoved,
+}
+
+/// The keys `ops` (one branch of a transaction) write that the caches
+/// must hear of ([`Repository::wrote`]): every put but a create (a put
+/// guarded by `Absent` on its key), every delete and deleted prefix.
+fn written_keys(compares: &[kayra_store::Compare], ops: &[Op]) -> Vec<String> {
+    let created = |key: &str| compares.iter().any(|c| matches!(c, kayra_store::Compare::Absent(k) if k == key));
+    ops.iter()
+        .filter_map(|op| match op {
+            Op::Put { key, .. } if !created(key) => Some(key.clone()),
+            Op::Delete { key } => Some(key.clone()),
+            Op::DeletePrefix { prefix } => Some(prefix.clone()),
+            _ => None,
+        })
+        .collect()
 }
 
 fn encode<T: Serialize>(value: &T) -> Vec<u8> {
