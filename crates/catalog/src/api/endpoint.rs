@@ -157,8 +157,11 @@ async fn enforce(requirement: &Requirement, request: Request, next: Next) -> Res
         Ok(watching) => watching,
         Err(e) => return e.into_response(),
     };
+    // The watch and the change paths are boxed, each on its own: inline,
+    // their state would make every request's future several KiB, a size
+    // the allocator serves from its slow path.
     if watching {
-        return match serve_watch(requirement, caller, request, next).await {
+        return match Box::pin(serve_watch(requirement, caller, request, next)).await {
             Ok(response) | Err(response) => response,
         };
     }
@@ -179,8 +182,18 @@ async fn enforce(requirement: &Requirement, request: Request, next: Next) -> Res
     if !change {
         return next.run(request).await;
     }
-    // A change: its audit context (who, what, why, from where) goes to the
-    // handler, whose write records it (§13); a refused change is a log line.
+    Box::pin(audited(requirement, caller, (resource, verb), request, next)).await
+}
+
+/// A change: its audit context (who, what, why, from where) goes to the
+/// handler, whose write records it (§13); a refused change is a log line.
+async fn audited(
+    requirement: &Requirement,
+    caller: Caller,
+    (resource, verb): (&'static str, Verb),
+    request: Request,
+    next: Next,
+) -> Response {
     let (mut parts, body) = request.into_parts();
     let params: Vec<(String, String)> = match RawPathParams::from_request_parts(&mut parts, &()).await {
         Ok(raw) => raw.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),

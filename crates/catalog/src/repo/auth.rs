@@ -246,7 +246,14 @@ impl Repository {
                 return Ok(Some(user));
             }
         }
-        let Some(record) = self.get::<TokenRecord>(RecordRef::Token(&hash)).await? else {
+        // Boxed: the store's reads would make every request's future (the
+        // caches' answer included) as large as theirs.
+        Box::pin(self.token_user_from_store(&hash)).await
+    }
+
+    /// The user of the token whose hash is `hash`, read from the store.
+    async fn token_user_from_store(&self, hash: &str) -> Result<Option<String>> {
+        let Some(record) = self.get::<TokenRecord>(RecordRef::Token(hash)).await? else {
             return Ok(None);
         };
         Ok(self.get_user(&record.value.user).await?.map(|_| record.value.user))
@@ -275,6 +282,17 @@ impl Repository {
                 return Ok(decision);
             }
         }
+        // Boxed, as in `authenticate`.
+        Box::pin(self.decide_from_store(user, namespace, request)).await
+    }
+
+    /// [`Repository::decide`] from the roles in the store.
+    async fn decide_from_store(
+        &self,
+        user: &str,
+        namespace: Option<&str>,
+        request: &kayra_rbac::Request<'_>,
+    ) -> Result<Decision> {
         Ok(match authorize(&self.cluster_roles(user).await?, request) {
             Decision::Deny => match namespace {
                 Some(ns) => authorize(&self.namespace_roles(ns, user).await?, request),
