@@ -15,6 +15,12 @@ use crate::common::Server;
 both_backends! {
     async fn health_and_readiness_need_no_token(server: Server) {
         assert_eq!(server.call(Method::GET, "/healthz", None, None).await.expect(200), json!({"status": "ok"}));
+        // Ready once the subscriber index has listed, which may be a moment
+        // after `/healthz` first answers.
+        kayra_testkit::eventually("ready", || async {
+            server.call(Method::GET, "/readyz", None, None).await.status == 200
+        })
+        .await;
         assert_eq!(server.call(Method::GET, "/readyz", None, None).await.expect(200), json!({"status": "ready"}));
     }
 

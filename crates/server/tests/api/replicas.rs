@@ -144,6 +144,9 @@ both_backends! {
     }
 
     async fn readyz_reports_the_caches(server: Server) {
+        // Ready once the caches are current and the subscriber index has
+        // listed, which may be a moment after `/healthz` first answers.
+        kayra_testkit::eventually("/readyz to answer 200", || async { server.get("/readyz").await.status == 200 }).await;
         server.get("/readyz").await.expect(200);
     }
 }
@@ -156,7 +159,7 @@ async fn a_frozen_etcd_gives_503s_and_recovers_without_a_restart() {
     let token = server.user_with_rules("alice", json!([{"resources": ["namespaces"], "verbs": ["list", "get"]}])).await;
     server.namespace("core").await;
     server.call(Method::GET, "/namespaces/core", Some(&token), None).await.expect(200);
-    server.get("/readyz").await.expect(200);
+    kayra_testkit::eventually("ready", || async { server.get("/readyz").await.status == 200 }).await;
 
     let (pid, _) = server.etcd_process().await;
     kayra_testkit::freeze(pid);
