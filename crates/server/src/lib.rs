@@ -123,10 +123,8 @@ impl AppState {
 /// gateway) behind it.
 pub fn router(state: AppState) -> Router {
     use axum::middleware::{from_fn, map_response};
-    let admission = |body_stall| Admission {
-        trusted_proxies: state.trusted_proxies.clone(),
-        repo: state.api.repo.clone(),
-        body_stall,
+    let admission = |body_stall| {
+        Admission { trusted_proxies: state.trusted_proxies.clone(), repo: state.api.repo.clone(), body_stall }.layer()
     };
     let catalog = api::router(state.api.clone()).layer(admission(Some(state.body_stall_timeout)));
     let gateway = state.gateway.clone().router().layer(admission(None));

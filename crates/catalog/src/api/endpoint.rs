@@ -5,7 +5,7 @@
 //! made without an [`Access`]: either `rbac.RequireClusterRBAC(repo,
 //! resource, verb)` of the seed ([`super::authz::cluster`]) or "any
 //! authenticated caller" ([`Access::Authenticated`], for `/whoami`). The
-//! requirement becomes a route layer of that one method ([`Enforce`]), so it runs before
+//! requirement becomes a route layer of that one method ([`super::guard`]), so it runs before
 //! any extractor — an unauthorized caller never gets a body parsed or a
 //! record read — and no handler can forget it. The same declarations
 //! produce [`RouteSpec`]s, which the OpenAPI document and the RBAC tests
@@ -16,21 +16,19 @@
 //! ([`super::watch`], or [`super::status`] for a registration's report).
 
 use std::collections::HashMap;
-use std::convert::Infallible;
-use std::task::{Context, Poll};
 
 use axum::extract::{FromRequestParts, RawPathParams, Request};
 use axum::handler::Handler;
 use axum::http::{Method, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{MethodFilter, MethodRouter, Route, on};
+use axum::routing::{MethodFilter, MethodRouter, on};
 use futures::future::BoxFuture;
 use kayra_rbac::Verb;
-use tower::{Layer, Service, ServiceExt};
 
 use super::authz::{Access, Caller, require_cluster_rbac};
 use super::error::ApiError;
 use super::extract::Query;
+use super::guard::{Guard, Next};
 use super::hub::Refused;
 use super::list::ListQuery;
 use super::namespaces::SelectorQuery;
@@ -90,7 +88,7 @@ impl Endpoint {
     /// The handler behind its requirement.
     pub(crate) fn guarded(self, state: &ApiState) -> MethodRouter<ApiState> {
         let requirement = Requirement { state: state.clone(), access: self.access, watch: self.watch };
-        self.handler.route_layer(Enforce(requirement))
+        self.handler.route_layer(Guard::new(requirement, guard))
     }
 }
 
@@ -101,52 +99,9 @@ struct Requirement {
     watch: Option<Watched>,
 }
 
-/// The route layer that enforces a [`Requirement`] before the route's
-/// handler. A plain tower service rather than `axum::middleware::from_fn`:
-/// this runs on every catalog request, and `from_fn` clones and boxes the
-/// route behind it once more per call than the one clone a call needs.
-#[derive(Clone)]
-struct Enforce(Requirement);
-
-impl Layer<Route> for Enforce {
-    type Service = Enforced;
-
-    fn layer(&self, route: Route) -> Enforced {
-        Enforced { requirement: self.0.clone(), route }
-    }
-}
-
-#[derive(Clone)]
-struct Enforced {
-    requirement: Requirement,
-    route: Route,
-}
-
-impl Service<Request> for Enforced {
-    type Response = Response;
-    type Error = Infallible;
-    type Future = BoxFuture<'static, Result<Response, Infallible>>;
-
-    /// A route is always ready (axum's `Route` is).
-    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, request: Request) -> Self::Future {
-        let next = Next(self.route.clone());
-        let requirement = self.requirement.clone();
-        Box::pin(async move { Ok(enforce(&requirement, request, next).await) })
-    }
-}
-
-/// The route behind the requirement.
-struct Next(Route);
-
-impl Next {
-    async fn run(self, request: Request) -> Response {
-        let Ok(response) = self.0.oneshot(request).await;
-        response
-    }
+/// The requirement's guard: boxes [`enforce`]'s future.
+fn guard(requirement: Requirement, request: Request, next: Next) -> BoxFuture<'static, Response> {
+    Box::pin(async move { enforce(&requirement, request, next).await })
 }
 
 async fn enforce(requirement: &Requirement, request: Request, next: Next) -> Response {

@@ -20,6 +20,8 @@
 //!   their access enforced as a route layer, `?watch=true` dispatched; the route table.
 //! - [`error`]: [`ApiError`], the `{code, reason, message}` shape.
 //! - [`extract`]: body/path/query extractors refusing in that shape (400/413).
+//! - [`guard`]: a route behind an async guard (the requirements, `/apis/`'s
+//!   admission), as `from_fn` without its per-request clones.
 //! - [`list`]: `{items, continue}` and pagination.
 //! - one module per resource: [`namespaces`], [`registrations`],
 //!   [`subscriptions`] (with their [`runs`]), [`users`] (with tokens and `/whoami`), [`roles`],
@@ -36,6 +38,7 @@ pub mod bindings;
 pub mod endpoint;
 pub mod error;
 pub mod extract;
+pub mod guard;
 pub mod hub;
 pub mod list;
 pub mod namespaces;
