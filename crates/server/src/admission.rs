@@ -30,18 +30,17 @@ pub(crate) struct Admission {
 impl Admission {
     /// The layer of every route it admits to.
     pub(crate) fn layer(self) -> Guard<Admission> {
-        Guard::new(self, |admission, request, next| Box::pin(async move { admit(&admission, request, next).await }))
+        Guard::new(self, |admission, request, next| Box::pin(admit(admission, request, next)))
     }
 }
 
 /// The request's source, its caller (or 401), its body's guard; then the
 /// route.
-async fn admit(admission: &Admission, mut request: Request, next: Next) -> Response {
+async fn admit(admission: Admission, mut request: Request, next: Next) -> Response {
     crate::source::resolve(&admission.trusted_proxies, &mut request);
-    let mut request = match crate::auth::authenticate(&admission.repo, request).await {
-        Ok(request) => request,
-        Err(refused) => return refused,
-    };
+    if let Err(refused) = crate::auth::authenticate(&admission.repo, &mut request).await {
+        return refused;
+    }
     if let Some(stall) = admission.body_stall {
         request = crate::listener::stalled_bodies(request, stall);
     }

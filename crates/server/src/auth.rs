@@ -16,21 +16,21 @@ use kayra_catalog::api::{ApiError, Caller};
 use kayra_catalog::repo::Repository;
 
 /// Authenticates `request` (its [`Caller`] put in) or answers 401.
-pub(crate) async fn authenticate(repo: &Repository, mut request: Request) -> Result<Request, Response> {
+pub(crate) async fn authenticate(repo: &Repository, request: &mut Request) -> Result<(), Response> {
     let token = match bearer_token(request.headers()) {
         Ok(token) => token,
         Err(e) => {
-            denied(&request);
+            denied(request);
             return Err(e.into_response());
         }
     };
     match repo.authenticate(token).await {
         Ok(Some(user)) => {
             request.extensions_mut().insert(Caller { user });
-            Ok(request)
+            Ok(())
         }
         Ok(None) => {
-            denied(&request);
+            denied(request);
             Err(ApiError::unauthorized("unknown or revoked bearer token").into_response())
         }
         Err(e) => Err(ApiError::from(e).into_response()),

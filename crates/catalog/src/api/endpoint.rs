@@ -101,10 +101,11 @@ struct Requirement {
 
 /// The requirement's guard: boxes [`enforce`]'s future.
 fn guard(requirement: Requirement, request: Request, next: Next) -> BoxFuture<'static, Response> {
-    Box::pin(async move { enforce(&requirement, request, next).await })
+    Box::pin(enforce(requirement, request, next))
 }
 
-async fn enforce(requirement: &Requirement, request: Request, next: Next) -> Response {
+async fn enforce(requirement: Requirement, request: Request, next: Next) -> Response {
+    let requirement = &requirement;
     let Some(caller) = request.extensions().get::<Caller>().cloned() else {
         return ApiError::unauthorized("missing bearer token").into_response();
     };

@@ -71,9 +71,9 @@ impl<S: Clone> Service<Request> for Guarded<S> {
 pub struct Next(Route);
 
 impl Next {
-    /// Runs the route on `request`.
-    pub async fn run(self, request: Request) -> Response {
-        let Ok(response) = self.0.oneshot(request).await;
-        response
+    /// Runs the route on `request`. A plain function, not an `async fn`,
+    /// whose future would hold the request once more beside the route's.
+    pub fn run(self, request: Request) -> impl Future<Output = Response> + Send {
+        self.0.oneshot(request).map(|Ok(response)| response)
     }
 }
