@@ -31,10 +31,13 @@ mod watcher;
 
 pub use txn::{Compare, Op, Txn, TxnResponse};
 
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use futures::FutureExt;
+use futures::future::Either;
 use futures::stream::BoxStream;
 use thiserror::Error;
 
@@ -389,26 +392,39 @@ impl Store {
     }
 
     /// Runs `call` within the request timeout, counted as one round trip.
-    async fn bounded<T>(&self, what: &str, call: impl std::future::Future<Output = Result<T>>) -> Result<T> {
+    fn bounded<T>(&self, what: &'static str, call: impl Future<Output = Result<T>>) -> impl Future<Output = Result<T>> {
         self.calls.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        self.within_timeout(what, call).await
+        self.within_timeout(what, call)
     }
 
-    async fn within_timeout<T>(&self, what: &str, call: impl std::future::Future<Output = Result<T>>) -> Result<T> {
-        match tokio::time::timeout(self.request_timeout, call).await {
-            Ok(result) => result,
-            Err(_) => Err(Error::Unavailable(format!(
-                "{what} did not answer within the request timeout of {:?}",
-                self.request_timeout
-            ))),
-        }
+    /// `call`, failing `Unavailable` past the request timeout. Plain `fn`s
+    /// returning the timeout's own future, here and in [`Store::bounded`]
+    /// and [`Store::txn_grouped`]: an `async fn` would hold `call` twice
+    /// (its argument and the timeout around it), and every request's
+    /// future holds one of these.
+    fn within_timeout<T>(
+        &self,
+        what: &'static str,
+        call: impl Future<Output = Result<T>>,
+    ) -> impl Future<Output = Result<T>> {
+        let timeout = self.request_timeout;
+        tokio::time::timeout(timeout, call).map(move |answer| {
+            answer.unwrap_or_else(|_| {
+                Err(Error::Unavailable(format!("{what} did not answer within the request timeout of {timeout:?}")))
+            })
+        })
     }
 
-    pub async fn get(&self, key: &str) -> Result<(Option<KeyValue>, Revision)> {
-        self.bounded("get", self.backend.get(key)).await
+    pub fn get<'a>(&'a self, key: &'a str) -> impl Future<Output = Result<(Option<KeyValue>, Revision)>> + Send + 'a {
+        self.bounded("get", self.backend.get(key))
     }
-    pub async fn list(&self, prefix: &str, start_after: Option<&str>, limit: usize) -> Result<ListPage> {
-        self.bounded("list", self.backend.list(prefix, start_after, limit)).await
+    pub fn list<'a>(
+        &'a self,
+        prefix: &'a str,
+        start_after: Option<&'a str>,
+        limit: usize,
+    ) -> impl Future<Output = Result<ListPage>> + Send + 'a {
+        self.bounded("list", self.backend.list(prefix, start_after, limit))
     }
     /// Every key under `prefix`, read page by page. Returns the revision of the first page.
     pub async fn list_all(&self, prefix: &str) -> Result<(Vec<KeyValue>, Revision)> {
@@ -425,19 +441,28 @@ impl Store {
             }
         }
     }
-    pub async fn create(&self, key: &str, value: Vec<u8>) -> Result<Revision> {
-        self.bounded("create", self.backend.create(key, value)).await
+    pub fn create<'a>(&'a self, key: &'a str, value: Vec<u8>) -> impl Future<Output = Result<Revision>> + Send + 'a {
+        self.bounded("create", self.backend.create(key, value))
     }
-    pub async fn update(&self, key: &str, value: Vec<u8>, expected: Revision) -> Result<Revision> {
-        self.bounded("update", self.backend.update(key, value, expected)).await
+    pub fn update<'a>(
+        &'a self,
+        key: &'a str,
+        value: Vec<u8>,
+        expected: Revision,
+    ) -> impl Future<Output = Result<Revision>> + Send + 'a {
+        self.bounded("update", self.backend.update(key, value, expected))
     }
-    pub async fn delete(&self, key: &str, expected: Option<Revision>) -> Result<Revision> {
-        self.bounded("delete", self.backend.delete(key, expected)).await
+    pub fn delete<'a>(
+        &'a self,
+        key: &'a str,
+        expected: Option<Revision>,
+    ) -> impl Future<Output = Result<Revision>> + Send + 'a {
+        self.bounded("delete", self.backend.delete(key, expected))
     }
     /// Runs `txn` atomically in one round trip (one etcd Txn; one SQLite
     /// transaction locally).
-    pub async fn txn(&self, txn: Txn) -> Result<TxnResponse> {
-        self.bounded("txn", self.backend.txn(txn)).await
+    pub fn txn(&self, txn: Txn) -> impl Future<Output = Result<TxnResponse>> + Send {
+        self.bounded("txn", self.backend.txn(txn))
     }
     /// [`Store::txn`] with group commit: transactions submitted while
     /// others are on their way to the store go together, in one round
@@ -447,9 +472,9 @@ impl Store {
     /// queueing for them one by one; alone, nothing waits. A transaction
     /// that only reads goes alone where the backend gains nothing from
     /// grouping reads ([`Backend::groups_reads`]).
-    pub async fn txn_grouped(&self, txn: Txn) -> Result<TxnResponse> {
+    pub fn txn_grouped(&self, txn: Txn) -> impl Future<Output = Result<TxnResponse>> + Send {
         if !self.backend.groups_reads() && txn.reads_only() {
-            return self.txn(txn).await;
+            return Either::Left(self.txn(txn));
         }
         let group = self.groups.get_or_init(|| {
             let (backend, calls) = (self.backend.clone(), self.calls.clone());
@@ -468,18 +493,26 @@ impl Store {
             )
         });
         let submitted = group.submit((txn, std::time::Instant::now()));
-        self.within_timeout("txn", async {
-            submitted.await.unwrap_or_else(|| Err(Error::Unavailable("the store is shutting down".into())))
-        })
-        .await
+        Either::Right(
+            self.within_timeout(
+                "txn",
+                submitted.map(|answer| {
+                    answer.unwrap_or_else(|| Err(Error::Unavailable("the store is shutting down".into())))
+                }),
+            ),
+        )
     }
     /// The backend's raw change feed under `prefix` from `from`
     /// (inclusive; see [`Backend::changes`]), opened within the request
     /// timeout. It is finished at its first error (`Compacted` when the
     /// history from `from` is gone); [`Store::watcher`] is the stream that
     /// lists, resumes and re-lists by itself.
-    pub async fn changes(&self, prefix: &str, from: Revision) -> Result<ChangeStream> {
-        self.bounded("changes", self.backend.changes(prefix, from)).await
+    pub fn changes<'a>(
+        &'a self,
+        prefix: &'a str,
+        from: Revision,
+    ) -> impl Future<Output = Result<ChangeStream>> + Send + 'a {
+        self.bounded("changes", self.backend.changes(prefix, from))
     }
     /// Every key under each of `prefixes` at one store revision (one list
     /// per prefix, in order): a consistent read of several collections
@@ -495,8 +528,8 @@ impl Store {
     pub fn watcher(&self, prefix: &str) -> BoxStream<'static, WatcherEvent> {
         watcher::watcher(Arc::downgrade(&self.backend), prefix.to_string(), self.request_timeout)
     }
-    pub async fn revision(&self) -> Result<Revision> {
-        self.bounded("revision", self.backend.revision()).await
+    pub fn revision(&self) -> impl Future<Output = Result<Revision>> + Send {
+        self.bounded("revision", self.backend.revision())
     }
     pub fn job_locker(&self) -> Option<Arc<dyn JobLocker>> {
         self.backend.job_locker()

@@ -104,6 +104,9 @@ fn guard(requirement: Requirement, request: Request, next: Next) -> BoxFuture<'s
     Box::pin(enforce(requirement, request, next))
 }
 
+/// Takes its `Requirement` by value (a clone the guard hands it) and then
+/// borrows it: so that [`guard`] can box this `async fn`'s own future,
+/// with no larger future around it to own the requirement.
 async fn enforce(requirement: Requirement, request: Request, next: Next) -> Response {
     let requirement = &requirement;
     let Some(caller) = request.extensions().get::<Caller>().cloned() else {

@@ -225,7 +225,14 @@ impl Repository {
     /// to the caches, like [`Repository::wrote`]: every put (but a create,
     /// a put guarded by `Absent` on its key), delete and deleted prefix of
     /// the branch that ran.
-    pub(crate) async fn txn(&self, mut txn: kayra_store::Txn) -> Result<kayra_store::TxnResponse> {
+    ///
+    /// A plain `fn`: the transaction goes to the store's queue as it is
+    /// called, and what the caller awaits holds only the store's answer to
+    /// come and the keys to report (every request's future holds one).
+    pub(crate) fn txn(
+        &self,
+        mut txn: kayra_store::Txn,
+    ) -> impl Future<Output = Result<kayra_store::TxnResponse>> + Send + '_ {
         txn.success.extend(self.riders.iter().cloned());
         // The keys to report, by branch, taken before the transaction goes
         // (not the whole transaction with its values): none for a read.
@@ -233,12 +240,15 @@ impl Repository {
             Some(_) => [&txn.success, &txn.failure].map(|ops| written_keys(&txn.compares, ops)),
             None => Default::default(),
         };
-        let response = self.base.store.txn_grouped(txn).await?;
-        let [success, failure] = written;
-        for key in if response.succeeded { success } else { failure } {
-            self.wrote(&key, response.revision);
+        let response = self.base.store.txn_grouped(txn);
+        async move {
+            let response = response.await?;
+            let [success, failure] = written;
+            for key in if response.succeeded { success } else { failure } {
+                self.wrote(&key, response.revision);
+            }
+            Ok(response)
         }
-        Ok(response)
     }
 
     pub fn store(&self) -> &Store {
