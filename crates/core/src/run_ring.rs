@@ -129,7 +129,11 @@ thread_local! {
     /// building a compressor allocates and zeroes some 300 KiB of tables,
     /// which took most of a ring's encoding time (and a decompressor some
     /// 40 KiB), once for every run a reconciler records.
-    static DEFLATE: RefCell<Compress> = RefCell::new(Compress::new(Compression::default(), false));
+    /// Level 1: on zlib-rs it compresses a ring as small as level 6 does
+    /// (runs repeat whole fields, which its fastest matching finds) in a
+    /// quarter of the time (`docs/decisions.md`, "Run records at a million
+    /// subscriptions").
+    static DEFLATE: RefCell<Compress> = RefCell::new(Compress::new(Compression::fast(), false));
     static INFLATE: RefCell<Decompress> = RefCell::new(Decompress::new(false));
 }
 
@@ -290,6 +294,26 @@ mod tests {
             // Twice in a row on one thread: the reused state starts afresh.
             assert_eq!(ring.encode(), ring.encode());
         }
+    }
+
+    /// A history as the builds before `zlib-rs` wrote it (`miniz_oxide`,
+    /// level 6), pinned: four runs of one step, ids fixed. It still reads,
+    /// run for run, whatever deflate implementation this build has.
+    #[test]
+    fn a_history_deflated_by_earlier_builds_reads() {
+        const EARLIER: &str = "02bdce3d6a024118c6f179dd4d9b2a2657c807ebbc334a4cec026992268158a59b0c13b2b0ce0e3b13c14e\
+            3c8088606121889ec24e5b4f6121780d5d6cb6d86df729ffc5c3cf5f0210186d168418d227e75d72e48f01f200591bf1db13268453ee\
+            8fc683431d6e49355132d6328c5412347f9f65abf1c41903e27f7e7cb55ffe9c33b645a98c3be6dfa95a144b11d5ac4abaa154969ece\
+            6897512d3aca1a9116a7b4d02e406c706a7b5a026c815cc1c57bfcf3f6ea371131070905c8dd7e9222efa00c6435836439c84a0172bd\
+            9aa6c8fb4a19c8eb0c92e720bd02e47c384b910f5e19c89b0cb27e04";
+        let bytes: Vec<u8> =
+            (0..EARLIER.len()).step_by(2).map(|i| u8::from_str_radix(&EARLIER[i..i + 2], 16).unwrap()).collect();
+        let runs: Vec<Run> =
+            (0..4).map(|n| Run { id: format!("0190c1a2-0000-7000-8000-{n:012}"), ..run(n, 1) }).collect();
+        let expected = RunRing::of(&runs, 20);
+        let read = RunRing::decode(&bytes).unwrap();
+        assert_eq!(read, expected);
+        assert_eq!(read.runs("tenant-0042", "compute.example.com").unwrap(), runs);
     }
 
     #[test]
