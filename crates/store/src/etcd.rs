@@ -51,6 +51,7 @@ mod batch;
 mod cluster;
 mod lease;
 mod locker;
+mod pages;
 mod renewal;
 mod watcher;
 
@@ -75,6 +76,7 @@ use etcd_client::{
 use kayra_config::EtcdConfig;
 
 use self::cluster::{Attempted, Cluster};
+use self::pages::{PageCursor, successor};
 use tokio_util::sync::CancellationToken;
 
 use crate::{Backend, ChangeStream, Error, JobLocker, KeyValue, Leases, ListPage, Result, Revision};
@@ -304,18 +306,12 @@ impl Keyspace {
     }
 
     /// Every key in `[start, end)` at revision `at` (the current one when
-    /// `None`), read page by page, each page one request.
-    ///
-    /// etcd answers a limited range after counting every key left in it
-    /// (its `count`; etcd-io/etcd#11057), so a list of `n` keys in pages of
-    /// `p` costs it `n² / 2p` index steps: a million subscriptions in pages
-    /// of 1,000 kept it busy for minutes. Pages therefore grow to about
-    /// [`PAGE_BYTES`] each (from [`PAGE_MIN`] keys, at most [`PAGE_MAX`]),
-    /// as many records as fit, which makes large lists of small records
-    /// cheap and keeps every answer far below the transport's limit.
+    /// `None`), read page by page, each page one request for a bounded
+    /// sub-range ([`pages`]: etcd's cost of a request is the keys of its
+    /// whole range, not its page).
     async fn snapshot_at(&self, start: &[u8], end: &[u8], at: Option<Revision>) -> Result<(Vec<KeyValue>, Revision)> {
         let mut items = Vec::new();
-        let mut cursor = PageCursor { from: start.to_vec(), at, limit: PAGE_MIN };
+        let mut cursor = PageCursor::new(start.to_vec(), at);
         loop {
             let (page, revision, more) = self.page(end, &mut cursor).await?;
             items.extend(page);
@@ -329,7 +325,7 @@ impl Keyspace {
     /// ([`Backend::snapshot_pages`]): a page is read when the consumer
     /// asks for it, so only one page is held here at a time.
     fn snapshot_pages(self, start: Vec<u8>, end: Vec<u8>) -> crate::SnapshotPages {
-        let cursor = Some(PageCursor { from: start, at: None, limit: PAGE_MIN });
+        let cursor = Some(PageCursor::new(start, None));
         Box::pin(futures::stream::unfold((self, end, cursor), |(keys, end, cursor)| async move {
             let mut cursor = cursor?;
             match keys.page(&end, &mut cursor).await {
@@ -342,52 +338,27 @@ impl Keyspace {
         }))
     }
 
-    /// One page of a snapshot from `cursor` (one request), and whether
-    /// more follow; moves the cursor past it.
+    /// One page of a snapshot from `cursor`, and whether more follow;
+    /// moves the cursor past it. One request, or a few when sub-ranges
+    /// come back empty (never an empty page but the snapshot's last).
     async fn page(&self, end: &[u8], cursor: &mut PageCursor) -> Result<(Vec<KeyValue>, Revision, bool)> {
-        let mut options = GetOptions::new().with_range(end.to_vec()).with_limit(cursor.limit as i64);
-        if let Some(revision) = cursor.at {
-            options = options.with_revision(revision);
-        }
-        let resp = self.cluster.get(cursor.from.clone(), Some(options)).await?;
-        let revision = *cursor.at.get_or_insert(revision_of(resp.header())?);
-        let bytes: usize = resp.kvs().iter().map(|kv| kv.key().len() + kv.value().len()).sum();
-        cursor.limit = next_page(cursor.limit, resp.kvs().len(), bytes);
-        let items = resp.kvs().iter().filter_map(|kv| self.record(kv)).collect();
-        match resp.kvs().last() {
-            Some(last) if resp.more() => {
-                cursor.from = successor(last.key());
-                Ok((items, revision, true))
+        loop {
+            let request_end = cursor.request_end(end);
+            let mut options = GetOptions::new().with_range(request_end.clone()).with_limit(cursor.limit as i64);
+            if let Some(revision) = cursor.at {
+                options = options.with_revision(revision);
             }
-            _ => Ok((items, revision, false)),
+            let resp = self.cluster.get(cursor.from.clone(), Some(options)).await?;
+            let revision = *cursor.at.get_or_insert(revision_of(resp.header())?);
+            let bytes: usize = resp.kvs().iter().map(|kv| kv.key().len() + kv.value().len()).sum();
+            let keys: Vec<&[u8]> = resp.kvs().iter().map(|kv| kv.key()).collect();
+            let more = cursor.advance(&keys, bytes, resp.more(), request_end, end);
+            if !keys.is_empty() || !more {
+                let items = resp.kvs().iter().filter_map(|kv| self.record(kv)).collect();
+                return Ok((items, revision, more));
+            }
         }
     }
-}
-
-/// Where a snapshot read page by page stands: the next page's first key,
-/// the snapshot's revision once the first page fixed it, the next page's
-/// size.
-struct PageCursor {
-    from: Vec<u8>,
-    at: Option<Revision>,
-    limit: usize,
-}
-
-/// What a snapshot's page aims to weigh (keys and values).
-const PAGE_BYTES: usize = 2 << 20;
-/// A snapshot's first page, and its fewest keys a page.
-const PAGE_MIN: usize = 1_000;
-/// A snapshot's most keys a page.
-const PAGE_MAX: usize = 50_000;
-
-/// The next page's size after one of `keys` keys weighing `bytes`, sized
-/// to weigh about [`PAGE_BYTES`].
-fn next_page(limit: usize, keys: usize, bytes: usize) -> usize {
-    if keys == 0 {
-        return limit;
-    }
-    let per_key = bytes.div_ceil(keys).max(1);
-    (PAGE_BYTES / per_key).clamp(PAGE_MIN, PAGE_MAX)
 }
 
 /// The smallest key after every key starting with `prefix`; `[0]` (etcd's
@@ -401,13 +372,6 @@ fn prefix_end(prefix: &[u8]) -> Vec<u8> {
         }
     }
     vec![0]
-}
-
-/// The smallest key strictly after `key`.
-fn successor(key: &[u8]) -> Vec<u8> {
-    let mut next = key.to_vec();
-    next.push(0);
-    next
 }
 
 fn unavailable(e: etcd_client::Error) -> Error {
@@ -625,14 +589,6 @@ mod tests {
         // Connecting is lazy: no etcd is needed to build a client.
         let cluster = Cluster::new(&["http://127.0.0.1:1".into()], ConnectOptions::new(), Duration::from_secs(1));
         Keyspace { cluster, root: root.into() }
-    }
-
-    #[test]
-    fn snapshot_pages_grow_to_their_weight_within_bounds() {
-        assert_eq!(next_page(1_000, 1_000, 300_000), PAGE_BYTES / 300, "small records: larger pages");
-        assert_eq!(next_page(1_000, 1_000, 1_000 * 16_384), PAGE_MIN, "large records: never below the least");
-        assert_eq!(next_page(1_000, 1_000, 1_000), PAGE_MAX, "tiny records: never above the most");
-        assert_eq!(next_page(7_000, 0, 0), 7_000, "an empty page says nothing");
     }
 
     #[tokio::test]

@@ -46,6 +46,7 @@ pub async fn run_all(store: &Store) {
     watcher_lists_then_watches_in_order(store).await;
     watcher_reports_progress(store).await;
     watcher_lists_many_pages_at_one_revision(store).await;
+    lists_of_uneven_keys_read_whole(store).await;
     snapshot_many_reads_one_revision(store).await;
 }
 
@@ -702,6 +703,33 @@ pub async fn watcher_lists_many_pages_at_one_revision(store: &Store) {
             other => panic!("expected the write as Apply, got {other:?}"),
         }
     }
+}
+
+/// Keys of uneven shapes (two clusters far apart, long shared names,
+/// scattered bytes), large enough values that a list takes several
+/// pages: the watcher's list and `snapshot_many` read every key once, in
+/// order (etcd reads a list in sub-ranges whose ends are estimated from
+/// the keys before them).
+pub async fn lists_of_uneven_keys_read_whole(store: &Store) {
+    let prefix = "/conformance/uneven/";
+    let mut names: Vec<String> = (0..1_500).map(|n| format!("a{n:05}")).collect();
+    names.extend((0..1_500).map(|n| format!("organization-production-team-{n:08}/compute.example.com")));
+    names.extend((0..1_500u64).map(|n| format!("{:016x}", n.wrapping_mul(0x9e37_79b9_7f4a_7c15))));
+    names.extend((0..1_500).map(|n| format!("zz{n:05}")));
+    let value = vec![b'v'; 1_500];
+    for chunk in names.chunks(100) {
+        let txn = chunk
+            .iter()
+            .fold(Txn::new(), |txn, name| txn.then(Op::Put { key: format!("{prefix}{name}"), value: value.clone() }));
+        store.txn(txn).await.expect("seed");
+    }
+    let mut expected: Vec<String> = names.iter().map(|name| format!("{prefix}{name}")).collect();
+    expected.sort();
+    let (listed, _) = next_list(&mut store.watcher(prefix)).await;
+    assert_eq!(listed.into_keys().collect::<Vec<_>>(), expected, "the watcher's list");
+    let (snapshots, _) = store.snapshot_many(&[prefix.to_string()]).await.expect("snapshot");
+    let keys: Vec<String> = snapshots.into_iter().flatten().map(|kv| kv.key).collect();
+    assert_eq!(keys, expected, "snapshot_many");
 }
 
 /// A healthy watcher reports progress often (consumers that fail closed

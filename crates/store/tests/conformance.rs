@@ -66,6 +66,7 @@ conformance!(
     watcher_lists_then_watches_in_order,
     watcher_reports_progress,
     watcher_lists_many_pages_at_one_revision,
+    lists_of_uneven_keys_read_whole,
     snapshot_many_reads_one_revision,
     run_all,
 );
