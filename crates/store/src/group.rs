@@ -41,11 +41,11 @@ impl<Req: Send + 'static, Resp: Send + 'static> Group<Req, Resp> {
         Self { tx }
     }
 
-    /// Submits `req` now and returns its answer to come; `None` when the
-    /// queue's task is gone (the runtime is shutting down). A plain `fn`,
-    /// not an `async fn`: what the caller awaits holds only the answer's
-    /// receiver, never the request (callers hold these futures in every
-    /// store call's state, boxed per request).
+    /// Submits `req` as it is called and returns its answer to come;
+    /// `None` when the queue's task is gone (the runtime is shutting
+    /// down). A plain `fn`, not an `async fn`: what the caller awaits holds
+    /// only the answer's receiver, never the request (callers hold these
+    /// futures in every store call's state, boxed per request).
     pub fn submit(&self, req: Req) -> impl Future<Output = Option<Resp>> + Send + 'static {
         let (tx, rx) = oneshot::channel();
         let sent = self.tx.send((req, tx)).is_ok();

@@ -397,18 +397,20 @@ impl Store {
         self.within_timeout(what, call)
     }
 
-    /// `call`, failing `Unavailable` past the request timeout. Plain `fn`s
-    /// returning the timeout's own future, here and in [`Store::bounded`]
-    /// and [`Store::txn_grouped`]: an `async fn` would hold `call` twice
-    /// (its argument and the timeout around it), and every request's
-    /// future holds one of these.
+    /// `call`, failing `Unavailable` past the request timeout, which
+    /// starts at its first poll. Plain `fn`s returning combinators, here
+    /// and in [`Store::bounded`] and [`Store::txn_grouped`]: an `async fn`
+    /// would hold `call` twice (its argument and the timeout around it),
+    /// and every request's future holds one of these. `lazy` keeps the
+    /// timer (which needs the runtime) and a group's submission to the
+    /// first poll, as an `async fn` would, in states that overlap.
     fn within_timeout<T>(
         &self,
         what: &'static str,
         call: impl Future<Output = Result<T>>,
     ) -> impl Future<Output = Result<T>> {
         let timeout = self.request_timeout;
-        tokio::time::timeout(timeout, call).map(move |answer| {
+        futures::future::lazy(move |_| tokio::time::timeout(timeout, call)).flatten().map(move |answer| {
             answer.unwrap_or_else(|_| {
                 Err(Error::Unavailable(format!("{what} did not answer within the request timeout of {timeout:?}")))
             })
@@ -476,23 +478,26 @@ impl Store {
         if !self.backend.groups_reads() && txn.reads_only() {
             return Either::Left(self.txn(txn));
         }
-        let group = self.groups.get_or_init(|| {
-            let (backend, calls) = (self.backend.clone(), self.calls.clone());
-            let (in_flight, max_batch) = backend.group_limits();
-            group::Group::new(
-                in_flight,
-                max_batch,
-                Arc::new(move |batch: Vec<(Txn, std::time::Instant)>| {
-                    let (backend, calls) = (backend.clone(), calls.clone());
-                    Box::pin(async move {
-                        calls.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                        let started = batch.iter().map(|(_, at)| *at).min().unwrap_or_else(std::time::Instant::now);
-                        backend.txn_group(batch.into_iter().map(|(txn, _)| txn).collect(), started).await
-                    })
-                }),
-            )
-        });
-        let submitted = group.submit((txn, std::time::Instant::now()));
+        let submitted = futures::future::lazy(move |_| {
+            let group = self.groups.get_or_init(|| {
+                let (backend, calls) = (self.backend.clone(), self.calls.clone());
+                let (in_flight, max_batch) = backend.group_limits();
+                group::Group::new(
+                    in_flight,
+                    max_batch,
+                    Arc::new(move |batch: Vec<(Txn, std::time::Instant)>| {
+                        let (backend, calls) = (backend.clone(), calls.clone());
+                        Box::pin(async move {
+                            calls.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                            let started = batch.iter().map(|(_, at)| *at).min().unwrap_or_else(std::time::Instant::now);
+                            backend.txn_group(batch.into_iter().map(|(txn, _)| txn).collect(), started).await
+                        })
+                    }),
+                )
+            });
+            group.submit((txn, std::time::Instant::now()))
+        })
+        .flatten();
         Either::Right(
             self.within_timeout(
                 "txn",

@@ -337,3 +337,21 @@ async fn commits_are_checkpointed_in_the_background() {
     let (kv, _) = store.get("/ckpt/01999").await.unwrap();
     assert_eq!(kv.unwrap().value.len(), 1024);
 }
+
+/// A store call's future may be made anywhere and awaited in the runtime
+/// later (`runtime.block_on(store.get(..))` makes it before entering):
+/// its timeout's timer and a group's first submission wait for its first
+/// poll, as an `async fn`'s body would.
+#[test]
+fn calls_made_outside_the_runtime_run_inside_it() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().expect("runtime");
+    let store = runtime.block_on(async { open(&dir.path().join("kayra.db")) });
+    let created = store.create("/made/outside", b"1".to_vec());
+    let grouped = store.txn_grouped(Txn::new().then(Op::Put { key: "/made/grouped".into(), value: b"2".to_vec() }));
+    let (created, grouped) = runtime.block_on(async { (created.await, grouped.await) });
+    assert!(created.expect("create") > 0);
+    assert!(grouped.expect("grouped txn").succeeded);
+    let (read, _) = runtime.block_on(store.get("/made/grouped")).expect("get");
+    assert_eq!(read.expect("written").value, b"2");
+}

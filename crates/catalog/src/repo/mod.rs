@@ -226,9 +226,9 @@ impl Repository {
     /// a put guarded by `Absent` on its key), delete and deleted prefix of
     /// the branch that ran.
     ///
-    /// A plain `fn`: the transaction goes to the store's queue as it is
-    /// called, and what the caller awaits holds only the store's answer to
-    /// come and the keys to report (every request's future holds one).
+    /// A plain `fn`: what the caller awaits holds only the store's call
+    /// and the keys to report, not the transaction a second time (every
+    /// request's future holds one).
     pub(crate) fn txn(
         &self,
         mut txn: kayra_store::Txn,
