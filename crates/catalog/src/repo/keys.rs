@@ -15,8 +15,6 @@ pub const TOKENS: &str = "/tokens/";
 pub const ROLES: &str = "/roles/";
 pub const CLUSTER_ROLE_BINDINGS: &str = "/clusterrolebindings/";
 pub const ROLE_BINDINGS: &str = "/rolebindings/";
-/// Every deployment's subscriptions (namespaces are shared by deployments).
-pub const SUBSCRIPTIONS: &str = "/subscriptions/";
 
 pub fn namespace(name: &str) -> String {
     [NAMESPACES, name].concat()
@@ -58,11 +56,6 @@ pub fn namespace_subscriptions(platform: &str, region: &str, namespace: &str) ->
 pub fn subscription(platform: &str, region: &str, namespace: &str, api: &str) -> String {
     ["/subscriptions/", platform, "/", region, "/", namespace, "/", api].concat()
 }
-/// Parses any deployment's subscription key into `[platform, region, namespace, api]`.
-pub fn subscription_parts(key: &str) -> Option<[&str; 4]> {
-    let mut parts = key.strip_prefix(SUBSCRIPTIONS)?.splitn(4, '/');
-    Some([parts.next()?, parts.next()?, parts.next()?, parts.next()?])
-}
 
 /// The reconciler's record of the last failed attempt on a subscription:
 /// which (subscription revision, registration revision) it was made
@@ -92,6 +85,13 @@ pub fn namespace_subscribers(namespace: &str) -> String {
 }
 pub fn namespace_subscriber(namespace: &str, platform: &str, region: &str, api: &str) -> String {
     ["/namespacesubscribers/", namespace, "/", platform, "/", region, "/", api].concat()
+}
+/// `[platform, region, api]` of a [`namespace_subscriber`] key under
+/// `namespace`'s [`namespace_subscribers`].
+pub fn namespace_subscriber_parts<'k>(namespace: &str, key: &'k str) -> Option<[&'k str; 3]> {
+    let mut parts =
+        key.strip_prefix("/namespacesubscribers/")?.strip_prefix(namespace)?.strip_prefix('/')?.splitn(3, '/');
+    Some([parts.next()?, parts.next()?, parts.next()?])
 }
 /// A user's tokens, by hash.
 pub fn user_tokens(user: &str) -> String {

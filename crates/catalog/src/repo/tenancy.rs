@@ -31,6 +31,10 @@ use super::{Change, Collection, Error, RecordRef, Repository, Result, Versioned,
 /// Attempts of a guarded write whose guards moved underneath it.
 const GUARDED_ATTEMPTS: usize = 20;
 
+/// How many subscribed namespaces a refused registration delete names:
+/// a registration may have a hundred thousand subscribers.
+const NAMED_SUBSCRIBERS: usize = 20;
+
 /// The outcome of [`Repository::activate_namespace`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Recorded {
@@ -241,20 +245,32 @@ pub fn sync_id_updated_now() -> String {
 }
 
 impl Repository {
-    /// Every subscription, of any deployment, in namespace `namespace`.
+    /// Every subscription, of any deployment, in namespace `namespace`:
+    /// from its index (the keys its namespace's delete compares empty),
+    /// not a read of every subscription.
     pub async fn subscriptions_in_namespace_everywhere(&self, namespace: &str) -> Result<Vec<SubscriptionRef>> {
-        let (kvs, _) = self.base.store.list_all(keys::SUBSCRIPTIONS).await?;
+        let (kvs, _) = self.base.store.list_all(&keys::namespace_subscribers(namespace)).await?;
         Ok(kvs
             .iter()
-            .filter_map(|kv| keys::subscription_parts(&kv.key))
-            .filter(|[_, _, ns, _]| *ns == namespace)
-            .map(|[platform, region, namespace, api]| SubscriptionRef {
+            .filter_map(|kv| keys::namespace_subscriber_parts(namespace, &kv.key))
+            .map(|[platform, region, api]| SubscriptionRef {
                 platform: platform.into(),
                 region: region.into(),
                 namespace: namespace.into(),
                 api: api.into(),
             })
             .collect())
+    }
+
+    /// Up to `limit` namespaces subscribed to this deployment's
+    /// registration `api`, from its subscriber index, and whether there
+    /// are more.
+    async fn some_subscriber_namespaces(&self, api: &str, limit: usize) -> Result<(Vec<String>, bool)> {
+        let prefix = keys::subscribers(&self.base.platform, &self.base.region, api);
+        let page = self.base.store.list(&prefix, None, limit).await?;
+        let names =
+            page.items.iter().filter_map(|kv| kv.key.strip_prefix(prefix.as_str())).map(str::to_string).collect();
+        Ok((names, page.more))
     }
 
     /// This deployment's subscriptions to registration `api`, by namespace.
@@ -300,11 +316,13 @@ impl Repository {
         let key = keys::registration(&self.base.platform, &self.base.region, name);
         for _ in 0..GUARDED_ATTEMPTS {
             let current = self.get_registration(name).await?.ok_or_else(|| Error::NotFound(what.clone()))?;
-            let subscribers = self.registration_subscribers(name).await?;
-            if !subscribers.is_empty() {
-                let namespaces: Vec<&str> = subscribers.iter().map(|s| s.value.namespace.as_str()).collect();
+            // From the subscriber index (the keys the delete compares
+            // empty), naming at most a few of them.
+            let (namespaces, more) = self.some_subscriber_namespaces(name, NAMED_SUBSCRIBERS).await?;
+            if !namespaces.is_empty() {
+                let more = if more { ", and more" } else { "" };
                 return Err(Error::Conflict(format!(
-                    "api registration {name:?} still has subscriptions in namespaces {}; delete them first",
+                    "api registration {name:?} still has subscriptions in namespaces {}{more}; delete them first",
                     namespaces.join(", ")
                 )));
             }
@@ -620,5 +638,63 @@ impl Repository {
         } else {
             format!("{} (platform {}, region {})", s.api, s.platform, s.region)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use kayra_core::{ApiRegistration, Namespace};
+
+    use super::super::tests::local_repo;
+    use super::*;
+
+    const API: &str = "compute.example.com";
+
+    async fn subscribed(repo: &Repository, from: usize, to: usize) {
+        for chunk in (from..to).collect::<Vec<_>>().chunks(100) {
+            futures::future::join_all(chunk.iter().map(|i| async move {
+                let name = format!("t{i:05}");
+                let ns = Namespace { name: name.clone(), ..Namespace::default() };
+                repo.create(RecordRef::Namespace(&name), &ns, "namespace").await.unwrap();
+                repo.create_subscription(&name, API).await.unwrap().unwrap();
+            }))
+            .await;
+        }
+    }
+
+    /// A namespace's and a registration's delete check their subscribers
+    /// from the indexes their transactions compare empty, never from a
+    /// read of every subscription: the same round trips with 10 and with
+    /// 2,500 subscriptions, and a refusal names a few subscribers, not
+    /// every one.
+    #[tokio::test]
+    async fn deletes_read_the_indexes_not_every_subscription() {
+        let (_dir, repo) = local_repo().await;
+        let registration = ApiRegistration {
+            name: API.into(),
+            sync_id: "s1".into(),
+            platform: "dev".into(),
+            region: "local".into(),
+            ..ApiRegistration::default()
+        };
+        repo.create_registration(&registration).await.unwrap();
+        let mut trips = Vec::new();
+        for (round, (from, to)) in [(0, 10), (10, 2_500)].into_iter().enumerate() {
+            subscribed(&repo, from, to).await;
+            let empty = format!("empty{round}");
+            let ns = Namespace { name: empty.clone(), ..Namespace::default() };
+            repo.create(RecordRef::Namespace(&empty), &ns, "namespace").await.unwrap();
+            let before = repo.store().round_trips();
+            repo.delete_namespace(&empty).await.unwrap();
+            let e = repo.delete_namespace("t00003").await.unwrap_err();
+            assert!(matches!(&e, Error::Conflict(m) if m.contains(API)), "{e}");
+            let e = repo.delete_registration(API).await.unwrap_err();
+            trips.push(repo.store().round_trips() - before);
+            let Error::Conflict(message) = e else { panic!("{e}") };
+            assert!(message.contains("t00000") && message.contains("t00003"), "{message}");
+            assert_eq!(message.contains("and more"), to > NAMED_SUBSCRIBERS, "{message}");
+            assert!(message.len() < 1_000, "a few names, not every one: {message}");
+        }
+        assert_eq!(trips[0], trips[1], "round trips with 10 and with 2,500 subscriptions");
     }
 }
