@@ -11,10 +11,10 @@
 //! So each request asks for a **bounded sub-range**: its end is where the
 //! page before it says about a page's worth of keys ends, by
 //! interpolating between that page's first and last keys (keys taken as
-//! big-endian numbers from the byte they part at). A sub-range that holds
-//! more keys than a page is read on in pages as before; one that holds
-//! fewer is done and the next starts at its end, twice as long when it
-//! was empty. Every request then costs etcd about a page's keys, whatever
+//! big-endian numbers from a few bytes before the byte they part at). A
+//! sub-range that holds more keys than a page is read on in pages as
+//! before; one that holds fewer is done and the next starts at its end,
+//! twice as long as it when it held too few keys to say (none or one). Every request then costs etcd about a page's keys, whatever
 //! the range's size, and the sub-ranges still cover `[start, end)`
 //! exactly, in order, at the snapshot's one revision.
 
@@ -55,6 +55,12 @@ impl Span {
         let mut key = self.base.clone();
         key.extend_from_slice(&self.end.to_be_bytes());
         key
+    }
+
+    /// The span after this one, twice as long.
+    fn doubled(&self) -> Option<Span> {
+        let step = self.step.checked_mul(2)?;
+        Some(Span { base: self.base.clone(), end: self.end.checked_add(step)?, step })
     }
 }
 
@@ -113,8 +119,9 @@ impl PageCursor {
         // shares with the keys.
         let base_len = parted.saturating_sub(8).min(shared(origin, last));
         let gap = number(last, base_len).checked_sub(number(first, base_len)).filter(|gap| *gap > 0)?;
-        // `keys.len() - 1` gaps cover `gap`; the next page takes `limit`.
-        let step = (gap.checked_mul(self.limit as u128)? / (keys.len() as u128 - 1)).max(1);
+        // `keys.len() - 1` gaps between keys cover `gap`; the next page
+        // takes `limit` of them.
+        let step = (gap / (keys.len() as u128 - 1)).checked_mul(self.limit as u128)?.max(1);
         let end = number(origin, base_len).checked_add(step)?;
         Some(Span { base: origin[..base_len].to_vec(), end, step })
     }
@@ -123,13 +130,6 @@ impl PageCursor {
 /// How many leading bytes `a` and `b` share.
 fn shared(a: &[u8], b: &[u8]) -> usize {
     a.iter().zip(b).take_while(|(a, b)| a == b).count()
-}
-
-impl Span {
-    fn doubled(&self) -> Option<Span> {
-        let step = self.step.checked_mul(2)?;
-        Some(Span { base: self.base.clone(), end: self.end.checked_add(step)?, step })
-    }
 }
 
 /// `key`'s 16 bytes from `at` as a big-endian number (zeros past its end).
